@@ -1,0 +1,35 @@
+"""mixer: deterministic, resumable mixtures of tokenized training data.
+
+The data path, one module per stage::
+
+    recipe.py        YAML/dict -> validated, frozen Recipe
+    sources/         list each source once (listing.py) -> splits; one reader per format
+    slices.py        epoch e: permute splits, deal them to lanes (stripe when too few)
+    stream.py        per (lane, source): read the slice, window-shuffle, tokenize in batches
+    tokenize/        tokenizer adapter (EOS/BOS) and packers (concat | pad) -> rows
+    mix.py           per lane: deficit rule picks the source of each row (token weights)
+    lanes.py         a lane = packers + mixing counters -> whole batches, small state
+    loader.py        global batch g comes from lane g mod lanes; DataLoader workers serve
+                     lanes; the main process keeps exact per-lane state (state.py)
+    dist.py          the only place that asks torch.distributed about rank and world size
+    cli.py           `mixer validate | inspect | preview | bench`
+"""
+
+from mixer.errors import DataError, MixerError, RecipeError, StateError, TopologyError
+from mixer.loader import BATCH_KEYS, Loader, build_loader
+from mixer.recipe import Recipe, SourceConfig, load_recipe
+from mixer.state import merge_states
+
+__version__ = "0.1.0"
+
+
+def is_padding_batch(batch: dict) -> bool:
+    """True when a batch carries no token to learn from (an exhausted rank's placeholder)."""
+    return bool((batch["labels"] == -100).all())
+
+
+__all__ = [
+    "BATCH_KEYS", "DataError", "Loader", "MixerError", "Recipe", "RecipeError", "SourceConfig",
+    "StateError", "TopologyError", "build_loader", "is_padding_batch", "load_recipe",
+    "merge_states",
+]

@@ -1,0 +1,38 @@
+"""Exception hierarchy: every error a user can cause derives from `MixerError`."""
+
+from __future__ import annotations
+
+
+class MixerError(Exception):
+    """Base class of all errors raised by mixer."""
+
+
+class RecipeError(MixerError, ValueError):
+    """The recipe is invalid; the message names the field path (e.g. `sources[1].weight`)."""
+
+
+class DataError(MixerError):
+    """A source's data is missing, malformed or corrupt.
+
+    Carries where it happened so callers (and `on_error: skip`) can act on it.
+    """
+
+    def __init__(self, message: str, *, source: str, file: str | None = None,
+                 location: str | None = None) -> None:
+        where = f"source {source!r}"
+        if file is not None:
+            where += f", file {file!r}"
+        if location is not None:
+            where += f", {location}"
+        super().__init__(f"{where}: {message}")
+        self.source = source
+        self.file = file
+        self.location = location
+
+
+class StateError(MixerError, ValueError):
+    """A loader state cannot be loaded (different recipe, topology or version)."""
+
+
+class TopologyError(MixerError, ValueError):
+    """The ranks × workers topology does not divide the recipe's lanes."""

@@ -1,0 +1,123 @@
+"""A lane: one independent, deterministic pipeline that produces whole batches.
+
+Lane ℓ owns its slice of every source, a packer per source and its mixing counters. The
+global batch g is produced by lane g mod `lanes`, so the global stream does not depend on how
+many ranks and workers share the lanes out (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mixer.errors import StateError
+from mixer.mix import choose_source, phase_counters
+from mixer.recipe import Recipe
+from mixer.sources import SourceTable
+from mixer.stream import SourceStream
+from mixer.tokenize import IGNORE_INDEX, Encoder, Packer
+
+LANE_STATE_VERSION = 1
+
+
+@dataclass
+class Batch:
+    """Arrays shaped [batch_size, seq_len] plus whether any token is real."""
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    position_ids: np.ndarray
+    source_ids: np.ndarray
+    padding: bool
+
+
+class Lane:
+    """Batches of one lane, resumable from a small plain-data state."""
+
+    def __init__(self, lane: int, recipe: Recipe, tables: list[SourceTable], encoder: Encoder,
+                 state: dict | None = None) -> None:
+        self.lane = lane
+        self.recipe = recipe
+        self.names = [s.name for s in recipe.sources]
+        self.weights = recipe.weights
+        self.pad_id = encoder.info.pad_id
+        self.packers = []
+        for src, table in zip(recipe.sources, tables):
+            stream = SourceStream(
+                table=table, lane=lane, lanes=recipe.lanes, seed=recipe.seed,
+                epochs=src.epochs, on_error=src.on_error, text_field=src.text_field,
+                storage_options=src.storage_options, window_docs=recipe.shuffle_window,
+                window_bytes=recipe.shuffle_window_bytes,
+                max_document_bytes=recipe.max_document_bytes, encode=encoder)
+            self.packers.append(Packer(stream, seq_len=recipe.seq_len, mode=recipe.packing,
+                                       pad_id=self.pad_id,
+                                       mask_document_boundaries=recipe.mask_document_boundaries))
+        self.load_state_dict(state)
+
+    def fresh_state(self) -> dict:
+        phase = phase_counters(self.weights, self.lane * self.recipe.batch_size,
+                               self.recipe.seq_len)
+        return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": 0,
+                "sources": {name: {"phase": p, "tokens": 0, "packer": None}
+                            for name, p in zip(self.names, phase)}}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        fresh = self.fresh_state()
+        state = state or fresh
+        if state.get("v") != LANE_STATE_VERSION or state.get("lane") != self.lane:
+            raise StateError(f"lane {self.lane}: state of version {state.get('v')} for lane "
+                             f"{state.get('lane')} cannot be loaded")
+        self.batches = state["batches"]
+        self.phase, self.tokens = [], []
+        for name, packer in zip(self.names, self.packers):
+            # A source added to the recipe since the checkpoint starts fresh.
+            entry = state["sources"].get(name, fresh["sources"][name])
+            self.phase.append(entry["phase"])
+            self.tokens.append(entry["tokens"])
+            packer.load_state_dict(entry["packer"])
+
+    def state_dict(self) -> dict:
+        """Plain data; `exhausted` and `skipped` are informational (derived on load)."""
+        return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": self.batches,
+                "exhausted": int(self.exhausted),
+                "sources": {name: {"phase": phase, "tokens": tokens,
+                                   "skipped": packer.stream.skipped,
+                                   "packer": packer.state_dict()}
+                            for name, phase, tokens, packer in
+                            zip(self.names, self.phase, self.tokens, self.packers)}}
+
+    @property
+    def exhausted(self) -> bool:
+        return all(p.exhausted for p in self.packers)
+
+    def next_batch(self, batch_size: int) -> Batch:
+        """The lane's next batch; all padding once every source has run out."""
+        length = self.recipe.seq_len
+        shape = (batch_size, length)
+        input_ids = np.full(shape, self.pad_id, dtype=np.int64)
+        labels = np.full(shape, IGNORE_INDEX, dtype=np.int64)
+        position_ids = np.zeros(shape, dtype=np.int64)
+        source_ids = np.full(shape, -1, dtype=np.int64)
+        real_rows = 0
+        for row_index in range(batch_size):
+            while True:
+                active = [not p.exhausted for p in self.packers]
+                counters = [p + t for p, t in zip(self.phase, self.tokens)]
+                choice = choose_source(self.weights, counters, active, length)
+                if choice is None:
+                    break
+                row = self.packers[choice].next_row()
+                if row is None:
+                    continue  # that source just ran out; the weights renormalize
+                input_ids[row_index] = row.input_ids
+                labels[row_index] = row.labels
+                position_ids[row_index] = row.position_ids
+                source_ids[row_index, :row.real] = choice
+                self.tokens[choice] += row.real
+                real_rows += 1
+                break
+            if choice is None:
+                break
+        self.batches += 1
+        return Batch(input_ids, labels, position_ids, source_ids, padding=real_rows == 0)

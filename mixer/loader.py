@@ -1,0 +1,253 @@
+"""The user-facing loader: lanes served by DataLoader workers, exact state in the main process.
+
+Rank r at step s consumes global batch g = g0 + s·W + r, produced by lane g mod P. Workers
+attach the producing lane's state to every batch; the main process strips it and keeps, per
+lane, the state as of the batches actually handed to the user, so `state_dict()` is exact
+however far the workers have prefetched.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from mixer import dist
+from mixer.errors import StateError, TopologyError
+from mixer.lanes import Lane
+from mixer.recipe import Recipe, load_recipe
+from mixer.sources import SourceTable, list_source
+from mixer.state import check_fingerprint, fingerprint, pack, unpack
+from mixer.tokenize import Encoder, TokenizerInfo, resolve_tokenizer
+
+BATCH_KEYS = ("input_ids", "labels", "position_ids", "source_ids")
+
+
+def check_topology(lanes: int, world_size: int, num_workers: int) -> None:
+    """Refuse a topology whose workers × ranks do not divide the lanes, listing valid values."""
+    workers = max(num_workers, 1)
+    if lanes % (workers * world_size) == 0:
+        return
+    valid_workers = [n for n in range(1, lanes + 1) if lanes % (n * world_size) == 0]
+    valid_lanes = [workers * world_size * k for k in range(1, 5)]
+    raise TopologyError(
+        f"lanes={lanes} is not divisible by num_workers × world_size = {workers} × "
+        f"{world_size}; valid num_workers for world_size {world_size}: "
+        f"{valid_workers or 'none (lanes must be a multiple of world_size)'} (0 counts as 1); "
+        f"or set lanes to a multiple of {workers * world_size}, e.g. {valid_lanes}")
+
+
+class _LaneDataset(IterableDataset):
+    """Yields (batch tensors, lane metadata) for the global batches this worker serves."""
+
+    def __init__(self, recipe: Recipe, tables: list[SourceTable], tokenizer: TokenizerInfo,
+                 lane_states: dict[int, dict | None], start: int, rank: int,
+                 world_size: int) -> None:
+        self.recipe = recipe
+        self.tables = tables
+        self.tokenizer = tokenizer
+        self.lane_states = lane_states
+        self.start = start
+        self.rank = rank
+        self.world_size = world_size
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        encoder = Encoder(self.tokenizer)
+        lanes: dict[int, Lane] = {}
+        step = worker
+        while True:  # never stop: the main process decides the end
+            g = self.start + step * self.world_size + self.rank
+            index = g % self.recipe.lanes
+            lane = lanes.get(index)
+            if lane is None:
+                lane = Lane(index, self.recipe, self.tables, encoder,
+                            self.lane_states.get(index))
+                lanes[index] = lane
+            batch = lane.next_batch(self.recipe.batch_size)
+            tensors = {"input_ids": torch.from_numpy(batch.input_ids),
+                       "labels": torch.from_numpy(batch.labels),
+                       "position_ids": torch.from_numpy(batch.position_ids),
+                       "source_ids": torch.from_numpy(batch.source_ids)}
+            yield tensors, {"g": g, "lane": index, "padding": batch.padding,
+                            "state": lane.state_dict()}
+            step += workers
+
+
+class Loader:
+    """Iterable of batches (dicts of [batch_size, seq_len] int64 tensors) with exact state.
+
+    Build it with `mixer.build_loader`. A second `iter()` continues where the first stopped.
+    Inside a torch.distributed job `state_dict()` is a collective: every rank must call it.
+    """
+
+    def __init__(self, recipe: Recipe, *, tables: list[SourceTable], tokenizer: TokenizerInfo,
+                 rank: int, world_size: int, num_workers: int,
+                 distributed: bool = False) -> None:
+        check_topology(recipe.lanes, world_size, num_workers)
+        if not 0 <= rank < world_size:
+            raise TopologyError(f"rank {rank} is outside world_size {world_size}")
+        self.recipe = recipe
+        self.tables = tables
+        self.tokenizer = tokenizer
+        self.rank = rank
+        self.world_size = world_size
+        self.num_workers = num_workers
+        self._distributed = distributed
+        self._fingerprint = fingerprint(recipe, tokenizer, tables)
+        self._next_global = 0          # first global batch of the next step
+        self._lane_states: dict[int, dict | None] = {}
+        self._gen: Iterator[dict[str, torch.Tensor]] | None = None
+
+    # -- ownership ---------------------------------------------------------------------------
+    def own_lanes(self) -> list[int]:
+        """Lanes whose batches this rank receives from the current position on."""
+        first = (self._next_global + self.rank) % self.world_size
+        return list(range(first, self.recipe.lanes, self.world_size))
+
+    # -- state -------------------------------------------------------------------------------
+    def _rank_payload(self) -> dict:
+        return {"kind": "global" if self.world_size == 1 else "rank",
+                "fingerprint": self._fingerprint, "next_global": self._next_global,
+                "world_size": self.world_size, "rank": self.rank,
+                "lanes": {str(i): self._lane_states.get(i) for i in self.own_lanes()},
+                "listing_skipped": {t.name: len(t.skipped) for t in self.tables}}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Fixed-shape, JSON-serialisable state (kilobytes). A collective under torch.distributed."""
+        payload = self._rank_payload()
+        if self._distributed and self.world_size > 1:
+            from mixer.state import merge_states
+
+            dist.barrier_or_fail(datetime.timedelta(seconds=120),
+                                 "loader.state_dict() is a collective: call it on every rank")
+            return merge_states([pack(p) for p in dist.all_gather_objects(payload)])
+        return pack(payload)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a state (call before iterating); validated against the recipe."""
+        payload = unpack(state)
+        check_fingerprint(payload["fingerprint"], self._fingerprint)
+        if payload["kind"] == "rank" and (payload["world_size"], payload["rank"]) != (
+                self.world_size, self.rank):
+            raise StateError(
+                f"this state holds only rank {payload['rank']}'s lanes of a "
+                f"{payload['world_size']}-rank job; to resume on {self.world_size} rank(s) "
+                "combine all ranks' states with mixer.merge_states (or save from inside the "
+                "torch.distributed job, which does it for you)")
+        self.close()
+        self._next_global = payload["next_global"]
+        lanes = {int(k): v for k, v in payload["lanes"].items()}
+        missing = [i for i in self.own_lanes() if i not in lanes]
+        if missing:
+            raise StateError(f"the state lacks lanes {missing} that rank {self.rank} needs")
+        self._lane_states = lanes
+
+    def metrics(self) -> dict[str, Any]:
+        """Realized tokens and skipped records per source, over this rank's lanes."""
+        names = [s.name for s in self.recipe.sources]
+        tokens = dict.fromkeys(names, 0)
+        skipped = {t.name: len(t.skipped) for t in self.tables}
+        for state in self._lane_states.values():
+            for name, entry in (state or {}).get("sources", {}).items():
+                tokens[name] = tokens.get(name, 0) + entry["tokens"]
+                skipped[name] = skipped.get(name, 0) + entry["skipped"]
+        return {"tokens": tokens, "skipped": skipped, "next_global": self._next_global}
+
+    # -- iteration ---------------------------------------------------------------------------
+    def _lanes_done(self, pending: dict[int, dict]) -> bool:
+        for lane in self.own_lanes():
+            state = pending.get(lane, self._lane_states.get(lane))
+            if not state or not state.get("exhausted"):
+                return False
+        return True
+
+    def _decide(self, padding: bool, done: bool) -> tuple[bool, bool]:
+        """(some rank has a real batch, every rank has run out), agreed across ranks."""
+        if self._distributed and self.world_size > 1:
+            if not self.recipe.finite:
+                return True, False
+            real, finished = dist.all_reduce_flags([int(not padding), int(done)], "max_min")
+            return bool(real), bool(finished)
+        return not padding, done
+
+    def _hand(self, meta: dict) -> None:
+        self._lane_states[meta["lane"]] = meta["state"]
+        self._next_global += self.world_size
+
+    def _generate(self) -> Iterator[dict[str, torch.Tensor]]:
+        dataset = _LaneDataset(self.recipe, self.tables, self.tokenizer, dict(self._lane_states),
+                               self._next_global, self.rank, self.world_size)
+        if self.num_workers == 0:
+            source: Any = iter(dataset)
+        else:
+            source = iter(DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
+                                     prefetch_factor=2, multiprocessing_context="fork"))
+        held: list[tuple[dict, dict]] = []
+        try:
+            for tensors, meta in source:
+                expected = self._next_global + len(held) * self.world_size + self.rank
+                if meta["g"] != expected:
+                    raise RuntimeError(f"internal error: got global batch {meta['g']}, "
+                                       f"expected {expected}")
+                pending = {m["lane"]: m["state"] for _, m in held}
+                pending[meta["lane"]] = meta["state"]
+                real, finished = self._decide(meta["padding"], self._lanes_done(pending))
+                if not real:
+                    if finished:
+                        return
+                    held.append((tensors, meta))  # padding: yield only if real data follows
+                    continue
+                for held_tensors, held_meta in held:
+                    self._hand(held_meta)
+                    yield held_tensors
+                held.clear()
+                self._hand(meta)
+                yield tensors
+        finally:
+            del source  # shuts DataLoader workers down
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self.close()
+        self._gen = self._generate()
+        return self._gen
+
+    def close(self) -> None:
+        """Stop the current iteration and its worker processes."""
+        if self._gen is not None:
+            gen, self._gen = self._gen, None
+            gen.close()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
+                 world_size: int | None = None, num_workers: int = 0) -> Loader:
+    """A loader for this rank. Rank and world size default to torch.distributed's, else 0/1."""
+    recipe = load_recipe(recipe)
+    distributed = dist.is_distributed() and rank is None and world_size is None
+    if rank is None or world_size is None:
+        found_rank, found_world = dist.rank_and_world()
+        rank = found_rank if rank is None else rank
+        world_size = found_world if world_size is None else world_size
+    check_topology(recipe.lanes, world_size, num_workers)
+    tokenizer = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
+    if distributed and world_size > 1:
+        tables = dist.list_once(lambda: [list_source(recipe, s) for s in recipe.sources])
+    else:
+        tables = [list_source(recipe, s) for s in recipe.sources]
+    return Loader(recipe, tables=tables, tokenizer=tokenizer, rank=rank, world_size=world_size,
+                  num_workers=num_workers, distributed=distributed)

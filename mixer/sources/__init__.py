@@ -1,0 +1,19 @@
+"""Storage layer: listing and splitting sources, one reader module per format."""
+
+from __future__ import annotations
+
+from mixer.sources.base import FileEntry, Reader, Record, Split
+from mixer.sources.jsonl import read_jsonl, read_jsonl_gz, read_jsonl_zst
+from mixer.sources.listing import SourceTable, filesystem, list_source
+from mixer.sources.parquet import read_parquet
+from mixer.sources.text import read_text
+
+READERS: dict[str, Reader] = {
+    "jsonl": read_jsonl,
+    "jsonl.gz": read_jsonl_gz,
+    "jsonl.zst": read_jsonl_zst,
+    "parquet": read_parquet,
+    "text": read_text,
+}
+
+__all__ = ["READERS", "FileEntry", "Record", "Split", "SourceTable", "filesystem", "list_source"]

@@ -1,0 +1,62 @@
+"""Shared types of the storage layer: files, splits, records and the reader protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Protocol
+
+from mixer.errors import DataError
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One listed object of a source."""
+
+    url: str      # what fsspec opens
+    key: str      # path relative to the glob's fixed prefix: identical locally and on S3
+    size: int
+    format: str
+
+
+@dataclass(frozen=True)
+class Split:
+    """A unit of reading: a whole file, a byte range of a plain file, or a parquet row group.
+
+    `start`/`end` are bytes for byte-range splits and the row-group index (start == end) for
+    parquet. `records` is the exact record count when known from metadata, else -1.
+    """
+
+    file: int     # index into the source's file list
+    start: int
+    end: int
+    records: int = -1
+    seekable: bool = True   # False for compressed files: resuming decompresses from the start
+
+    def to_list(self) -> list[int]:
+        return [self.file, self.start, self.end, self.records, int(self.seekable)]
+
+    @classmethod
+    def from_list(cls, values: list[int]) -> "Split":
+        return cls(values[0], values[1], values[2], values[3], bool(values[4]))
+
+
+@dataclass(frozen=True)
+class Record:
+    """One document (or the error in its place) and where it starts.
+
+    `index` counts records from the start of the split, `offset` is the byte offset of the
+    record in the file (decompressed bytes for compressed files; row number for parquet).
+    """
+
+    index: int
+    offset: int
+    text: str | None
+    error: DataError | None = None
+
+
+class Reader(Protocol):
+    """Turns one split into records, starting at a cursor (record index, offset)."""
+
+    def __call__(self, *, fs: object, entry: FileEntry, split: Split, source: str,
+                 text_field: str, max_bytes: int, index: int, offset: int) -> Iterator[Record]:
+        ...

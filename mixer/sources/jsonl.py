@@ -1,0 +1,139 @@
+"""JSON Lines: plain (split into line-aligned byte ranges), gzip and zstd (whole files)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import zlib
+from typing import IO, Iterator
+
+import zstandard
+
+from mixer.errors import DataError
+from mixer.sources.base import FileEntry, Record, Split
+
+_CHUNK = 1 << 20
+
+
+def _read_line(stream: IO[bytes], max_bytes: int) -> tuple[bytes | None, int]:
+    """Next line (None if longer than max_bytes) and the number of bytes consumed."""
+    line = stream.readline(max_bytes + 1)
+    if len(line) <= max_bytes or line.endswith(b"\n"):
+        return line, len(line)
+    consumed = len(line)
+    while True:  # drain an over-long line without holding it in memory
+        part = stream.readline(_CHUNK)
+        consumed += len(part)
+        if not part or part.endswith(b"\n"):
+            return None, consumed
+
+
+def _parse(line: bytes, text_field: str) -> str:
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"malformed JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError("record is not a JSON object")
+    text = obj.get(text_field)
+    if not isinstance(text, str):
+        if text_field not in obj:
+            raise ValueError(f"missing text field {text_field!r}")
+        raise ValueError(f"text field {text_field!r} is {type(text).__name__}, not a string")
+    return text
+
+
+def _records(stream: IO[bytes], *, entry: FileEntry, source: str, text_field: str,
+             max_bytes: int, index: int, offset: int, end: int | None,
+             compressed: bool) -> Iterator[Record]:
+    def where(line_offset: int) -> str:
+        if compressed:
+            return f"line {index + 1} (decompressed byte offset {line_offset})"
+        return f"byte offset {line_offset}"
+
+    while end is None or offset < end:
+        try:
+            line, size = _read_line(stream, max_bytes)
+        except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
+            err = DataError(f"corrupt compressed data after decompressed byte offset {offset}: "
+                            f"{exc}", source=source, file=entry.url, location=where(offset))
+            yield Record(index, offset, None, err)
+            return
+        if size == 0:
+            return
+        if line is None:
+            err = DataError(f"record longer than max_document_bytes ({max_bytes})",
+                            source=source, file=entry.url, location=where(offset))
+            yield Record(index, offset, None, err)
+        elif line.strip():
+            try:
+                yield Record(index, offset, _parse(line, text_field))
+            except ValueError as exc:
+                yield Record(index, offset, None,
+                             DataError(str(exc), source=source, file=entry.url,
+                                       location=where(offset)))
+        else:
+            index -= 1  # blank lines are not records
+        index += 1
+        offset += size
+
+
+def read_jsonl(*, fs, entry: FileEntry, split: Split, source: str, text_field: str,
+               max_bytes: int, index: int, offset: int) -> Iterator[Record]:
+    """Records of a plain jsonl split: the lines that *start* inside [split.start, split.end)."""
+    with fs.open(entry.url, "rb") as raw:
+        stream = raw if hasattr(raw, "readline") else io.BufferedReader(raw)
+        if index == 0 and offset <= split.start and split.start > 0:
+            stream.seek(split.start - 1)
+            _, skipped = _read_line(stream, max_bytes)  # finish the line owned by the previous split
+            offset = split.start - 1 + skipped
+        else:
+            offset = max(offset, split.start)
+            stream.seek(offset)
+        yield from _records(stream, entry=entry, source=source, text_field=text_field,
+                            max_bytes=max_bytes, index=index, offset=offset, end=split.end,
+                            compressed=False)
+
+
+def _skip_to(stream: IO[bytes], offset: int) -> None:
+    remaining = offset
+    while remaining > 0:
+        chunk = stream.read(min(remaining, _CHUNK))
+        if not chunk:
+            raise EOFError("file ended before the resume offset")
+        remaining -= len(chunk)
+
+
+def _read_compressed(opener, *, fs, entry: FileEntry, source: str, text_field: str,
+                     max_bytes: int, index: int, offset: int) -> Iterator[Record]:
+    with fs.open(entry.url, "rb") as raw, opener(raw) as stream:
+        try:
+            _skip_to(stream, offset)  # no access points: resuming decompresses from the start
+        except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
+            err = DataError(f"corrupt compressed data before decompressed byte offset {offset}: "
+                            f"{exc}", source=source, file=entry.url, location=f"line {index + 1}")
+            yield Record(index, offset, None, err)
+            return
+        yield from _records(stream, entry=entry, source=source, text_field=text_field,
+                            max_bytes=max_bytes, index=index, offset=offset, end=None,
+                            compressed=True)
+
+
+def _gzip(raw: IO[bytes]) -> IO[bytes]:
+    return gzip.GzipFile(fileobj=raw, mode="rb")
+
+
+def _zstd(raw: IO[bytes]) -> IO[bytes]:
+    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+    return io.BufferedReader(reader, buffer_size=_CHUNK)
+
+
+def read_jsonl_gz(*, split: Split, **kw) -> Iterator[Record]:
+    """Records of a gzip-compressed jsonl file (always a whole-file split)."""
+    return _read_compressed(_gzip, **kw)
+
+
+def read_jsonl_zst(*, split: Split, **kw) -> Iterator[Record]:
+    """Records of a zstd-compressed jsonl file (always a whole-file split)."""
+    return _read_compressed(_zstd, **kw)

@@ -1,0 +1,138 @@
+"""List a source once (sorted, deterministic) and cut its files into splits."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from mixer.errors import DataError
+from mixer.recipe import Recipe, SourceConfig
+from mixer.sources.base import FileEntry, Split
+from mixer.sources.parquet import row_groups
+
+_EXTENSIONS = (
+    (".jsonl.zst", "jsonl.zst"), (".json.zst", "jsonl.zst"), (".jsonl.zstd", "jsonl.zst"),
+    (".jsonl.gz", "jsonl.gz"), (".json.gz", "jsonl.gz"),
+    (".jsonl", "jsonl"), (".json", "jsonl"), (".ndjson", "jsonl"),
+    (".parquet", "parquet"), (".pq", "parquet"),
+    (".txt", "text"), (".text", "text"), (".md", "text"),
+)
+
+_fs_cache: dict[tuple, object] = {}
+
+
+def filesystem(url: str, storage_options: dict) -> tuple[object, str]:
+    """(fs, path) for a URL; one fs per process, options and protocol (never shared by fork)."""
+    protocol = url.split("://", 1)[0] if "://" in url else "file"
+    key = (os.getpid(), protocol, repr(sorted(storage_options.items())))
+    fs = _fs_cache.get(key)
+    if fs is None:
+        fs = fsspec.filesystem(protocol, **storage_options)
+        _fs_cache[key] = fs
+    return fs, fs._strip_protocol(url)
+
+
+def infer_format(name: str) -> str | None:
+    lower = name.lower()
+    for ext, fmt in _EXTENSIONS:
+        if lower.endswith(ext):
+            return fmt
+    return None
+
+
+@dataclass
+class SourceTable:
+    """The listed files and splits of one source, plus what listing skipped."""
+
+    name: str
+    files: list[FileEntry]
+    splits: list[Split]
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def fingerprint(self) -> list[list]:
+        return [[f.key, f.size] for f in self.files]
+
+
+def _fixed_prefix(path: str) -> str:
+    cut = min((i for i, ch in enumerate(path) if ch in "*?["), default=len(path))
+    prefix = path[:cut]
+    if cut == len(path):  # a plain file: its folder is the prefix
+        return prefix.rsplit("/", 1)[0] + "/" if "/" in prefix else ""
+    return prefix.rsplit("/", 1)[0] + "/" if "/" in prefix else ""
+
+
+def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileEntry]:
+    entries: dict[str, FileEntry] = {}
+    for pattern in src.globs:
+        url = recipe.resolve(pattern)
+        fs, path = filesystem(url, src.storage_options)
+        found = fs.glob(path, detail=True)
+        files = sorted((p, info) for p, info in found.items() if info.get("type") != "directory")
+        if not files:
+            err = DataError("path matches no files", source=src.name, file=pattern)
+            if src.on_error == "raise":
+                raise err
+            skipped.append(str(err))
+            continue
+        prefix = _fixed_prefix(path)
+        for p, info in files:
+            full = p if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(p)
+            fmt = src.format or infer_format(p)
+            if fmt is None:
+                raise DataError("cannot infer the format from the file name; set "
+                                "sources[].format", source=src.name, file=full)
+            key = p[len(prefix):] if p.startswith(prefix) else p
+            entries.setdefault(full, FileEntry(full, key, int(info.get("size") or 0), fmt))
+    return list(entries.values())
+
+
+def _splits_of(recipe: Recipe, src: SourceConfig, index: int, entry: FileEntry) -> list[Split]:
+    if entry.format == "jsonl":
+        step = recipe.split_bytes
+        return [Split(index, start, min(start + step, entry.size))
+                for start in range(0, entry.size, step)]
+    if entry.format == "parquet":
+        fs, _ = filesystem(entry.url, src.storage_options)
+        return [Split(index, g, g, rows) for g, rows in enumerate(row_groups(fs, entry)) if rows]
+    if entry.format == "text":
+        return [Split(index, 0, entry.size, 1)]
+    return [Split(index, 0, entry.size, -1, seekable=False)]
+
+
+def list_source(recipe: Recipe, src: SourceConfig) -> SourceTable:
+    """Files (sorted by URL) and splits of a source. Bad or empty files raise or are counted."""
+    skipped: list[str] = []
+    files: list[FileEntry] = []
+    splits: list[Split] = []
+    for entry in _expand(recipe, src, skipped):
+        try:
+            if entry.size == 0:
+                raise DataError("empty shard (0 bytes)", source=src.name, file=entry.url,
+                                location="byte offset 0")
+            try:
+                entry_splits = _splits_of(recipe, src, len(files), entry)
+            except DataError:
+                raise
+            except Exception as exc:
+                raise DataError(f"cannot read file metadata: {exc}", source=src.name,
+                                file=entry.url, location="footer") from None
+            if not entry_splits:
+                raise DataError("empty shard (no rows)", source=src.name, file=entry.url,
+                                location="row 0")
+        except DataError as err:
+            if src.on_error == "raise":
+                raise
+            skipped.append(str(err))
+            continue
+        files.append(entry)
+        splits.extend(entry_splits)
+    if not files:
+        raise DataError("no readable files", source=src.name, file=", ".join(src.globs))
+    return SourceTable(src.name, files, splits, skipped)

@@ -1,0 +1,109 @@
+"""Loader state: versioned plain data with a fingerprint of what defines the stream.
+
+`Loader.state_dict()` returns a fixed shape, `{"format", "version", "json"}`, so that
+`torch.distributed.checkpoint` can load it into a fresh loader's template. The JSON holds:
+the next global batch, the topology that wrote it, one small state per lane, and the
+fingerprint checked on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from mixer.errors import StateError
+from mixer.recipe import Recipe
+from mixer.sources import SourceTable
+from mixer.tokenize import TokenizerInfo
+
+STATE_FORMAT = "mixer.loader"
+STATE_VERSION = 1
+_STREAM_FIELDS = ("seed", "seq_len", "lanes", "packing", "shuffle_window", "shuffle_window_bytes",
+                  "split_bytes", "max_document_bytes", "mask_document_boundaries")
+
+
+def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTable]) -> dict:
+    """What must not change for a state to resume (weights and batch size may change)."""
+    stream = {name: getattr(recipe, name) for name in _STREAM_FIELDS}
+    stream["tokenizer"] = tokenizer.digest
+    stream["eos_id"] = tokenizer.eos_id
+    sources = {}
+    for src, table in zip(recipe.sources, tables):
+        files = hashlib.sha256(json.dumps(table.fingerprint()).encode()).hexdigest()[:16]
+        sources[src.name] = {"text_field": src.text_field, "format": src.format,
+                             "epochs": src.epochs, "on_error": src.on_error, "files": files}
+    return {"stream": stream, "sources": sources}
+
+
+def check_fingerprint(saved: dict, current: dict) -> None:
+    """Refuse a state written for a different stream, naming what changed."""
+    changed = [k for k in sorted(set(saved["stream"]) | set(current["stream"]))
+               if saved["stream"].get(k) != current["stream"].get(k)]
+    if changed:
+        details = ", ".join(f"{k}: {saved['stream'].get(k)!r} -> {current['stream'].get(k)!r}"
+                            for k in changed)
+        raise StateError(f"cannot resume after changing {details}")
+    for name, was in saved["sources"].items():
+        now = current["sources"].get(name)
+        if now is None:
+            raise StateError(f"cannot resume: source {name!r} was removed from the recipe "
+                             "(adding sources is allowed, removing or renaming is not)")
+        diff = [k for k in was if was[k] != now.get(k)]
+        if diff:
+            what = "its files (names or sizes)" if diff == ["files"] else ", ".join(diff)
+            raise StateError(f"cannot resume: source {name!r} changed {what} since the "
+                             "checkpoint")
+
+
+def pack(payload: dict) -> dict[str, Any]:
+    return {"format": STATE_FORMAT, "version": STATE_VERSION,
+            "json": json.dumps(payload, separators=(",", ":"), sort_keys=True)}
+
+
+def unpack(state: dict[str, Any]) -> dict:
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise StateError("not a mixer loader state (expected the dict from loader.state_dict())")
+    if state.get("version") != STATE_VERSION:
+        raise StateError(f"loader state version {state.get('version')} is not supported "
+                         f"(this mixer writes version {STATE_VERSION})")
+    try:
+        return json.loads(state["json"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateError(f"loader state is damaged: {exc}") from None
+
+
+def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """Combine the states of all ranks of one job (same step) into a global state.
+
+    The result loads into a loader of any topology that the recipe's lanes allow.
+    """
+    if not states:
+        raise StateError("merge_states needs the state of every rank, got none")
+    payloads = [unpack(s) for s in states]
+    first = payloads[0]
+    if all(p["kind"] == "global" for p in payloads):
+        if any(p != first for p in payloads[1:]):
+            raise StateError("global states to merge differ; they come from different steps")
+        return pack(first)
+    world = first["world_size"]
+    ranks = sorted(p["rank"] for p in payloads)
+    if ranks != list(range(world)):
+        raise StateError(f"merge_states needs exactly one state per rank 0..{world - 1}, got "
+                         f"ranks {ranks}")
+    lanes: dict[str, Any] = {}
+    skipped: dict[str, int] = {}
+    for p in payloads:
+        if p["fingerprint"] != first["fingerprint"]:
+            raise StateError(f"rank {p['rank']}'s state comes from a different recipe")
+        if p["next_global"] != first["next_global"] or p["world_size"] != world:
+            raise StateError(f"rank {p['rank']} is at global batch {p['next_global']}, rank "
+                             f"{first['rank']} at {first['next_global']}: states of one step "
+                             "are needed")
+        lanes.update(p["lanes"])
+        skipped = p["listing_skipped"]
+    if len(lanes) != first["fingerprint"]["stream"]["lanes"]:
+        raise StateError("the ranks' states do not cover every lane")
+    return pack({"kind": "global", "fingerprint": first["fingerprint"],
+                 "next_global": first["next_global"], "world_size": world, "rank": 0,
+                 "lanes": lanes, "listing_skipped": skipped})

@@ -1,0 +1,188 @@
+"""The document stream of one (lane, source): its slice per epoch, window-shuffled, tokenized.
+
+The shuffle is reconstructible: a window of up to `shuffle_window` documents (and
+`shuffle_window_bytes` of text) is read from a cursor and permuted with a key of
+(seed, "shuffle", source, lane, epoch, window). The state is the cursor at the window start
+plus the position inside the window, so resuming re-reads at most one window.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from mixer.errors import StateError
+from mixer.rng import derive_key, permutation
+from mixer.slices import SliceItem, lane_slice
+from mixer.sources import READERS, SourceTable, filesystem
+
+STATE_KEYS = ("epoch", "window", "slot", "index", "offset", "pos", "skipped", "done")
+_TOKENIZE_CHUNK = 64
+_EMPTY_EPOCH_LIMIT = 64  # consecutive empty epochs after which a lane's source counts as empty
+
+
+@dataclass
+class _Window:
+    texts: list[str]
+    tokens: list[np.ndarray | None]
+    end: tuple[int, int, int]   # cursor (slot, index, offset) after the window
+    end_of_epoch: bool
+    skipped: int                # records skipped inside the window
+
+
+class SourceStream:
+    """Shuffled, tokenized documents of one source in one lane."""
+
+    def __init__(self, *, table: SourceTable, lane: int, lanes: int, seed: int,
+                 epochs: int | None, on_error: str, text_field: str,
+                 storage_options: dict[str, Any], window_docs: int, window_bytes: int,
+                 max_document_bytes: int, encode: Callable[[list[str]], list[np.ndarray]],
+                 ) -> None:
+        self.table = table
+        self.lane = lane
+        self.lanes = lanes
+        self.seed = seed
+        self.epochs = epochs
+        self.on_error = on_error
+        self.text_field = text_field
+        self.storage_options = storage_options
+        self.window_docs = window_docs
+        self.window_bytes = window_bytes
+        self.max_document_bytes = max_document_bytes
+        self.encode = encode
+        self._splits = tuple(table.splits)
+        self._slice_epoch = -1
+        self._slice: tuple[SliceItem, ...] = ()
+        self.records_read = 0   # work counter (tests assert resume cost with it)
+        self.load_state_dict(None)
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, int]:
+        """Position before the next document (plain ints)."""
+        return {"epoch": self.epoch, "window": self.window_index, "slot": self.start[0],
+                "index": self.start[1], "offset": self.start[2], "pos": self.pos,
+                "skipped": self.skipped_before,
+                "done": int(self.done)}
+
+    def load_state_dict(self, state: dict[str, int] | None) -> None:
+        state = state or {"epoch": 0, "window": 0, "slot": 0, "index": 0, "offset": 0,
+                          "pos": 0, "skipped": 0, "done": 0}
+        missing = [k for k in STATE_KEYS if k not in state]
+        if missing:
+            raise StateError(f"source {self.table.name!r} lane {self.lane}: stream state lacks "
+                             f"{missing}")
+        self.epoch = state["epoch"]
+        self.window_index = state["window"]
+        self.start = (state["slot"], state["index"], state["offset"])
+        self.pos = state["pos"]
+        self.done = bool(state["done"])
+        self._win: _Window | None = None
+        self.skipped_before = state["skipped"]
+        self._empty_epochs = 0
+        self._live = None
+
+    @property
+    def skipped(self) -> int:
+        return self.skipped_before + (self._win.skipped if self._win else 0)
+
+    # -- reading -----------------------------------------------------------------------------
+    def _lane_slice(self) -> tuple[SliceItem, ...]:
+        if self._slice_epoch != self.epoch:
+            self._slice = lane_slice(self._splits, seed=self.seed, source=self.table.name,
+                                     epoch=self.epoch, lanes=self.lanes, lane=self.lane)
+            self._slice_epoch = self.epoch
+        return self._slice
+
+    def _records(self, slot: int, index: int, offset: int):
+        """Records of the slice from a cursor, reusing the open reader when it is already there."""
+        live = self._live
+        self._live = None
+        if live is not None and live[0] == (slot, index, offset):
+            return live[1], live[2]
+        items = self._lane_slice()
+        split = self._splits[items[slot].split]
+        entry = self.table.files[split.file]
+        fs, _ = filesystem(entry.url, self.storage_options)
+        reader = READERS[entry.format]
+        return reader(fs=fs, entry=entry, split=split, source=self.table.name,
+                      text_field=self.text_field, max_bytes=self.max_document_bytes,
+                      index=index, offset=offset), None
+
+    def _read_window(self) -> _Window:
+        items = self._lane_slice()
+        texts: list[str] = []
+        size = skipped = 0
+        slot, index, offset = self.start
+        while slot < len(items) and len(texts) < self.window_docs and size < self.window_bytes:
+            item = items[slot]
+            records, lookahead = self._records(slot, index, offset)
+            pending = [lookahead] if lookahead is not None else []
+            full = False
+            for record in itertools.chain(pending, records):  # (does not close `records`)
+                if lookahead is None or record is not lookahead:
+                    self.records_read += 1
+                if record.index % item.stride != item.phase:
+                    continue
+                if len(texts) >= self.window_docs or size >= self.window_bytes:
+                    index, offset = record.index, record.offset
+                    self._live = ((slot, index, offset), records, record)
+                    full = True
+                    break
+                if record.error is not None:
+                    if self.on_error == "raise":
+                        raise record.error
+                    skipped += 1
+                    continue
+                texts.append(record.text)
+                size += len(record.text)
+            if full:
+                break
+            slot, index, offset = slot + 1, 0, 0
+        end_of_epoch = slot >= len(items)
+        order = permutation(len(texts), derive_key(self.seed, "shuffle", self.table.name,
+                                                   self.lane, self.epoch, self.window_index))
+        shuffled = [texts[i] for i in order]
+        return _Window(shuffled, [None] * len(shuffled), (slot, index, offset), end_of_epoch,
+                       skipped)
+
+    def _advance_window(self) -> None:
+        """Move the cursor past the current (fully consumed) window."""
+        win = self._win
+        assert win is not None
+        self.skipped_before += win.skipped
+        if win.end_of_epoch:
+            self._empty_epochs = self._empty_epochs + 1 if (
+                self.window_index == 0 and not win.texts) else 0
+            self.epoch += 1
+            self.window_index = 0
+            self.start = (0, 0, 0)
+            if (self.epochs is not None and self.epoch >= self.epochs) or (
+                    self._empty_epochs >= _EMPTY_EPOCH_LIMIT):
+                self.done = True
+        else:
+            self.window_index += 1
+            self.start = win.end
+        self.pos = 0
+        self._win = None
+
+    def next_document(self) -> np.ndarray | None:
+        """Token ids of the next document (EOS appended), or None when the stream has ended."""
+        while not self.done:
+            if self._win is None:
+                self._win = self._read_window()
+            win = self._win
+            if self.pos < len(win.texts):
+                if win.tokens[self.pos] is None:
+                    stop = min(self.pos + _TOKENIZE_CHUNK, len(win.texts))
+                    win.tokens[self.pos:stop] = self.encode(win.texts[self.pos:stop])
+                    for i in range(self.pos, stop):
+                        win.texts[i] = ""  # free the text once tokenized
+                tokens = win.tokens[self.pos]
+                win.tokens[self.pos] = None
+                self.pos += 1
+                return tokens
+            self._advance_window()
+        return None
