@@ -1,0 +1,196 @@
+"""`mixer` command line: validate, inspect, preview and bench a recipe."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from typing import Any
+
+from mixer.errors import MixerError
+
+
+def _load(path: str):
+    from mixer.recipe import load_recipe
+
+    return load_recipe(path)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    recipe = _load(args.recipe)
+    print(f"ok: {len(recipe.sources)} source(s), seq_len {recipe.seq_len}, "
+          f"batch_size {recipe.batch_size}, lanes {recipe.lanes}")
+    return 0
+
+
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+    cells = [[title for _, title in columns]]
+    for row in rows:
+        cells.append([_fmt(row[key]) for key, _ in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from mixer.report import inspect_recipe
+
+    report = inspect_recipe(_load(args.recipe), training_tokens=args.tokens)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(_table(report["sources"], [
+        ("name", "source"), ("files", "files"), ("splits", "splits"), ("bytes", "bytes"),
+        ("est_documents", "~docs"), ("est_tokens", "~tokens"), ("weight", "weight"),
+        ("repeats_per_training_tokens", f"repeats/{args.tokens:.0e} tok"),
+        ("read_amplification", "read amp."), ("worst_resume_bytes", "worst resume B"),
+        ("skipped_at_listing", "skipped")]))
+    for row in report["sources"]:
+        if row["read_amplification"] > 1:
+            print(f"note: source {row['name']!r} has fewer splits than lanes; each byte is read "
+                  f"{row['read_amplification']:.2g}x per epoch (re-shard it into more files)")
+        if row["worst_resume_bytes"]:
+            print(f"note: source {row['name']!r} has unsplittable compressed files; resuming "
+                  f"inside one decompresses up to {row['worst_resume_bytes']:,} stored bytes")
+    return 0
+
+
+def cmd_preview(args: argparse.Namespace) -> int:
+    from mixer.loader import build_loader
+    from mixer.tokenize import Encoder
+
+    recipe = _load(args.recipe)
+    loader = build_loader(recipe, num_workers=0)
+    encoder = Encoder(loader.tokenizer)
+    names = [s.name for s in recipe.sources]
+    shown = 0
+    with loader:
+        for batch in loader:
+            for ids, sources in zip(batch["input_ids"].tolist(), batch["source_ids"].tolist()):
+                if shown >= args.n:
+                    return 0
+                real = [i for i, s in zip(ids, sources) if s >= 0]
+                label = names[max(sources)] if real else "padding"
+                text = encoder.decode(real)
+                if args.chars and len(text) > args.chars:
+                    text = text[:args.chars] + " …"
+                print(f"--- sequence {shown} [{label}] {len(real)} tokens")
+                print(text)
+                shown += 1
+    return 0
+
+
+def _peak_rss_mb() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return (own + children) / 1024
+
+
+def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool) -> dict[str, Any]:
+    """Iterate `batches` batches and measure throughput, latency, memory and shares."""
+    from tqdm import tqdm
+
+    from mixer.loader import build_loader
+
+    names = [s.name for s in recipe.sources]
+    counts = dict.fromkeys(names, 0)
+    start = time.perf_counter()
+    loader = build_loader(recipe, num_workers=num_workers)
+    first = None
+    got = 0
+    with loader, tqdm(total=batches, disable=not progress, unit="batch",
+                      file=sys.stderr) as bar:
+        for batch in loader:
+            if first is None:
+                first = time.perf_counter() - start
+            ids = batch["source_ids"].flatten()
+            for i, name in enumerate(names):
+                counts[name] += int((ids == i).sum())
+            got += 1
+            bar.update(1)
+            if got >= batches:
+                break
+        metrics = loader.metrics()
+    elapsed = time.perf_counter() - start
+    total = sum(counts.values())
+    return {"batches": got, "num_workers": num_workers, "tokens": total,
+            "seconds": elapsed, "tokens_per_s": total / elapsed if elapsed else 0.0,
+            "time_to_first_batch_s": first, "peak_rss_mb": _peak_rss_mb(),
+            "share": {n: (counts[n] / total if total else 0.0) for n in names},
+            "weight": dict(zip(names, recipe.weights)), "skipped": metrics["skipped"]}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    result = run_bench(_load(args.recipe), batches=args.batches, num_workers=args.num_workers,
+                       progress=not args.json and not args.no_progress)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"batches {result['batches']}  workers {result['num_workers']}  "
+          f"tokens {result['tokens']:,}  in {result['seconds']:.2f} s")
+    print(f"throughput {result['tokens_per_s']:,.0f} tokens/s   time to first batch "
+          f"{result['time_to_first_batch_s'] or 0:.3f} s   peak RSS {result['peak_rss_mb']:.0f} MB")
+    rows = [{"source": n, "weight": result["weight"][n], "share": result["share"][n],
+             "skipped": result["skipped"].get(n, 0)} for n in result["share"]]
+    print(_table(rows, [("source", "source"), ("weight", "weight"), ("share", "realized share"),
+                        ("skipped", "skipped")]))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mixer", description="Deterministic, resumable data mixtures for LM training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("validate", help="check a recipe; exit non-zero naming the bad field")
+    p.add_argument("recipe")
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("inspect", help="per-source files, splits, sizes, estimates, repeats")
+    p.add_argument("recipe")
+    p.add_argument("--tokens", type=float, default=1e9,
+                   help="training tokens for the repeats column (default 1e9)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_inspect)
+    p = sub.add_parser("preview", help="print the first sequences, decoded, with sources")
+    p.add_argument("recipe")
+    p.add_argument("-n", type=int, default=4, help="number of sequences (default 4)")
+    p.add_argument("--chars", type=int, default=400, help="cut each text here (0: no cut)")
+    p.set_defaults(func=cmd_preview)
+    p = sub.add_parser("bench", help="throughput, time to first batch, peak RSS, shares")
+    p.add_argument("recipe")
+    p.add_argument("--batches", type=int, default=100)
+    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "tokens", None) is not None:
+        args.tokens = int(args.tokens)
+    try:
+        return args.func(args)
+    except MixerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

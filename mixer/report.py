@@ -1,0 +1,91 @@
+"""What `mixer inspect` reports: per-source sizes, estimates, repeats and read costs."""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from typing import Any
+
+import zstandard
+
+from mixer.recipe import Recipe
+from mixer.slices import read_amplification
+from mixer.sources import READERS, FileEntry, SourceTable, filesystem, list_source
+from mixer.tokenize import Encoder, resolve_tokenizer
+
+_SAMPLE_DOCS = 256
+
+
+def _sample(recipe: Recipe, index: int, table: SourceTable, encoder: Encoder) -> dict[str, float]:
+    """Mean tokens per document and documents per stored byte, from the first split."""
+    src = recipe.sources[index]
+    split = table.splits[0]
+    entry = table.files[split.file]
+    fs, _ = filesystem(entry.url, src.storage_options)
+    records = READERS[entry.format](fs=fs, entry=entry, split=split, source=src.name,
+                                    text_field=src.text_field,
+                                    max_bytes=recipe.max_document_bytes, index=0, offset=0)
+    texts, last_offset, exhausted = [], 0, True
+    for record in itertools.islice(records, _SAMPLE_DOCS + 1):
+        if len(texts) == _SAMPLE_DOCS:
+            exhausted, last_offset = False, record.offset
+            break
+        if record.text is not None:
+            texts.append(record.text)
+    if not texts:
+        return {"tokens_per_doc": 0.0, "docs_per_byte": 0.0}
+    tokens = sum(len(t) for t in encoder(texts)) / len(texts)
+    if entry.format == "jsonl":
+        span = (last_offset if not exhausted else split.end) - split.start
+        docs_per_byte = len(texts) / max(span, 1)
+    elif exhausted:  # the whole (compressed) file was sampled
+        docs_per_byte = len(texts) / max(entry.size, 1)
+    else:  # compressed file larger than the sample: docs per decompressed byte × ratio
+        docs_per_byte = len(texts) / max(last_offset, 1) * _compression_ratio(fs, entry)
+    return {"tokens_per_doc": tokens, "docs_per_byte": docs_per_byte}
+
+
+def _compression_ratio(fs: Any, entry: FileEntry, probe: int = 1 << 20) -> float:
+    """Decompressed bytes per stored byte, measured on the file's first `probe` bytes."""
+    with fs.open(entry.url, "rb") as f:
+        head = f.read(probe)
+    if entry.format == "jsonl.gz":
+        out = zlib.decompressobj(wbits=47).decompress(head)
+    else:
+        out = zstandard.ZstdDecompressor().decompressobj().decompress(head)
+    return len(out) / max(len(head), 1)
+
+
+def inspect_recipe(recipe: Recipe, *, training_tokens: int = 10**9) -> dict[str, Any]:
+    """A JSON-able report of every source (no credentials: storage_options are never read out)."""
+    info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
+    encoder = Encoder(info)
+    rows = []
+    for i, (src, weight) in enumerate(zip(recipe.sources, recipe.weights)):
+        table = list_source(recipe, src)
+        sample = _sample(recipe, i, table, encoder)
+        known = [s.records for s in table.splits]
+        if all(n >= 0 for n in known):
+            docs = float(sum(known))
+        else:
+            docs = sample["docs_per_byte"] * table.total_bytes
+        tokens = docs * sample["tokens_per_doc"]
+        unsplittable = [f.size for f in table.files if f.format in ("jsonl.gz", "jsonl.zst")]
+        rows.append({
+            "name": src.name,
+            "files": len(table.files),
+            "splits": len(table.splits),
+            "bytes": table.total_bytes,
+            "est_documents": round(docs),
+            "est_tokens": round(tokens),
+            "weight": round(weight, 6),
+            "epochs_cap": src.epochs,
+            "repeats_per_training_tokens": (weight * training_tokens / tokens) if tokens else None,
+            "read_amplification": read_amplification(len(table.splits), recipe.lanes),
+            "worst_resume_bytes": max(unsplittable, default=0),
+            "skipped_at_listing": len(table.skipped),
+        })
+    return {"training_tokens": training_tokens, "lanes": recipe.lanes, "seq_len": recipe.seq_len,
+            "tokenizer": {"path": info.path, "eos_id": info.eos_id, "bos_id": info.bos_id,
+                          "pad_id": info.pad_id, "vocab_size": info.vocab_size},
+            "sources": rows}
