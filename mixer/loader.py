@@ -9,8 +9,10 @@ however far the workers have prefetched.
 from __future__ import annotations
 
 import datetime
+import weakref
 from typing import Any, Iterator
 
+import numpy.random  # noqa: F401  (imported before forking: workers seed it on start)
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -100,7 +102,7 @@ class Loader:
         self._fingerprint = fingerprint(recipe, tokenizer, tables)
         self._next_global = 0          # first global batch of the next step
         self._lane_states: dict[int, dict | None] = {}
-        self._gen: Iterator[dict[str, torch.Tensor]] | None = None
+        self._gen: weakref.ref | None = None
 
     # -- ownership ---------------------------------------------------------------------------
     def own_lanes(self) -> list[int]:
@@ -212,13 +214,17 @@ class Loader:
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         self.close()
-        self._gen = self._generate()
-        return self._gen
+        gen = self._generate()
+        # A weak reference: a dropped loader and iterator free their workers at once,
+        # without waiting for the cycle collector.
+        self._gen = weakref.ref(gen)
+        return gen
 
     def close(self) -> None:
         """Stop the current iteration and its worker processes."""
-        if self._gen is not None:
-            gen, self._gen = self._gen, None
+        gen = self._gen() if self._gen is not None else None
+        self._gen = None
+        if gen is not None:
             gen.close()
 
     def __enter__(self) -> "Loader":

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from helpers import corpus, make_tokenizer, write_docs  # noqa: E402
+
+
+@pytest.fixture
+def tokenizer_path(tmp_path: Path) -> Path:
+    return make_tokenizer(tmp_path / "tokenizer.json")
+
+
+@pytest.fixture
+def three_sources(tmp_path: Path, tokenizer_path: Path):
+    """A recipe dict over three sources in different formats, plus their documents."""
+    docs = {
+        "prose": corpus(0, 240, max_len=30),
+        "code": corpus(1000, 60, min_len=60, max_len=300, seed=1),
+        "web": corpus(2000, 200, max_len=12, seed=2),
+    }
+    for part in range(3):
+        write_docs(tmp_path / "prose" / f"p{part}.jsonl", docs["prose"][part::3], "jsonl")
+    for part in range(2):
+        write_docs(tmp_path / "code" / f"c{part}.parquet", docs["code"][part::2], "parquet",
+                   field="content", row_group_size=7)
+    write_docs(tmp_path / "web" / "w0.jsonl.zst", docs["web"][:100], "jsonl.zst")
+    write_docs(tmp_path / "web" / "w1.jsonl.gz", docs["web"][100:], "jsonl.gz")
+    recipe = {
+        "seed": 7, "tokenizer": str(tokenizer_path), "seq_len": 16, "batch_size": 4,
+        "lanes": 4, "shuffle_window": 8, "split_bytes": 1500,
+        "sources": [
+            {"name": "prose", "path": str(tmp_path / "prose" / "*.jsonl"), "weight": 0.5},
+            {"name": "code", "path": str(tmp_path / "code" / "*.parquet"), "weight": 0.3,
+             "text_field": "content"},
+            {"name": "web", "path": [str(tmp_path / "web" / "*.zst"),
+                                     str(tmp_path / "web" / "*.gz")], "weight": 0.2},
+        ],
+    }
+    return recipe, docs

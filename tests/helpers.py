@@ -1,0 +1,99 @@
+"""Test data: integer-token documents whose tokens name the document, in every format.
+
+Document d of a corpus is the word `w{d}` repeated `length` times, so its tokens are all
+`d + FIRST_WORD_ID`: counting tokens proves coverage and exactly-once delivery.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+EOS_ID = 0
+PAD_ID = 1
+FIRST_WORD_ID = 2
+VOCAB_WORDS = 30000
+
+
+def word_id(doc: int) -> int:
+    return doc + FIRST_WORD_ID
+
+
+def make_tokenizer(path: Path, *, eos: bool = True) -> Path:
+    vocab = {"<|endoftext|>" if eos else "<unk>": EOS_ID, "<pad>": PAD_ID}
+    for i in range(VOCAB_WORDS):
+        vocab[f"w{i}"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<|endoftext|>" if eos else "<unk>", "<pad>"])
+    tok.save(str(path))
+    return path
+
+
+def doc_text(doc: int, length: int) -> str:
+    return " ".join([f"w{doc}"] * length)
+
+
+def write_docs(path: Path, docs: list[tuple[int, int]], fmt: str, *, field: str = "text",
+               row_group_size: int = 16) -> Path:
+    """Write (doc id, length) documents to `path` in `fmt`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    texts = [doc_text(d, n) for d, n in docs]
+    lines = "".join(json.dumps({field: t, "id": d}) + "\n" for t, (d, _) in zip(texts, docs))
+    if fmt == "jsonl":
+        path.write_text(lines)
+    elif fmt == "jsonl.gz":
+        path.write_bytes(gzip.compress(lines.encode()))
+    elif fmt == "jsonl.zst":
+        path.write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
+    elif fmt == "parquet":
+        pq.write_table(pa.table({field: texts}), path, row_group_size=row_group_size)
+    elif fmt == "text":
+        assert len(docs) == 1
+        path.write_text(texts[0])
+    else:
+        raise ValueError(fmt)
+    return path
+
+
+def corpus(first: int, count: int, *, min_len: int = 1, max_len: int = 40,
+           seed: int = 0) -> list[tuple[int, int]]:
+    """`count` documents with ids from `first` and pseudo-random lengths."""
+    out = []
+    for d in range(first, first + count):
+        h = int(hashlib.md5(f"{seed}:{d}".encode()).hexdigest(), 16)
+        out.append((d, min_len + h % (max_len - min_len + 1)))
+    return out
+
+
+def token_counts(batches: Iterable[dict]) -> Counter:
+    """Counter of real (non-padding) tokens over batches."""
+    counts: Counter = Counter()
+    for b in batches:
+        ids = b["input_ids"][b["source_ids"] >= 0]
+        counts.update(ids.tolist())
+    return counts
+
+
+def expected_counts(docs: list[tuple[int, int]], epochs: int = 1) -> Counter:
+    counts: Counter = Counter()
+    for d, n in docs:
+        counts[word_id(d)] += n * epochs
+    counts[EOS_ID] += len(docs) * epochs
+    return counts
+
+
+def batch_digest(batch: dict) -> str:
+    h = hashlib.sha256()
+    for key in ("input_ids", "labels", "position_ids", "source_ids"):
+        h.update(batch[key].numpy().tobytes())
+    return h.hexdigest()[:16]
