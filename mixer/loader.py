@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import datetime
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy.random  # noqa: F401  (imported before forking: workers seed it on start)
 import torch
@@ -119,7 +120,11 @@ class Loader:
                 "listing_skipped": {t.name: len(t.skipped) for t in self.tables}}
 
     def state_dict(self) -> dict[str, Any]:
-        """Fixed-shape, JSON-serialisable state (kilobytes). A collective under torch.distributed."""
+        """Fixed-shape, JSON-serialisable state (kilobytes).
+
+        Inside a torch.distributed job this is a collective that every rank must call: it
+        gathers all ranks' lane states so any rank's checkpoint restores the global position.
+        """
         payload = self._rank_payload()
         if self._distributed and self.world_size > 1:
             from mixer.state import merge_states
@@ -227,7 +232,7 @@ class Loader:
         if gen is not None:
             gen.close()
 
-    def __enter__(self) -> "Loader":
+    def __enter__(self) -> Loader:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -74,7 +74,7 @@ class Recipe(_Frozen):
     base_dir: str = Field(default=".", description="Relative paths resolve against this folder.")
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "Recipe":
+    def _unique_names(self) -> Recipe:
         seen: dict[str, int] = {}
         for i, src in enumerate(self.sources):
             if src.name in seen:

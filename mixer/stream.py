@@ -9,8 +9,9 @@ plus the position inside the window, so resuming re-reads at most one window.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Protocol
 
 from mixer.errors import DataError
 
@@ -36,7 +37,7 @@ class Split:
         return [self.file, self.start, self.end, self.records, int(self.seekable)]
 
     @classmethod
-    def from_list(cls, values: list[int]) -> "Split":
+    def from_list(cls, values: list[int]) -> Split:
         return cls(values[0], values[1], values[2], values[3], bool(values[4]))
 
 

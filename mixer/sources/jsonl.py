@@ -6,7 +6,8 @@ import gzip
 import io
 import json
 import zlib
-from typing import IO, Iterator
+from collections.abc import Iterator
+from typing import IO
 
 import zstandard
 
@@ -86,7 +87,8 @@ def read_jsonl(*, fs, entry: FileEntry, split: Split, source: str, text_field: s
         stream = raw if hasattr(raw, "readline") else io.BufferedReader(raw)
         if index == 0 and offset <= split.start and split.start > 0:
             stream.seek(split.start - 1)
-            _, skipped = _read_line(stream, max_bytes)  # finish the line owned by the previous split
+            # finish the line that the previous split owns
+            _, skipped = _read_line(stream, max_bytes)
             offset = split.start - 1 + skipped
         else:
             offset = max(offset, split.start)
@@ -124,9 +126,43 @@ def _gzip(raw: IO[bytes]) -> IO[bytes]:
     return gzip.GzipFile(fileobj=raw, mode="rb")
 
 
+class _ZstdStream(io.RawIOBase):
+    """Decompresses every frame of a zstd file and, unlike zstandard's stream_reader,
+    raises on a file that ends inside a frame (a truncated or corrupt shard)."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw = raw
+        self._dctx = zstandard.ZstdDecompressor()
+        self._obj = self._dctx.decompressobj()
+        self._in_frame = False
+        self._out = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        while not self._out:
+            chunk = self._raw.read(_CHUNK)
+            if not chunk:
+                if self._in_frame:
+                    raise zstandard.ZstdError("file ends inside a zstd frame (truncated)")
+                return 0
+            while chunk:
+                self._in_frame = True
+                self._out += self._obj.decompress(chunk)
+                if not self._obj.eof:
+                    break
+                chunk = self._obj.unused_data  # the next frame starts here
+                self._obj = self._dctx.decompressobj()
+                self._in_frame = False
+        size = min(len(buffer), len(self._out))
+        buffer[:size] = self._out[:size]
+        self._out = self._out[size:]
+        return size
+
+
 def _zstd(raw: IO[bytes]) -> IO[bytes]:
-    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-    return io.BufferedReader(reader, buffer_size=_CHUNK)
+    return io.BufferedReader(_ZstdStream(raw), buffer_size=_CHUNK)
 
 
 def read_jsonl_gz(*, split: Split, **kw) -> Iterator[Record]:

@@ -59,7 +59,8 @@ class Packer:
             offset = state["offset"]
             self.exhausted = bool(state["exhausted"])
         except KeyError as exc:
-            raise StateError(f"packer state of source {self.stream.table.name!r} lacks {exc}")
+            name = self.stream.table.name
+            raise StateError(f"packer state of source {name!r} lacks {exc}") from None
         if offset:
             before = self.stream.state_dict()
             tokens = self.stream.next_document()

@@ -1,0 +1,35 @@
+# `make demo`: set up from scratch and run the demo; `make test`: set up and run every test.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# the CPU build of torch on local disk; any other spec downloads gigabytes
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+demo: setup
+	$(VENV)/bin/mixer validate recipes/demo.yaml
+	$(VENV)/bin/mixer inspect recipes/demo.yaml
+	$(VENV)/bin/mixer preview recipes/demo.yaml -n 3 --chars 300
+	$(VENV)/bin/mixer bench recipes/demo.yaml --batches 300 --num-workers 2 --no-progress
+
+lint: setup
+	$(VENV)/bin/ruff check mixer tests benchmarks examples
+
+test: lint
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) benchmarks/throughput.py
+	$(PY) benchmarks/resume_cost.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

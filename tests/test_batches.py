@@ -1,0 +1,106 @@
+"""Batch content: labels, positions, EOS ownership, padding and the `pad` packing mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import EOS_ID, FIRST_WORD_ID, corpus, expected_counts, token_counts, write_docs
+
+import mixer
+
+
+def batches(recipe: dict, n: int | None = None) -> list[dict]:
+    out = []
+    for batch in mixer.build_loader(recipe):
+        out.append(batch)
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_positions_restart_at_documents_and_rows_and_labels_follow(three_sources, mask):
+    recipe = {**three_sources[0], "mask_document_boundaries": mask}
+    starts_checked = 0
+    for batch in batches(recipe, 40):
+        ids, labels, pos, src = (batch[k] for k in ("input_ids", "labels", "position_ids",
+                                                    "source_ids"))
+        assert (pos[:, 0] == 0).all(), "every row starts at position 0"
+        for r in range(ids.shape[0]):
+            for t in range(1, ids.shape[1]):
+                if src[r, t] < 0:
+                    continue
+                if ids[r, t - 1] == EOS_ID:   # a new document starts after an EOS
+                    assert pos[r, t] == 0
+                    starts_checked += 1
+                    if mask:
+                        assert labels[r, t] == -100, "the next document must not be predicted"
+                    else:
+                        assert labels[r, t] == ids[r, t]
+                else:
+                    assert pos[r, t] == pos[r, t - 1] + 1
+                    assert labels[r, t] == ids[r, t]
+                    # tokens of one document share a word id (or end it with EOS)
+                    assert ids[r, t] in (ids[r, t - 1], EOS_ID)
+                    assert src[r, t] == src[r, t - 1], "EOS belongs to its document's source"
+    assert starts_checked > 50
+
+
+def test_padding_positions_and_labels(three_sources):
+    recipe = {**three_sources[0], "sources": [{**s, "epochs": 1}
+                                              for s in three_sources[0]["sources"]]}
+    pads = 0
+    for batch in batches(recipe):
+        pad = batch["source_ids"] == -1
+        pads += int(pad.sum())
+        assert (batch["labels"][pad] == -100).all()
+        assert (batch["position_ids"][pad] == 0).all()
+        assert not (batch["labels"][~pad] == -100).any()
+    assert pads > 0
+
+
+def test_pad_packing_puts_one_document_per_row_and_never_truncates(tmp_path, tokenizer_path):
+    docs = corpus(0, 50, min_len=1, max_len=45)  # some longer than seq_len 16
+    write_docs(tmp_path / "d.jsonl", docs, "jsonl")
+    recipe = {"tokenizer": str(tokenizer_path), "seq_len": 16, "batch_size": 2, "lanes": 2,
+              "packing": "pad", "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"),
+                                             "weight": 1, "epochs": 1}]}
+    got = batches(recipe)
+    assert token_counts(got) == expected_counts(docs)
+    for batch in got:
+        for ids, src in zip(batch["input_ids"], batch["source_ids"]):
+            words = set(ids[src >= 0].tolist()) - {EOS_ID}
+            assert len(words) <= 1, "one document per row"
+            if (ids[src >= 0] == EOS_ID).any():
+                assert ids[src >= 0][-1] == EOS_ID, "EOS ends the row's document"
+
+
+def test_long_documents_continue_on_the_next_rows(tmp_path, tokenizer_path):
+    docs = [(0, 100), (1, 3)]
+    write_docs(tmp_path / "d.jsonl", docs, "jsonl")
+    recipe = {"tokenizer": str(tokenizer_path), "seq_len": 16, "batch_size": 1, "lanes": 1,
+              "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"), "weight": 1,
+                           "epochs": 1}]}
+    rows = torch.cat([b["input_ids"] for b in batches(recipe)])
+    flat = rows.flatten().tolist()
+    first = FIRST_WORD_ID
+    assert flat.count(first) == 100 and flat.count(first + 1) == 3 and flat.count(EOS_ID) == 2
+
+
+def test_bos_is_prepended_when_the_tokenizer_config_asks(tmp_path, tokenizer_path):
+    import json
+    import shutil
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    shutil.copy(tokenizer_path, folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|endoftext|>", "bos_token": "w29999", "add_bos_token": True,
+         "pad_token": "<pad>"}))
+    write_docs(tmp_path / "d.jsonl", [(0, 3)], "jsonl")
+    recipe = {"tokenizer": str(folder), "seq_len": 8, "batch_size": 1, "lanes": 1,
+              "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"), "weight": 1,
+                           "epochs": 1}]}
+    row = batches(recipe)[0]["input_ids"][0].tolist()
+    bos = 29999 + FIRST_WORD_ID
+    assert row[:5] == [bos, FIRST_WORD_ID, FIRST_WORD_ID, FIRST_WORD_ID, EOS_ID]
