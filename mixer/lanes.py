@@ -23,13 +23,27 @@ LANE_STATE_VERSION = 1
 
 @dataclass
 class Batch:
-    """Arrays shaped [batch_size, seq_len] plus whether any token is real."""
+    """One lane batch: `data` is [4, batch_size, seq_len] (input_ids, labels, position_ids,
+    source_ids, in that order) so it crosses process boundaries as a single buffer."""
 
-    input_ids: np.ndarray
-    labels: np.ndarray
-    position_ids: np.ndarray
-    source_ids: np.ndarray
+    data: np.ndarray
     padding: bool
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.data[0]
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self.data[1]
+
+    @property
+    def position_ids(self) -> np.ndarray:
+        return self.data[2]
+
+    @property
+    def source_ids(self) -> np.ndarray:
+        return self.data[3]
 
 
 class Lane:
@@ -94,11 +108,12 @@ class Lane:
     def next_batch(self, batch_size: int) -> Batch:
         """The lane's next batch; all padding once every source has run out."""
         length = self.recipe.seq_len
-        shape = (batch_size, length)
-        input_ids = np.full(shape, self.pad_id, dtype=np.int64)
-        labels = np.full(shape, IGNORE_INDEX, dtype=np.int64)
-        position_ids = np.zeros(shape, dtype=np.int64)
-        source_ids = np.full(shape, -1, dtype=np.int64)
+        data = np.empty((4, batch_size, length), dtype=np.int64)
+        input_ids, labels, position_ids, source_ids = data
+        input_ids.fill(self.pad_id)
+        labels.fill(IGNORE_INDEX)
+        position_ids.fill(0)
+        source_ids.fill(-1)
         real_rows = 0
         for row_index in range(batch_size):
             while True:
@@ -120,4 +135,4 @@ class Lane:
             if choice is None:
                 break
         self.batches += 1
-        return Batch(input_ids, labels, position_ids, source_ids, padding=real_rows == 0)
+        return Batch(data, padding=real_rows == 0)

@@ -71,11 +71,8 @@ class _LaneDataset(IterableDataset):
                             self.lane_states.get(index))
                 lanes[index] = lane
             batch = lane.next_batch(self.recipe.batch_size)
-            tensors = {"input_ids": torch.from_numpy(batch.input_ids),
-                       "labels": torch.from_numpy(batch.labels),
-                       "position_ids": torch.from_numpy(batch.position_ids),
-                       "source_ids": torch.from_numpy(batch.source_ids)}
-            yield tensors, {"g": g, "lane": index, "padding": batch.padding,
+            # One tensor per batch: a single shared-memory handle crosses the process boundary.
+            yield torch.from_numpy(batch.data), {"g": g, "lane": index, "padding": batch.padding,
                             "state": lane.state_dict()}
             step += workers
 
@@ -210,10 +207,10 @@ class Loader:
                     continue
                 for held_tensors, held_meta in held:
                     self._hand(held_meta)
-                    yield held_tensors
+                    yield dict(zip(BATCH_KEYS, held_tensors.unbind(0)))
                 held.clear()
                 self._hand(meta)
-                yield tensors
+                yield dict(zip(BATCH_KEYS, tensors.unbind(0)))
         finally:
             del source  # shuts DataLoader workers down
 
