@@ -108,6 +108,11 @@ class Loader:
         first = (self._next_global + self.rank) % self.world_size
         return list(range(first, self.recipe.lanes, self.world_size))
 
+    @property
+    def next_global_batch(self) -> int:
+        """Global index of the batch this rank receives next (rank r gets g0 + s·W + r)."""
+        return self._next_global + self.rank
+
     # -- state -------------------------------------------------------------------------------
     def _rank_payload(self) -> dict:
         return {"kind": "global" if self.world_size == 1 else "rank",

@@ -1,0 +1,150 @@
+"""A real training client: a small causal LM trained with DDP under torchrun on mixer batches.
+
+    torchrun --standalone --nproc_per_node=2 examples/train.py --recipe recipes/train_demo.yaml \
+        --steps 40 --ckpt-dir out/ckpt --ckpt-every 10 [--resume] [--num-workers 2]
+
+Model, optimizer and data loader go into one `torch.distributed.checkpoint` every
+`--ckpt-every` steps; `--resume` continues from the newest complete checkpoint, on any number of
+ranks and workers that the recipe's lanes allow. With `--step-log FILE` every rank appends one JSON
+line per step: step, rank, global batch index, batch hash, loss and loss per source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import mixer
+
+
+def batch_hash(batch: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for key in mixer.BATCH_KEYS:
+        h.update(batch[key].numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def build_model(vocab_size: int, seq_len: int) -> torch.nn.Module:
+    torch.manual_seed(0)  # identical init on every rank (DDP also broadcasts rank 0's)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings=max(seq_len, 64), tie_word_embeddings=True)
+    return LlamaForCausalLM(config)
+
+
+def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Per-token loss of predicting labels[:, 1:] (0 where the label is -100)."""
+    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+    logits = logits[:, :-1].float()
+    labels = batch["labels"][:, 1:]
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                           ignore_index=-100, reduction="none").view_as(labels)
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    done = sorted((p for p in folder.glob("step-*") if (p / ".metadata").exists()),
+                  key=lambda p: int(p.name.split("-")[1]))
+    return done[-1] if done else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", required=True)
+    parser.add_argument("--steps", type=int, default=40, help="stop after this global step")
+    parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--ckpt-dir", default="out/ckpt")
+    parser.add_argument("--ckpt-every", type=int, default=10)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--step-log", help="append per-step JSON lines here (one file per rank)")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--crash-at-step", type=int, default=-1,
+                        help="(testing) rank 0 kills itself with SIGKILL at this step")
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    recipe = mixer.load_recipe(args.recipe)
+    loader = mixer.build_loader(recipe, num_workers=args.num_workers)  # rank/world from dist
+    vocab = loader.tokenizer.vocab_size
+    model = DistributedDataParallel(build_model(vocab, recipe.seq_len))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    names = [s.name for s in recipe.sources]
+
+    step = 0
+    ckpt_dir = Path(args.ckpt_dir)
+    if args.resume and (found := latest_checkpoint(ckpt_dir)) is not None:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd, "data": loader,
+                 "step": torch.tensor(0)}
+        dcp.load(state, checkpoint_id=str(found))  # calls loader.load_state_dict
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        step = int(state["step"])
+        if rank == 0:
+            print(f"resumed from {found} at step {step} on {world} rank(s)", flush=True)
+
+    log = open(f"{args.step_log}.rank{rank}", "a") if args.step_log else None
+    start = time.perf_counter()
+    first_global = loader.next_global_batch
+    with loader:
+        for i, batch in enumerate(loader):
+            if step >= args.steps:
+                break
+            if step == args.crash_at_step and rank == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            losses = token_losses(model, batch)
+            mask = batch["labels"][:, 1:] != -100
+            # Weight by tokens across ranks: an all-padding batch contributes 0, never NaN.
+            count = mask.sum().to(torch.float64)
+            total = count.clone()
+            dist.all_reduce(total)
+            loss = losses[mask].sum() * world / total.clamp(min=1)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # every rank runs backward, so DDP's all-reduce never waits
+            if total > 0:
+                optimizer.step()
+            step += 1
+            losses = losses.detach()
+            per_source = {}
+            target_sources = batch["source_ids"][:, 1:]
+            for index, name in enumerate(names):
+                chosen = mask & (target_sources == index)
+                if chosen.any():
+                    per_source[name] = round(float(losses[chosen].mean()), 4)
+            record = {"step": step, "rank": rank, "global": first_global + i * world,
+                      "hash": batch_hash(batch), "tokens": int(count),
+                      "loss": round(float(losses[mask].mean()), 4) if count else None,
+                      "per_source": per_source}
+            if log:
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+            if rank == 0 and (step % 10 == 0 or step == args.steps):
+                print(f"step {step} loss {record['loss']} per source {per_source}", flush=True)
+            if args.ckpt_every and step % args.ckpt_every == 0:
+                model_sd, optim_sd = get_state_dict(model, optimizer)
+                dcp.save({"model": model_sd, "optim": optim_sd, "data": loader,
+                          "step": torch.tensor(step)},
+                         checkpoint_id=str(ckpt_dir / f"step-{step}"))
+    if rank == 0:
+        print(f"done: {step} steps in {time.perf_counter() - start:.1f}s", flush=True)
+    if log:
+        log.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
