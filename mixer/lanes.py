@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mixer.errors import StateError
-from mixer.mix import choose_source, phase_counters
+from mixer.mix import choose_source
 from mixer.recipe import Recipe
 from mixer.sources import SourceTable
 from mixer.stream import SourceStream
@@ -70,11 +70,8 @@ class Lane:
         self.load_state_dict(state)
 
     def fresh_state(self) -> dict:
-        phase = phase_counters(self.weights, self.lane * self.recipe.batch_size,
-                               self.recipe.seq_len)
         return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": 0,
-                "sources": {name: {"phase": p, "tokens": 0, "packer": None}
-                            for name, p in zip(self.names, phase)}}
+                "sources": {name: {"tokens": 0, "packer": None} for name in self.names}}
 
     def load_state_dict(self, state: dict | None) -> None:
         fresh = self.fresh_state()
@@ -83,11 +80,10 @@ class Lane:
             raise StateError(f"lane {self.lane}: state of version {state.get('v')} for lane "
                              f"{state.get('lane')} cannot be loaded")
         self.batches = state["batches"]
-        self.phase, self.tokens = [], []
+        self.tokens = []
         for name, packer in zip(self.names, self.packers):
             # A source added to the recipe since the checkpoint starts fresh.
             entry = state["sources"].get(name, fresh["sources"][name])
-            self.phase.append(entry["phase"])
             self.tokens.append(entry["tokens"])
             packer.load_state_dict(entry["packer"])
 
@@ -95,11 +91,11 @@ class Lane:
         """Plain data; `exhausted` and `skipped` are informational (derived on load)."""
         return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": self.batches,
                 "exhausted": int(self.exhausted),
-                "sources": {name: {"phase": phase, "tokens": tokens,
+                "sources": {name: {"tokens": tokens,
                                    "skipped": packer.stream.skipped,
                                    "packer": packer.state_dict()}
-                            for name, phase, tokens, packer in
-                            zip(self.names, self.phase, self.tokens, self.packers)}}
+                            for name, tokens, packer in
+                            zip(self.names, self.tokens, self.packers)}}
 
     @property
     def exhausted(self) -> bool:
@@ -118,8 +114,7 @@ class Lane:
         for row_index in range(batch_size):
             while True:
                 active = [not p.exhausted for p in self.packers]
-                counters = [p + t for p, t in zip(self.phase, self.tokens)]
-                choice = choose_source(self.weights, counters, active, length)
+                choice = choose_source(self.weights, self.tokens, active, length)
                 if choice is None:
                     break
                 row = self.packers[choice].next_row()

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mixer
-from mixer.mix import choose_source, phase_counters
+from mixer.mix import choose_source
 
 
 def _worst_rank_error(weights: list[float], lanes: int, world: int, batch: int,
@@ -17,7 +17,7 @@ def _worst_rank_error(weights: list[float], lanes: int, world: int, batch: int,
     worst = 0.0
     for rank in range(world):
         mine = list(range(rank, lanes, world))
-        state = {lane: phase_counters(weights, lane * batch, 1) for lane in mine}
+        state = {lane: [0] * len(weights) for lane in mine}
         counts, total = [0] * len(weights), 0
         threshold = 25 * len(mine) * batch
         for _ in range(batches_per_lane):
@@ -32,8 +32,8 @@ def _worst_rank_error(weights: list[float], lanes: int, world: int, batch: int,
     return worst
 
 
-@settings(max_examples=40, deadline=None)
-@given(raw=st.lists(st.integers(5, 100), min_size=2, max_size=4),
+@settings(max_examples=300, deadline=None)
+@given(raw=st.lists(st.integers(1, 100), min_size=2, max_size=5),
        topology=st.sampled_from([(4, 1), (4, 2), (4, 4), (8, 2), (16, 4), (64, 8), (64, 2)]),
        batch=st.sampled_from([4, 8]))
 def test_deficit_rule_keeps_every_rank_within_one_point(raw, topology, batch):
