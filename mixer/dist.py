@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import datetime
+import os
 from typing import Any
 
 import torch.distributed as dist
+
+
+def collective_timeout() -> datetime.timedelta:
+    """How long mixer's collectives wait for a missing rank before failing (default 120 s)."""
+    return datetime.timedelta(seconds=float(os.environ.get("MIXER_COLLECTIVE_TIMEOUT_S", 120)))
 
 
 def is_distributed() -> bool:

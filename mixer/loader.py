@@ -8,7 +8,6 @@ however far the workers have prefetched.
 
 from __future__ import annotations
 
-import datetime
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -131,7 +130,7 @@ class Loader:
         if self._distributed and self.world_size > 1:
             from mixer.state import merge_states
 
-            dist.barrier_or_fail(datetime.timedelta(seconds=120),
+            dist.barrier_or_fail(dist.collective_timeout(),
                                  "loader.state_dict() is a collective: call it on every rank")
             return merge_states([pack(p) for p in dist.all_gather_objects(payload)])
         return pack(payload)

@@ -98,3 +98,14 @@ def test_finite_recipe_ends_on_the_same_step_on_every_rank(job, tmp_path):
     for r in ranks:
         total.update({int(k): v for k, v in r["counts"].items()})
     assert total == expected_counts(docs["a"]) + expected_counts(docs["b"])
+
+
+def test_state_dict_on_one_rank_only_fails_loudly_instead_of_hanging(job):
+    root, _, _ = job
+    os.environ["MIXER_COLLECTIVE_TIMEOUT_S"] = "3"
+    try:
+        result = torchrun(2, str(ROOT / "tests" / "dist_lonely_state.py"),
+                          str(root / "recipe.yaml"), check=False)
+    finally:
+        del os.environ["MIXER_COLLECTIVE_TIMEOUT_S"]
+    assert "RAISED" in result.stdout and "collective" in result.stdout, result.stdout
