@@ -10,7 +10,7 @@ import zstandard
 
 from mixer.recipe import Recipe
 from mixer.slices import read_amplification
-from mixer.sources import READERS, FileEntry, SourceTable, filesystem, list_source
+from mixer.sources import READERS, FileEntry, SourceTable, Storage, list_source
 from mixer.tokenize import Encoder, resolve_tokenizer
 
 _SAMPLE_DOCS = 256
@@ -21,8 +21,8 @@ def _sample(recipe: Recipe, index: int, table: SourceTable, encoder: Encoder) ->
     src = recipe.sources[index]
     split = table.splits[0]
     entry = table.files[split.file]
-    fs, _ = filesystem(entry.url, src.storage_options)
-    records = READERS[entry.format](fs=fs, entry=entry, split=split, source=src.name,
+    storage = Storage(src.name, src.storage_options)
+    records = READERS[entry.format](storage=storage, entry=entry, split=split, source=src.name,
                                     text_field=src.text_field,
                                     max_bytes=recipe.max_document_bytes, index=0, offset=0)
     texts, last_offset, exhausted = [], 0, True
@@ -41,13 +41,13 @@ def _sample(recipe: Recipe, index: int, table: SourceTable, encoder: Encoder) ->
     elif exhausted:  # the whole (compressed) file was sampled
         docs_per_byte = len(texts) / max(entry.size, 1)
     else:  # compressed file larger than the sample: docs per decompressed byte × ratio
-        docs_per_byte = len(texts) / max(last_offset, 1) * _compression_ratio(fs, entry)
+        docs_per_byte = len(texts) / max(last_offset, 1) * _compression_ratio(storage, entry)
     return {"tokens_per_doc": tokens, "docs_per_byte": docs_per_byte}
 
 
-def _compression_ratio(fs: Any, entry: FileEntry, probe: int = 1 << 20) -> float:
+def _compression_ratio(storage: Storage, entry: FileEntry, probe: int = 1 << 20) -> float:
     """Decompressed bytes per stored byte, measured on the file's first `probe` bytes."""
-    with fs.open(entry.url, "rb") as f:
+    with storage.open(entry) as f:
         head = f.read(probe)
     if entry.format == "jsonl.gz":
         out = zlib.decompressobj(wbits=47).decompress(head)

@@ -18,7 +18,7 @@ import numpy as np
 from mixer.errors import StateError
 from mixer.rng import derive_key, permutation
 from mixer.slices import SliceItem, lane_slice
-from mixer.sources import READERS, SourceTable, filesystem
+from mixer.sources import READERS, SourceTable, Storage
 
 STATE_KEYS = ("epoch", "window", "slot", "index", "offset", "pos", "skipped", "done")
 _TOKENIZE_CHUNK = 64
@@ -41,7 +41,7 @@ class SourceStream:
                  epochs: int | None, on_error: str, text_field: str,
                  storage_options: dict[str, Any], window_docs: int, window_bytes: int,
                  max_document_bytes: int, encode: Callable[[list[str]], list[np.ndarray]],
-                 ) -> None:
+                 block_size: int = 8 << 20) -> None:
         self.table = table
         self.lane = lane
         self.lanes = lanes
@@ -49,7 +49,7 @@ class SourceStream:
         self.epochs = epochs
         self.on_error = on_error
         self.text_field = text_field
-        self.storage_options = storage_options
+        self.storage = Storage(table.name, storage_options, block_size=block_size)
         self.window_docs = window_docs
         self.window_bytes = window_bytes
         self.max_document_bytes = max_document_bytes
@@ -106,9 +106,8 @@ class SourceStream:
         items = self._lane_slice()
         split = self._splits[items[slot].split]
         entry = self.table.files[split.file]
-        fs, _ = filesystem(entry.url, self.storage_options)
         reader = READERS[entry.format]
-        return reader(fs=fs, entry=entry, split=split, source=self.table.name,
+        return reader(storage=self.storage, entry=entry, split=split, source=self.table.name,
                       text_field=self.text_field, max_bytes=self.max_document_bytes,
                       index=index, offset=offset), None
 

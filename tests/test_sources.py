@@ -9,17 +9,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixer
-from mixer.sources import READERS, filesystem, list_source
+from mixer.sources import READERS, Storage, list_source
 
 
 def _all_records(recipe, table, src):
     texts = []
+    storage = Storage(src.name, {})
     for split in table.splits:
         entry = table.files[split.file]
-        fs, _ = filesystem(entry.url, {})
-        for record in READERS[entry.format](fs=fs, entry=entry, split=split, source=src.name,
-                                            text_field=src.text_field, max_bytes=1 << 20,
-                                            index=0, offset=0):
+        for record in READERS[entry.format](storage=storage, entry=entry, split=split,
+                                            source=src.name, text_field=src.text_field,
+                                            max_bytes=1 << 20, index=0, offset=0):
             assert record.error is None
             texts.append(record.text)
     return texts

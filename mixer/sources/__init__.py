@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from mixer.sources.base import FileEntry, Reader, Record, Split
 from mixer.sources.jsonl import read_jsonl, read_jsonl_gz, read_jsonl_zst
-from mixer.sources.listing import SourceTable, filesystem, list_source
+from mixer.sources.listing import SourceTable, list_source
 from mixer.sources.parquet import read_parquet
+from mixer.sources.storage import IO_STATS, Storage, filesystem
 from mixer.sources.text import read_text
 
 READERS: dict[str, Reader] = {
@@ -16,4 +17,5 @@ READERS: dict[str, Reader] = {
     "text": read_text,
 }
 
-__all__ = ["READERS", "FileEntry", "Record", "Split", "SourceTable", "filesystem", "list_source"]
+__all__ = ["IO_STATS", "READERS", "FileEntry", "Record", "SourceTable", "Split", "Storage",
+           "filesystem", "list_source"]

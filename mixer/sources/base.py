@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from mixer.errors import DataError
 
@@ -17,6 +17,7 @@ class FileEntry:
     key: str      # path relative to the glob's fixed prefix: identical locally and on S3
     size: int
     format: str
+    etag: str = ""   # from the listing or manifest; a changed object is refused on open
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,6 @@ class Record:
 class Reader(Protocol):
     """Turns one split into records, starting at a cursor (record index, offset)."""
 
-    def __call__(self, *, fs: object, entry: FileEntry, split: Split, source: str,
+    def __call__(self, *, storage: Any, entry: FileEntry, split: Split, source: str,
                  text_field: str, max_bytes: int, index: int, offset: int) -> Iterator[Record]:
         ...

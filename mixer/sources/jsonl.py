@@ -80,10 +80,10 @@ def _records(stream: IO[bytes], *, entry: FileEntry, source: str, text_field: st
         offset += size
 
 
-def read_jsonl(*, fs, entry: FileEntry, split: Split, source: str, text_field: str,
+def read_jsonl(*, storage, entry: FileEntry, split: Split, source: str, text_field: str,
                max_bytes: int, index: int, offset: int) -> Iterator[Record]:
     """Records of a plain jsonl split: the lines that *start* inside [split.start, split.end)."""
-    with fs.open(entry.url, "rb") as raw:
+    with storage.open(entry) as raw:
         stream = raw if hasattr(raw, "readline") else io.BufferedReader(raw)
         if index == 0 and offset <= split.start and split.start > 0:
             stream.seek(split.start - 1)
@@ -107,9 +107,9 @@ def _skip_to(stream: IO[bytes], offset: int) -> None:
         remaining -= len(chunk)
 
 
-def _read_compressed(opener, *, fs, entry: FileEntry, source: str, text_field: str,
+def _read_compressed(opener, *, storage, entry: FileEntry, source: str, text_field: str,
                      max_bytes: int, index: int, offset: int) -> Iterator[Record]:
-    with fs.open(entry.url, "rb") as raw, opener(raw) as stream:
+    with storage.open(entry) as raw, opener(raw) as stream:
         try:
             _skip_to(stream, offset)  # no access points: resuming decompresses from the start
         except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
-import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from mixer.errors import DataError
 from mixer.recipe import Recipe, SourceConfig
 from mixer.sources.base import FileEntry, Split
 from mixer.sources.parquet import row_groups
+from mixer.sources.storage import Storage, filesystem, redact
 
 _EXTENSIONS = (
     (".jsonl.zst", "jsonl.zst"), (".json.zst", "jsonl.zst"), (".jsonl.zstd", "jsonl.zst"),
@@ -20,20 +19,6 @@ _EXTENSIONS = (
     (".parquet", "parquet"), (".pq", "parquet"),
     (".txt", "text"), (".text", "text"), (".md", "text"),
 )
-
-_fs_cache: dict[tuple, object] = {}
-
-
-def filesystem(url: str, storage_options: dict) -> tuple[object, str]:
-    """(fs, path) for a URL; one fs per process, options and protocol (never shared by fork)."""
-    protocol = url.split("://", 1)[0] if "://" in url else "file"
-    key = (os.getpid(), protocol, repr(sorted(storage_options.items())))
-    fs = _fs_cache.get(key)
-    if fs is None:
-        fs = fsspec.filesystem(protocol, **storage_options)
-        _fs_cache[key] = fs
-    return fs, fs._strip_protocol(url)
-
 
 def infer_format(name: str) -> str | None:
     lower = name.lower()
@@ -73,7 +58,11 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
     for pattern in src.globs:
         url = recipe.resolve(pattern)
         fs, path = filesystem(url, src.storage_options)
-        found = fs.glob(path, detail=True)
+        try:
+            found = fs.glob(path, detail=True)
+        except Exception as exc:  # 403, missing bucket, unreachable endpoint
+            raise DataError(redact(f"cannot list: {type(exc).__name__}: {exc}",
+                                   src.storage_options), source=src.name, file=pattern) from None
         files = sorted((p, info) for p, info in found.items() if info.get("type") != "directory")
         if not files:
             err = DataError("path matches no files", source=src.name, file=pattern)
@@ -89,7 +78,8 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
                 raise DataError("cannot infer the format from the file name; set "
                                 "sources[].format", source=src.name, file=full)
             key = p[len(prefix):] if p.startswith(prefix) else p
-            entries.setdefault(full, FileEntry(full, key, int(info.get("size") or 0), fmt))
+            etag = str(info.get("ETag") or info.get("etag") or "")
+            entries.setdefault(full, FileEntry(full, key, int(info.get("size") or 0), fmt, etag))
     return list(entries.values())
 
 
@@ -99,8 +89,9 @@ def _splits_of(recipe: Recipe, src: SourceConfig, index: int, entry: FileEntry) 
         return [Split(index, start, min(start + step, entry.size))
                 for start in range(0, entry.size, step)]
     if entry.format == "parquet":
-        fs, _ = filesystem(entry.url, src.storage_options)
-        return [Split(index, g, g, rows) for g, rows in enumerate(row_groups(fs, entry)) if rows]
+        storage = Storage(src.name, src.storage_options)
+        return [Split(index, g, g, rows)
+                for g, rows in enumerate(row_groups(storage, entry)) if rows]
     if entry.format == "text":
         return [Split(index, 0, entry.size, 1)]
     return [Split(index, 0, entry.size, -1, seekable=False)]

@@ -10,18 +10,18 @@ from mixer.errors import DataError
 from mixer.sources.base import FileEntry, Record, Split
 
 
-def row_groups(fs, entry: FileEntry) -> list[int]:
+def row_groups(storage, entry: FileEntry) -> list[int]:
     """Row counts of each row group (reads only the footer)."""
-    with fs.open(entry.url, "rb") as f:
+    with storage.open(entry) as f:
         meta = pq.ParquetFile(f).metadata
         return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
 
 
-def read_parquet(*, fs, entry: FileEntry, split: Split, source: str, text_field: str,
+def read_parquet(*, storage, entry: FileEntry, split: Split, source: str, text_field: str,
                  max_bytes: int, index: int, offset: int) -> Iterator[Record]:
     """Records of one row group, from row `index` of that group."""
     group = split.start
-    with fs.open(entry.url, "rb") as f:
+    with storage.open(entry) as f:
         try:
             pf = pq.ParquetFile(f)
             if text_field not in pf.schema_arrow.names:

@@ -8,7 +8,7 @@ from mixer.errors import DataError
 from mixer.sources.base import FileEntry, Record, Split
 
 
-def read_text(*, fs, entry: FileEntry, split: Split, source: str, text_field: str,
+def read_text(*, storage, entry: FileEntry, split: Split, source: str, text_field: str,
               max_bytes: int, index: int, offset: int) -> Iterator[Record]:
     """The whole file as one record."""
     if index > 0:
@@ -18,7 +18,7 @@ def read_text(*, fs, entry: FileEntry, split: Split, source: str, text_field: st
                                            f"({max_bytes})", source=source, file=entry.url,
                                            location="byte offset 0"))
         return
-    with fs.open(entry.url, "rb") as f:
+    with storage.open(entry) as f:
         data = f.read()
     try:
         yield Record(0, 0, data.decode("utf-8"))
