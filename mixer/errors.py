@@ -17,14 +17,16 @@ class DataError(MixerError):
     Carries where it happened so callers (and `on_error: skip`) can act on it.
     """
 
-    def __init__(self, message: str, *, source: str, file: str | None = None,
+    def __init__(self, message: str, *, source: str | None = None, file: str | None = None,
                  location: str | None = None) -> None:
-        where = f"source {source!r}"
+        # Without a source the message is taken as is: that is how torch's DataLoader
+        # re-raises a worker's error in the main process, keeping its type.
+        where = f"source {source!r}" if source is not None else ""
         if file is not None:
             where += f", file {file!r}"
         if location is not None:
             where += f", {location}"
-        super().__init__(f"{where}: {message}")
+        super().__init__(f"{where}: {message}" if where else message)
         self.source = source
         self.file = file
         self.location = location

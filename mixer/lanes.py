@@ -50,7 +50,7 @@ class Lane:
     """Batches of one lane, resumable from a small plain-data state."""
 
     def __init__(self, lane: int, recipe: Recipe, tables: list[SourceTable], encoder: Encoder,
-                 state: dict | None = None) -> None:
+                 state: dict | None = None, *, block_size: int = 8 << 20) -> None:
         self.lane = lane
         self.recipe = recipe
         self.names = [s.name for s in recipe.sources]
@@ -63,7 +63,8 @@ class Lane:
                 epochs=src.epochs, on_error=src.on_error, text_field=src.text_field,
                 storage_options=src.storage_options, window_docs=recipe.shuffle_window,
                 window_bytes=recipe.shuffle_window_bytes,
-                max_document_bytes=recipe.max_document_bytes, encode=encoder)
+                max_document_bytes=recipe.max_document_bytes, encode=encoder,
+                block_size=block_size)
             self.packers.append(Packer(stream, seq_len=recipe.seq_len, mode=recipe.packing,
                                        pad_id=self.pad_id,
                                        mask_document_boundaries=recipe.mask_document_boundaries))

@@ -20,7 +20,7 @@ from mixer import dist
 from mixer.errors import StateError, TopologyError
 from mixer.lanes import Lane
 from mixer.recipe import Recipe, load_recipe
-from mixer.sources import SourceTable, list_source
+from mixer.sources import IO_STATS, SourceTable, list_source
 from mixer.state import check_fingerprint, fingerprint, pack, unpack
 from mixer.tokenize import Encoder, TokenizerInfo, resolve_tokenizer
 
@@ -59,6 +59,11 @@ class _LaneDataset(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         encoder = Encoder(self.tokenizer)
+        if info is not None:
+            IO_STATS.reset()  # counters forked from the parent are not this worker's
+        # One read-ahead budget per worker, shared by all its open streams.
+        streams = self.recipe.lanes // (workers * self.world_size) * len(self.recipe.sources)
+        block = min(max(self.recipe.read_ahead_bytes // max(streams, 1), 256 << 10), 16 << 20)
         lanes: dict[int, Lane] = {}
         step = worker
         while True:  # never stop: the main process decides the end
@@ -67,12 +72,13 @@ class _LaneDataset(IterableDataset):
             lane = lanes.get(index)
             if lane is None:
                 lane = Lane(index, self.recipe, self.tables, encoder,
-                            self.lane_states.get(index))
+                            self.lane_states.get(index), block_size=block)
                 lanes[index] = lane
             batch = lane.next_batch(self.recipe.batch_size)
             # One tensor per batch: a single shared-memory handle crosses the process boundary.
             yield torch.from_numpy(batch.data), {"g": g, "lane": index, "padding": batch.padding,
-                            "state": lane.state_dict()}
+                            "state": lane.state_dict(), "worker": worker,
+                            "io": IO_STATS.as_dict()}
             step += workers
 
 
@@ -99,6 +105,7 @@ class Loader:
         self._fingerprint = fingerprint(recipe, tokenizer, tables)
         self._next_global = 0          # first global batch of the next step
         self._lane_states: dict[int, dict | None] = {}
+        self._io: dict[int, dict[str, int]] = {}   # latest remote-read counters per worker
         self._gen: weakref.ref | None = None
 
     # -- ownership ---------------------------------------------------------------------------
@@ -155,7 +162,8 @@ class Loader:
         self._lane_states = lanes
 
     def metrics(self) -> dict[str, Any]:
-        """Realized tokens and skipped records per source, over this rank's lanes."""
+        """Realized tokens and skipped records per source over this rank's lanes, plus remote
+        read counters (requests, retries, bytes) of the current iteration's workers."""
         names = [s.name for s in self.recipe.sources]
         tokens = dict.fromkeys(names, 0)
         skipped = {t.name: len(t.skipped) for t in self.tables}
@@ -163,7 +171,12 @@ class Loader:
             for name, entry in (state or {}).get("sources", {}).items():
                 tokens[name] = tokens.get(name, 0) + entry["tokens"]
                 skipped[name] = skipped.get(name, 0) + entry["skipped"]
-        return {"tokens": tokens, "skipped": skipped, "next_global": self._next_global}
+        io = {"requests": 0, "retries": 0, "bytes": 0}
+        for counters in self._io.values():
+            for key in io:
+                io[key] += counters[key]
+        return {"tokens": tokens, "skipped": skipped, "next_global": self._next_global,
+                "io": io}
 
     # -- iteration ---------------------------------------------------------------------------
     def _lanes_done(self, pending: dict[int, dict]) -> bool:
@@ -184,6 +197,7 @@ class Loader:
 
     def _hand(self, meta: dict) -> None:
         self._lane_states[meta["lane"]] = meta["state"]
+        self._io[meta["worker"]] = meta["io"]
         self._next_global += self.world_size
 
     def _generate(self) -> Iterator[dict[str, torch.Tensor]]:

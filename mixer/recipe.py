@@ -68,6 +68,9 @@ class Recipe(_Frozen):
                              description="Target size of byte-range splits of plain jsonl.")
     max_document_bytes: int = Field(default=64 << 20, ge=1,
                                     description="Longer records are errors (or skipped).")
+    read_ahead_bytes: int = Field(default=64 << 20, ge=1 << 16,
+                                  description="Read-ahead budget per worker, shared by its "
+                                              "open remote streams.")
     mask_document_boundaries: bool = Field(default=False)
     eos_token: str | None = Field(default=None, description="Overrides the tokenizer's EOS.")
     sources: list[SourceConfig] = Field(min_length=1)

@@ -42,3 +42,26 @@ def three_sources(tmp_path: Path, tokenizer_path: Path):
         ],
     }
     return recipe, docs
+
+
+CANARY = "CANARY-secret-9f8e7d6c"
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """moto's S3 server on 127.0.0.1 (HTTP, exactly as the loader talks to AWS)."""
+    from moto.server import ThreadedMotoServer
+    from s3server import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def s3_options(endpoint: str, **config) -> dict:
+    """storage_options for s3fs with a canary secret that must never leak."""
+    return {"key": "AKIDMIXERTEST", "secret": CANARY, "endpoint_url": endpoint,
+            "client_kwargs": {"region_name": "us-east-1"},
+            "config_kwargs": {"read_timeout": 1, "connect_timeout": 2, **config}}

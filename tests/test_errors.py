@@ -99,3 +99,11 @@ def test_parquet_without_the_text_column_is_an_error(tmp_path, tokenizer_path):
     path = write_docs(tmp_path / "x.parquet", corpus(0, 5), "parquet", field="body")
     with pytest.raises(mixer.DataError, match=r"x.parquet.*row group 0.*missing text field"):
         run(recipe_for(tmp_path, tokenizer_path, path))
+
+
+def test_errors_in_worker_processes_keep_their_type_and_message(tmp_path, tokenizer_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text(lines(corpus(0, 5)) + "{broken\n")
+    with pytest.raises(mixer.DataError) as err:
+        list(mixer.build_loader(recipe_for(tmp_path, tokenizer_path, path), num_workers=2))
+    assert str(path) in str(err.value) and "malformed JSON" in str(err.value)

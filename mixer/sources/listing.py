@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import random
 from dataclasses import dataclass, field
 
 from fsspec.implementations.local import LocalFileSystem
@@ -10,7 +12,7 @@ from mixer.errors import DataError
 from mixer.recipe import Recipe, SourceConfig
 from mixer.sources.base import FileEntry, Split
 from mixer.sources.parquet import row_groups
-from mixer.sources.storage import Storage, filesystem, redact
+from mixer.sources.storage import RetryPolicy, Storage, call_with_retries, filesystem, redact
 
 _EXTENSIONS = (
     (".jsonl.zst", "jsonl.zst"), (".json.zst", "jsonl.zst"), (".jsonl.zstd", "jsonl.zst"),
@@ -59,7 +61,9 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
         url = recipe.resolve(pattern)
         fs, path = filesystem(url, src.storage_options)
         try:
-            found = fs.glob(path, detail=True)
+            found = call_with_retries(functools.partial(fs.glob, path, detail=True),
+                                      describe="list",
+                                      policy=RetryPolicy(), rng=random.Random(path))
         except Exception as exc:  # 403, missing bucket, unreachable endpoint
             raise DataError(redact(f"cannot list: {type(exc).__name__}: {exc}",
                                    src.storage_options), source=src.name, file=pattern) from None

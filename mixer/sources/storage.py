@@ -79,6 +79,9 @@ class IOStats:
     def as_dict(self) -> dict[str, int]:
         return {"requests": self.requests, "retries": self.retries, "bytes": self.bytes}
 
+    def reset(self) -> None:
+        self.requests = self.retries = self.bytes = 0
+
 
 IO_STATS = IOStats()
 
@@ -100,6 +103,28 @@ class RetryPolicy:
     def delay(self, attempt: int, rng: random.Random) -> float:
         # "Full jitter": uniform in [0, min(max, base * 2^attempt)].
         return rng.uniform(0, min(self.max_delay, self.base_delay * (2 ** attempt)))
+
+
+def call_with_retries(call: Any, *, describe: str, policy: RetryPolicy, rng: random.Random,
+                      stats: IOStats = IO_STATS) -> Any:
+    """`call()` with retries on transient errors; permanent ones and the last failure raise.
+
+    Raises `PermissionError`/`FileNotFoundError` as they come, and `TimeoutError` naming
+    `describe` once the attempts are spent.
+    """
+    last: BaseException | None = None
+    for attempt in range(policy.attempts):
+        stats.requests += 1
+        try:
+            return call()
+        except Exception as exc:
+            if _is_permanent(exc):
+                raise
+            last = exc
+        stats.retries += 1
+        time.sleep(policy.delay(attempt, rng))
+    raise TimeoutError(f"{describe}: giving up after {policy.attempts} attempts: "
+                       f"{type(last).__name__}: {last}")
 
 
 class RangeStream(io.RawIOBase):
@@ -143,23 +168,22 @@ class RangeStream(io.RawIOBase):
                          location=f"byte offset {offset}")
 
     def _fetch(self, start: int, end: int) -> bytes:
-        for attempt in range(self._policy.attempts):
-            self._stats.requests += 1
-            try:
-                data = self._fs.cat_file(self._url, start=start, end=end)
-                if len(data) != end - start:
-                    raise _ShortRead(f"got {len(data)} of {end - start} bytes")
-                self._stats.bytes += len(data)
-                return data
-            except Exception as exc:  # classify: permanent errors raise, the rest retry
-                if _is_permanent(exc):
-                    kind = "access denied" if isinstance(exc, PermissionError) else "not found"
-                    raise self._error(f"{kind}: {exc}", start) from None
-                last = exc
-            self._stats.retries += 1
-            time.sleep(self._policy.delay(attempt, self._jitter))
-        raise self._error(f"giving up after {self._policy.attempts} attempts: "
-                          f"{type(last).__name__}: {last}", start)
+        def get() -> bytes:
+            data = self._fs.cat_file(self._url, start=start, end=end)
+            if len(data) != end - start:  # a body cut short, however it was framed
+                raise _ShortRead(f"got {len(data)} of {end - start} bytes")
+            return data
+
+        try:
+            data = call_with_retries(get, describe="read", policy=self._policy,
+                                     rng=self._jitter, stats=self._stats)
+        except (PermissionError, FileNotFoundError) as exc:
+            kind = "access denied" if isinstance(exc, PermissionError) else "not found"
+            raise self._error(f"{kind}: {exc}", start) from None
+        except TimeoutError as exc:
+            raise self._error(str(exc), start) from None
+        self._stats.bytes += len(data)
+        return data
 
 
 class Storage:
@@ -187,8 +211,10 @@ class Storage:
         """One metadata request per object and process: refuse objects changed since listing."""
         if entry.url in self._checked:
             return
+        fs.invalidate_cache(fs._strip_protocol(entry.url))  # a fresh answer, not the listing's
         try:
-            info = fs.info(entry.url)
+            info = call_with_retries(lambda: fs.info(entry.url), describe="stat",
+                                     policy=self.policy, rng=random.Random(entry.url))
         except Exception as exc:
             kind = ("access denied" if isinstance(exc, PermissionError) else
                     "not found" if isinstance(exc, FileNotFoundError) else "cannot stat")
