@@ -69,6 +69,25 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_index(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mixer.sources.manifest import manifest_path, write_manifest
+
+    recipe = _load(args.recipe)
+    path = Path(args.output) if args.output else manifest_path(recipe)
+    if path is None:
+        path = Path(args.recipe).with_suffix(".manifest.json")
+    summary = write_manifest(recipe, path)
+    rows = [{"source": name, **info} for name, info in summary.items()]
+    print(_table(rows, [("source", "source"), ("files", "files"), ("splits", "splits"),
+                        ("bytes", "bytes"), ("documents", "documents")]))
+    print(f"wrote {path}")
+    if recipe.manifest is None or Path(recipe.resolve(recipe.manifest)) != path.resolve():
+        print(f"note: set `manifest: {path}` in the recipe so that start-up uses it")
+    return 0
+
+
 def cmd_preview(args: argparse.Namespace) -> int:
     from mixer.loader import build_loader
     from mixer.tokenize import Encoder
@@ -164,6 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training tokens for the repeats column (default 1e9)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_inspect)
+    p = sub.add_parser("index", help="list every source once and save a manifest for start-up")
+    p.add_argument("recipe")
+    p.add_argument("-o", "--output", help="manifest path (default: the recipe's `manifest`, "
+                   "else RECIPE.manifest.json)")
+    p.set_defaults(func=cmd_index)
     p = sub.add_parser("preview", help="print the first sequences, decoded, with sources")
     p.add_argument("recipe")
     p.add_argument("-n", type=int, default=4, help="number of sequences (default 4)")

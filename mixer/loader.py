@@ -20,7 +20,8 @@ from mixer import dist
 from mixer.errors import StateError, TopologyError
 from mixer.lanes import Lane
 from mixer.recipe import Recipe, load_recipe
-from mixer.sources import IO_STATS, SourceTable, list_source
+from mixer.sources import IO_STATS, SourceTable
+from mixer.sources.manifest import list_sources
 from mixer.state import check_fingerprint, fingerprint, pack, unpack
 from mixer.tokenize import Encoder, TokenizerInfo, resolve_tokenizer
 
@@ -272,8 +273,8 @@ def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
     check_topology(recipe.lanes, world_size, num_workers)
     tokenizer = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
     if distributed and world_size > 1:
-        tables = dist.list_once(lambda: [list_source(recipe, s) for s in recipe.sources])
+        tables = dist.list_once(lambda: list_sources(recipe))
     else:
-        tables = [list_source(recipe, s) for s in recipe.sources]
+        tables = list_sources(recipe)
     return Loader(recipe, tables=tables, tokenizer=tokenizer, rank=rank, world_size=world_size,
                   num_workers=num_workers, distributed=distributed)

@@ -71,6 +71,8 @@ class Recipe(_Frozen):
     read_ahead_bytes: int = Field(default=64 << 20, ge=1 << 16,
                                   description="Read-ahead budget per worker, shared by its "
                                               "open remote streams.")
+    manifest: str | None = Field(default=None, description="Manifest file written by "
+                                 "`mixer index`; used at start-up when it exists.")
     mask_document_boundaries: bool = Field(default=False)
     eos_token: str | None = Field(default=None, description="Overrides the tokenizer's EOS.")
     sources: list[SourceConfig] = Field(min_length=1)

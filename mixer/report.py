@@ -10,7 +10,8 @@ import zstandard
 
 from mixer.recipe import Recipe
 from mixer.slices import read_amplification
-from mixer.sources import READERS, FileEntry, SourceTable, Storage, list_source
+from mixer.sources import READERS, FileEntry, SourceTable, Storage
+from mixer.sources.manifest import list_sources
 from mixer.tokenize import Encoder, resolve_tokenizer
 
 _SAMPLE_DOCS = 256
@@ -61,8 +62,8 @@ def inspect_recipe(recipe: Recipe, *, training_tokens: int = 10**9) -> dict[str,
     info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
     encoder = Encoder(info)
     rows = []
-    for i, (src, weight) in enumerate(zip(recipe.sources, recipe.weights)):
-        table = list_source(recipe, src)
+    tables = list_sources(recipe)
+    for i, (src, weight, table) in enumerate(zip(recipe.sources, recipe.weights, tables)):
         sample = _sample(recipe, i, table, encoder)
         known = [s.records for s in table.splits]
         if all(n >= 0 for n in known):

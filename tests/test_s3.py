@@ -7,6 +7,7 @@ import json
 import logging
 import random
 import time
+from collections import Counter
 
 import boto3
 import pyarrow as pa
@@ -200,3 +201,53 @@ def test_standard_aws_environment_variables_are_the_fallback(shards, s3_endpoint
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     r = recipe(shards, f"s3://{BUCKET}/data")
     assert digests(mixer.build_loader(r)) == local_digests
+
+
+def test_manifest_skips_listing_at_start_up_and_catches_changed_objects(shards, s3_endpoint,
+                                                                        tmp_path, local_digests):
+    root, _, _, client = shards
+    proxy = FaultProxy(s3_endpoint, faults=False)
+    try:
+        r = recipe(shards, f"s3://{BUCKET}/data", s3_options(proxy.url),
+                   manifest=str(tmp_path / "corpus.manifest.json"))
+        (tmp_path / "r.yaml").write_text(json.dumps(r))
+        assert cli(["index", str(tmp_path / "r.yaml")]) == 0
+        listed = [p for m, p in proxy.requests if "list-type" in p]
+        assert len(listed) == 3, "index lists each source once"
+        proxy.requests.clear()
+        loader = mixer.build_loader(r)
+        assert proxy.requests == [], "start-up with a manifest sends no request"
+        assert digests(loader) == local_digests
+        assert not [p for m, p in proxy.requests if "list-type" in p]
+        original = (root / "prose" / "p0.jsonl").read_bytes()
+        client.put_object(Bucket=BUCKET, Key="data/prose/p0.jsonl", Body=original[:-1] + b" ")
+        try:
+            with pytest.raises(mixer.DataError, match="changed since it was listed or indexed"):
+                digests(mixer.build_loader(r))
+        finally:
+            client.put_object(Bucket=BUCKET, Key="data/prose/p0.jsonl", Body=original)
+    finally:
+        proxy.close()
+
+
+def test_one_rank_lists_under_torchrun(shards, s3_endpoint, tmp_path):
+    from test_torchrun import ROOT, torchrun
+
+    _, docs, _, _ = shards
+    proxy = FaultProxy(s3_endpoint, faults=False)
+    try:
+        r = recipe(shards, f"s3://{BUCKET}/data", s3_options(proxy.url))
+        (tmp_path / "r.yaml").write_text(json.dumps(r))
+        torchrun(2, str(ROOT / "tests" / "dist_finite_worker.py"), str(tmp_path / "r.yaml"),
+                 str(tmp_path / "out"), "1")
+        listed = [p for m, p in proxy.requests if "list-type" in p]
+        assert len(listed) == 3, f"one listing per source, not per rank: {listed}"
+    finally:
+        proxy.close()
+    ranks = [json.loads((tmp_path / f"out.rank{i}").read_text()) for i in range(2)]
+    assert ranks[0]["batches"] == ranks[1]["batches"]
+    total = Counter()
+    for rank in ranks:
+        total.update({int(k): v for k, v in rank["counts"].items()})
+    assert total == (expected_counts(docs["prose"]) + expected_counts(docs["web"])
+                     + expected_counts(docs["code"]))

@@ -1,0 +1,82 @@
+"""Manifests: a source's listing (objects, sizes, ETags, splits) saved once, reused at start-up.
+
+`mixer index RECIPE` writes one; a recipe whose `manifest` key names an existing file then
+starts without listing or reading parquet footers. A manifest entry is used only for a source
+whose globs, format and split settings are unchanged; an object changed since indexing is
+caught when it is opened (size/ETag check) rather than read with stale splits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mixer.errors import RecipeError
+from mixer.recipe import Recipe, SourceConfig
+from mixer.sources.base import FileEntry, Split
+from mixer.sources.listing import SourceTable, list_source
+
+MANIFEST_FORMAT = "mixer.manifest"
+MANIFEST_VERSION = 1
+
+
+def _key(recipe: Recipe, src: SourceConfig) -> dict[str, Any]:
+    return {"globs": [recipe.resolve(g) for g in src.globs], "format": src.format,
+            "split_bytes": recipe.split_bytes, "on_error": src.on_error}
+
+
+def manifest_path(recipe: Recipe) -> Path | None:
+    return Path(recipe.resolve(recipe.manifest)) if recipe.manifest else None
+
+
+def write_manifest(recipe: Recipe, path: Path) -> dict[str, Any]:
+    """List every source and save the tables to `path` (JSON). Returns a per-source summary."""
+    sources = {}
+    summary = {}
+    for src in recipe.sources:
+        table = list_source(recipe, src)
+        sources[src.name] = {
+            "key": _key(recipe, src),
+            "files": [[f.url, f.key, f.size, f.format, f.etag] for f in table.files],
+            "splits": [s.to_list() for s in table.splits],
+            "skipped": table.skipped,
+        }
+        known = [s.records for s in table.splits]
+        summary[src.name] = {"files": len(table.files), "splits": len(table.splits),
+                             "bytes": table.total_bytes,
+                             "documents": sum(known) if all(n >= 0 for n in known) else None}
+    data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "sources": sources}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, separators=(",", ":")))
+    tmp.replace(path)  # readers never see a half-written manifest
+    return summary
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RecipeError(f"manifest: cannot read {str(path)!r}: {exc}") from None
+    if data.get("format") != MANIFEST_FORMAT or data.get("version") != MANIFEST_VERSION:
+        raise RecipeError(f"manifest: {str(path)!r} is not a version-{MANIFEST_VERSION} mixer "
+                          "manifest; re-run `mixer index`")
+    return data
+
+
+def list_sources(recipe: Recipe) -> list[SourceTable]:
+    """Every source's table: from the recipe's manifest where it matches, else listed now."""
+    path = manifest_path(recipe)
+    saved = _read(path)["sources"] if path is not None and path.exists() else {}
+    tables = []
+    for src in recipe.sources:
+        entry = saved.get(src.name)
+        if entry is not None and entry["key"] == _key(recipe, src):
+            files = [FileEntry(url, key, size, fmt, etag)
+                     for url, key, size, fmt, etag in entry["files"]]
+            splits = [Split.from_list(s) for s in entry["splits"]]
+            tables.append(SourceTable(src.name, files, splits, list(entry["skipped"])))
+        else:
+            tables.append(list_source(recipe, src))
+    return tables
