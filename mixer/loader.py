@@ -60,8 +60,7 @@ class _LaneDataset(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         encoder = Encoder(self.tokenizer)
-        if info is not None:
-            IO_STATS.reset()  # counters forked from the parent are not this worker's
+        IO_STATS.reset()  # count this iteration's reads (a worker's, not its parent's)
         # One read-ahead budget per worker, shared by all its open streams.
         streams = self.recipe.lanes // (workers * self.world_size) * len(self.recipe.sources)
         block = min(max(self.recipe.read_ahead_bytes // max(streams, 1), 256 << 10), 16 << 20)
@@ -164,7 +163,7 @@ class Loader:
 
     def metrics(self) -> dict[str, Any]:
         """Realized tokens and skipped records per source over this rank's lanes, plus remote
-        read counters (requests, retries, bytes) of the current iteration's workers."""
+        read counters (requests, retries, bytes) of the current iteration."""
         names = [s.name for s in self.recipe.sources]
         tokens = dict.fromkeys(names, 0)
         skipped = {t.name: len(t.skipped) for t in self.tables}

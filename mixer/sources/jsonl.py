@@ -83,7 +83,8 @@ def _records(stream: IO[bytes], *, entry: FileEntry, source: str, text_field: st
 def read_jsonl(*, storage, entry: FileEntry, split: Split, source: str, text_field: str,
                max_bytes: int, index: int, offset: int) -> Iterator[Record]:
     """Records of a plain jsonl split: the lines that *start* inside [split.start, split.end)."""
-    with storage.open(entry) as raw:
+    end_hint = split.end if split.end < entry.size else None
+    with storage.open(entry, end_hint=end_hint) as raw:
         stream = raw if hasattr(raw, "readline") else io.BufferedReader(raw)
         if index == 0 and offset <= split.start and split.start > 0:
             stream.seek(split.start - 1)

@@ -25,6 +25,7 @@ from mixer.sources.base import FileEntry
 
 _fs_cache: dict[tuple, Any] = {}
 DEFAULT_BLOCK = 8 << 20
+_TAIL_BLOCK = 64 << 10
 
 
 def _with_env_endpoint(protocol: str, options: dict) -> dict:
@@ -131,13 +132,16 @@ class RangeStream(io.RawIOBase):
     """A seekable read-only view of a remote object through range requests."""
 
     def __init__(self, fs: Any, url: str, size: int, *, source: str, storage_options: dict,
-                 block_size: int, policy: RetryPolicy, stats: IOStats = IO_STATS) -> None:
+                 block_size: int, policy: RetryPolicy, stats: IOStats = IO_STATS,
+                 soft_end: int | None = None) -> None:
         self._fs, self._url, self._size = fs, url, size
         self._source, self._options = source, storage_options
         self._block = block_size
         self._policy = policy
         self._stats = stats
         self._pos = 0
+        # Past `soft_end` (a split's end) only the rest of one line is needed: read small.
+        self._soft_end = soft_end
         self._jitter = random.Random(f"{os.getpid()}:{url}")  # timing only, never data
 
     def readable(self) -> bool:
@@ -157,7 +161,10 @@ class RangeStream(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         if self._pos >= self._size:
             return 0
-        want = min(len(buffer), self._size - self._pos, max(self._block, len(buffer)))
+        want = min(len(buffer), self._size - self._pos)
+        if self._soft_end is not None:
+            ahead = self._soft_end - self._pos
+            want = min(want, ahead) if ahead > 0 else min(want, _TAIL_BLOCK)
         data = self._fetch(self._pos, self._pos + want)
         buffer[:len(data)] = data
         self._pos += len(data)
@@ -197,14 +204,15 @@ class Storage:
         self.policy = policy or RetryPolicy()
         self._checked: set[str] = set()
 
-    def open(self, entry: FileEntry) -> IO[bytes]:
+    def open(self, entry: FileEntry, *, end_hint: int | None = None) -> IO[bytes]:
+        """A buffered binary reader; `end_hint` bounds read-ahead past a byte-range split."""
         fs, path = filesystem(entry.url, self.storage_options)
         if isinstance(fs, LocalFileSystem):
             return fs.open(path, "rb")
         self._check_unchanged(fs, entry)
         raw = RangeStream(fs, entry.url, entry.size, source=self.source,
                           storage_options=self.storage_options, block_size=self.block_size,
-                          policy=self.policy)
+                          policy=self.policy, soft_end=end_hint)
         return io.BufferedReader(raw, buffer_size=self.block_size)
 
     def _check_unchanged(self, fs: Any, entry: FileEntry) -> None:
