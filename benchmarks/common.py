@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import zstandard
+
+from mixer.cli import format_table, peak_rss_mb  # noqa: F401  (re-exported)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "sample"
@@ -56,27 +57,8 @@ def recipe_for(folder: Path, **overrides) -> dict:
     return recipe
 
 
-def peak_rss_mb() -> float:
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return (own + children) / 1024
-
-
 def table(rows: list[dict], columns: list[str]) -> str:
-    cells = [columns] + [[_fmt(r.get(c)) for c in columns] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    lines = ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in
-                       enumerate(zip(row, widths))) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3f}"
-    return f"{v:,}" if isinstance(v, int) else str(v)
+    return format_table(rows, [(c, c) for c in columns])
 
 
 def cpu_count() -> int:

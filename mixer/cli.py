@@ -25,7 +25,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+    """A plain-text table; `columns` are (key, title) pairs."""
     cells = [[title for _, title in columns]]
     for row in rows:
         cells.append([_fmt(row[key]) for key, _ in columns])
@@ -53,7 +54,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(_table(report["sources"], [
+    print(format_table(report["sources"], [
         ("name", "source"), ("files", "files"), ("splits", "splits"), ("bytes", "bytes"),
         ("est_documents", "~docs"), ("est_tokens", "~tokens"), ("weight", "weight"),
         ("repeats_per_training_tokens", f"repeats/{args.tokens:.0e} tok"),
@@ -80,8 +81,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         path = Path(args.recipe).with_suffix(".manifest.json")
     summary = write_manifest(recipe, path)
     rows = [{"source": name, **info} for name, info in summary.items()]
-    print(_table(rows, [("source", "source"), ("files", "files"), ("splits", "splits"),
-                        ("bytes", "bytes"), ("documents", "documents")]))
+    print(format_table(rows, [("source", "source"), ("files", "files"), ("splits", "splits"),
+                              ("bytes", "bytes"), ("documents", "documents")]))
     print(f"wrote {path}")
     if recipe.manifest is None or Path(recipe.resolve(recipe.manifest)) != path.resolve():
         print(f"note: set `manifest: {path}` in the recipe so that start-up uses it")
@@ -113,7 +114,8 @@ def cmd_preview(args: argparse.Namespace) -> int:
     return 0
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process and its finished children, in MB."""
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return (own + children) / 1024
@@ -148,7 +150,7 @@ def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool) ->
     total = sum(counts.values())
     return {"batches": got, "num_workers": num_workers, "tokens": total,
             "seconds": elapsed, "tokens_per_s": total / elapsed if elapsed else 0.0,
-            "time_to_first_batch_s": first, "peak_rss_mb": _peak_rss_mb(),
+            "time_to_first_batch_s": first, "peak_rss_mb": peak_rss_mb(),
             "share": {n: (counts[n] / total if total else 0.0) for n in names},
             "weight": dict(zip(names, recipe.weights)), "skipped": metrics["skipped"]}
 
@@ -165,8 +167,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
           f"{result['time_to_first_batch_s'] or 0:.3f} s   peak RSS {result['peak_rss_mb']:.0f} MB")
     rows = [{"source": n, "weight": result["weight"][n], "share": result["share"][n],
              "skipped": result["skipped"].get(n, 0)} for n in result["share"]]
-    print(_table(rows, [("source", "source"), ("weight", "weight"), ("share", "realized share"),
-                        ("skipped", "skipped")]))
+    print(format_table(rows, [("source", "source"), ("weight", "weight"),
+                              ("share", "realized share"), ("skipped", "skipped")]))
     return 0
 
 
