@@ -47,7 +47,8 @@ def changelog_docs() -> list[str]:
 
 
 def license_docs() -> dict[str, str]:
-    names = ["Apache-2.0", "BSD", "CC0-1.0", "GPL-2", "LGPL-2.1", "MPL-2.0", "Artistic"]
+    names = ["Apache-2.0", "Artistic", "BSD", "CC0-1.0", "GFDL-1.2", "GFDL-1.3", "GPL-1", "GPL-2",
+             "GPL-3", "LGPL-2", "LGPL-2.1", "LGPL-3", "MPL-1.1", "MPL-2.0"]
     out = {}
     for name in names:
         path = Path("/usr/share/common-licenses") / name
