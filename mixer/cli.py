@@ -19,7 +19,10 @@ def _load(path: str):
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from mixer.tokenize import resolve_tokenizer
+
     recipe = _load(args.recipe)
+    resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
     print(f"ok: {len(recipe.sources)} source(s), seq_len {recipe.seq_len}, "
           f"batch_size {recipe.batch_size}, lanes {recipe.lanes}")
     return 0
@@ -176,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mixer", description="Deterministic, resumable data mixtures for LM training.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("validate", help="check a recipe; exit non-zero naming the bad field")
+    p = sub.add_parser("validate", help="check a recipe and its tokenizer; exit non-zero "
+                       "naming the bad field")
     p.add_argument("recipe")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("inspect", help="per-source files, splits, sizes, estimates, repeats")

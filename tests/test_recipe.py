@@ -73,9 +73,9 @@ def test_only_positive_sizes_are_accepted(seq_len, batch):
             mixer.load_recipe(data)
 
 
-def test_cli_validate_exit_codes(tmp_path, capsys):
+def test_cli_validate_exit_codes(tmp_path, capsys, tokenizer_path):
     good = tmp_path / "good.yaml"
-    good.write_text("tokenizer: t.json\nseq_len: 4\nbatch_size: 1\n"
+    good.write_text(f"tokenizer: {tokenizer_path}\nseq_len: 4\nbatch_size: 1\n"
                     "sources: [{name: a, path: x.jsonl, weight: 1}]\n")
     bad = tmp_path / "bad.yaml"
     bad.write_text("tokenizer: t.json\nseq_len: 4\nbatch_size: 1\n"
@@ -83,3 +83,7 @@ def test_cli_validate_exit_codes(tmp_path, capsys):
     assert main(["validate", str(good)]) == 0
     assert main(["validate", str(bad)]) != 0
     assert "sources[1].weight" in capsys.readouterr().err
+    no_tokenizer = tmp_path / "no_tok.yaml"
+    no_tokenizer.write_text(good.read_text().replace(str(tokenizer_path), "missing.json"))
+    assert main(["validate", str(no_tokenizer)]) != 0
+    assert "tokenizer:" in capsys.readouterr().err
