@@ -9,7 +9,9 @@ plus the position inside the window, so resuming re-reads at most one window.
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,22 @@ class _Window:
     end: tuple[int, int, int]   # cursor (slot, index, offset) after the window
     end_of_epoch: bool
     skipped: int                # records skipped inside the window
+    ahead: tuple[int, Future] | None = None   # (start, tokens of the chunk being encoded)
+
+
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _tokenizer_thread() -> ThreadPoolExecutor:
+    """One background thread per process that encodes the next chunk while Python packs.
+
+    The Rust tokenizer releases the GIL, so encoding overlaps reading and packing; the
+    tokens are the same whichever thread computes them.
+    """
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():  # never reuse a pool across fork
+        _pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="mixer-tokenize"))
+    return _pool[1]
 
 
 class SourceStream:
@@ -168,6 +186,20 @@ class SourceStream:
         self.pos = 0
         self._win = None
 
+    def _tokenize_from(self, win: _Window, start: int) -> None:
+        """Tokens for the chunk at `start`, then start encoding the following chunk."""
+        stop = min(start + _TOKENIZE_CHUNK, len(win.texts))
+        if win.ahead is not None and win.ahead[0] == start:
+            win.tokens[start:stop] = win.ahead[1].result()
+        else:
+            win.tokens[start:stop] = self.encode(win.texts[start:stop])
+        win.ahead = None
+        for i in range(start, stop):
+            win.texts[i] = ""  # free the text once tokenized
+        following = min(stop + _TOKENIZE_CHUNK, len(win.texts))
+        if stop < following:
+            win.ahead = (stop, _tokenizer_thread().submit(self.encode, win.texts[stop:following]))
+
     def next_document(self) -> np.ndarray | None:
         """Token ids of the next document (EOS appended), or None when the stream has ended."""
         while not self.done:
@@ -176,10 +208,7 @@ class SourceStream:
             win = self._win
             if self.pos < len(win.texts):
                 if win.tokens[self.pos] is None:
-                    stop = min(self.pos + _TOKENIZE_CHUNK, len(win.texts))
-                    win.tokens[self.pos:stop] = self.encode(win.texts[self.pos:stop])
-                    for i in range(self.pos, stop):
-                        win.texts[i] = ""  # free the text once tokenized
+                    self._tokenize_from(win, self.pos)
                 tokens = win.tokens[self.pos]
                 win.tokens[self.pos] = None
                 self.pos += 1
