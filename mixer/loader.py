@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import numpy.random  # noqa: F401  (imported before forking: workers seed it on start)
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -43,7 +44,7 @@ def check_topology(lanes: int, world_size: int, num_workers: int) -> None:
 
 
 class _LaneDataset(IterableDataset):
-    """Yields (batch tensors, lane metadata) for the global batches this worker serves."""
+    """Yields (batch array or bytes, lane metadata) for the global batches this worker serves."""
 
     def __init__(self, recipe: Recipe, tables: list[SourceTable], tokenizer: TokenizerInfo,
                  lane_states: dict[int, dict | None], start: int, rank: int,
@@ -75,11 +76,23 @@ class _LaneDataset(IterableDataset):
                             self.lane_states.get(index), block_size=block)
                 lanes[index] = lane
             batch = lane.next_batch(self.recipe.batch_size)
-            # One tensor per batch: a single shared-memory handle crosses the process boundary.
-            yield torch.from_numpy(batch.data), {"g": g, "lane": index, "padding": batch.padding,
-                            "state": lane.state_dict(), "worker": worker,
-                            "io": IO_STATS.as_dict()}
+            meta = {"g": g, "lane": index, "padding": batch.padding,
+                    "state": lane.state_dict(), "worker": worker, "io": IO_STATS.as_dict()}
+            if info is None:
+                yield batch.data, meta
+            else:
+                # Across the process boundary: one int32 buffer through the pipe is cheaper
+                # than four int64 tensors in shared memory (measured: about half the time).
+                meta["shape"] = batch.data.shape
+                yield batch.data.astype(np.int32).tobytes(), meta
             step += workers
+
+
+def _as_batch(data: np.ndarray | bytes, meta: dict) -> dict[str, torch.Tensor]:
+    """The user's dict of int64 tensors; lane metadata stays behind."""
+    if isinstance(data, bytes):
+        data = np.frombuffer(data, dtype=np.int32).reshape(meta["shape"]).astype(np.int64)
+    return dict(zip(BATCH_KEYS, torch.from_numpy(data).unbind(0)))
 
 
 class Loader:
@@ -210,7 +223,7 @@ class Loader:
                                      prefetch_factor=2, multiprocessing_context="fork"))
         held: list[tuple[dict, dict]] = []
         try:
-            for tensors, meta in source:
+            for data, meta in source:
                 expected = self._next_global + len(held) * self.world_size + self.rank
                 if meta["g"] != expected:
                     raise RuntimeError(f"internal error: got global batch {meta['g']}, "
@@ -221,14 +234,14 @@ class Loader:
                 if not real:
                     if finished:
                         return
-                    held.append((tensors, meta))  # padding: yield only if real data follows
+                    held.append((data, meta))  # padding: yield only if real data follows
                     continue
-                for held_tensors, held_meta in held:
+                for held_data, held_meta in held:
                     self._hand(held_meta)
-                    yield dict(zip(BATCH_KEYS, held_tensors.unbind(0)))
+                    yield _as_batch(held_data, held_meta)
                 held.clear()
                 self._hand(meta)
-                yield dict(zip(BATCH_KEYS, tensors.unbind(0)))
+                yield _as_batch(data, meta)
         finally:
             del source  # shuts DataLoader workers down
 
