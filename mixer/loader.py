@@ -23,7 +23,7 @@ from mixer.lanes import Lane
 from mixer.recipe import Recipe, load_recipe
 from mixer.sources import IO_STATS, SourceTable
 from mixer.sources.manifest import list_sources
-from mixer.state import check_fingerprint, fingerprint, pack, unpack
+from mixer.state import check_fingerprint, fingerprint, merge_states, pack, unpack
 from mixer.tokenize import Encoder, TokenizerInfo, resolve_tokenizer
 
 BATCH_KEYS = ("input_ids", "labels", "position_ids", "source_ids")
@@ -124,7 +124,10 @@ class Loader:
     # -- ownership ---------------------------------------------------------------------------
     def own_lanes(self) -> list[int]:
         """Lanes whose batches this rank receives from the current position on."""
-        first = (self._next_global + self.rank) % self.world_size
+        return self._lanes_from(self._next_global)
+
+    def _lanes_from(self, next_global: int) -> list[int]:
+        first = (next_global + self.rank) % self.world_size
         return list(range(first, self.recipe.lanes, self.world_size))
 
     @property
@@ -148,8 +151,6 @@ class Loader:
         """
         payload = self._rank_payload()
         if self._distributed and self.world_size > 1:
-            from mixer.state import merge_states
-
             dist.barrier_or_fail(dist.collective_timeout(),
                                  "loader.state_dict() is a collective: call it on every rank")
             return merge_states([pack(p) for p in dist.all_gather_objects(payload)])
@@ -166,12 +167,12 @@ class Loader:
                 f"{payload['world_size']}-rank job; to resume on {self.world_size} rank(s) "
                 "combine all ranks' states with mixer.merge_states (or save from inside the "
                 "torch.distributed job, which does it for you)")
-        self.close()
-        self._next_global = payload["next_global"]
         lanes = {int(k): v for k, v in payload["lanes"].items()}
-        missing = [i for i in self.own_lanes() if i not in lanes]
+        missing = [i for i in self._lanes_from(payload["next_global"]) if i not in lanes]
         if missing:
             raise StateError(f"the state lacks lanes {missing} that rank {self.rank} needs")
+        self.close()
+        self._next_global = payload["next_global"]
         self._lane_states = lanes
 
     def metrics(self) -> dict[str, Any]:
@@ -180,8 +181,8 @@ class Loader:
         names = [s.name for s in self.recipe.sources]
         tokens = dict.fromkeys(names, 0)
         skipped = {t.name: len(t.skipped) for t in self.tables}
-        for state in self._lane_states.values():
-            for name, entry in (state or {}).get("sources", {}).items():
+        for lane in self.own_lanes():
+            for name, entry in (self._lane_states.get(lane) or {}).get("sources", {}).items():
                 tokens[name] = tokens.get(name, 0) + entry["tokens"]
                 skipped[name] = skipped.get(name, 0) + entry["skipped"]
         io = {"requests": 0, "retries": 0, "bytes": 0}
