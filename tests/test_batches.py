@@ -104,3 +104,20 @@ def test_bos_is_prepended_when_the_tokenizer_config_asks(tmp_path, tokenizer_pat
     row = batches(recipe)[0]["input_ids"][0].tolist()
     bos = 29999 + FIRST_WORD_ID
     assert row[:5] == [bos, FIRST_WORD_ID, FIRST_WORD_ID, FIRST_WORD_ID, EOS_ID]
+
+
+def test_bos_follows_the_tokenizer_template_when_the_config_is_silent(tmp_path):
+    from helpers import make_tokenizer
+    from tokenizers import Tokenizer, processors
+
+    path = make_tokenizer(tmp_path / "tok.json")
+    tok = Tokenizer.from_file(str(path))
+    tok.post_processor = processors.TemplateProcessing(single="w29999 $A",
+                                                       special_tokens=[("w29999", 30001)])
+    tok.save(str(path))
+    write_docs(tmp_path / "d.jsonl", [(0, 2)], "jsonl")
+    recipe = {"tokenizer": str(path), "seq_len": 8, "batch_size": 1, "lanes": 1,
+              "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"), "weight": 1,
+                           "epochs": 1}]}
+    row = batches(recipe)[0]["input_ids"][0].tolist()
+    assert row[:4] == [30001, FIRST_WORD_ID, FIRST_WORD_ID, EOS_ID]

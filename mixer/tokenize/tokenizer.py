@@ -55,6 +55,15 @@ def _files(path: Path) -> tuple[Path, dict]:
     raise RecipeError(f"tokenizer: {str(path)!r} is neither a tokenizer.json file nor a folder")
 
 
+def _bos_from_post_processor(tok: Tokenizer) -> int | None:
+    """The special token the tokenizer's own template puts before every text, if any."""
+    plain = tok.encode("a", add_special_tokens=False).ids
+    full = tok.encode("a", add_special_tokens=True).ids
+    if len(full) > len(plain) and full[1:1 + len(plain)] == plain:
+        return full[0]
+    return None
+
+
 def resolve_tokenizer(path: str, eos_token: str | None = None) -> TokenizerInfo:
     """Load a tokenizer's metadata and refuse one without an EOS token."""
     file, config = _files(Path(path))
@@ -83,6 +92,8 @@ def resolve_tokenizer(path: str, eos_token: str | None = None) -> TokenizerInfo:
     bos_id = None
     if config.get("add_bos_token"):
         bos_id = lookup(_token_content(config.get("bos_token")), "tokenizer.bos_token")
+    elif "add_bos_token" not in config:
+        bos_id = _bos_from_post_processor(tok)
     pad_name = _token_content(config.get("pad_token"))
     if pad_name is None:
         pad_name = next((c for c in _PAD_CANDIDATES if c in vocab), None)
