@@ -68,7 +68,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             print(f"note: source {row['name']!r} has fewer splits than lanes; each byte is read "
                   f"{row['read_amplification']:.2g}x per epoch (re-shard it into more files)")
         if row["worst_resume_bytes"]:
-            print(f"note: source {row['name']!r} has unsplittable compressed files; resuming "
+            print(f"note: source {row['name']!r} has compressed splits; resuming "
                   f"inside one decompresses up to {row['worst_resume_bytes']:,} stored bytes")
     return 0
 

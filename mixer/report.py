@@ -71,7 +71,8 @@ def inspect_recipe(recipe: Recipe, *, training_tokens: int = 10**9) -> dict[str,
         else:
             docs = sample["docs_per_byte"] * table.total_bytes
         tokens = docs * sample["tokens_per_doc"]
-        unsplittable = [f.size for f in table.files if f.format in ("jsonl.gz", "jsonl.zst")]
+        compressed = [s.end - s.start for s in table.splits
+                      if table.files[s.file].format in ("jsonl.gz", "jsonl.zst")]
         rows.append({
             "name": src.name,
             "files": len(table.files),
@@ -83,7 +84,7 @@ def inspect_recipe(recipe: Recipe, *, training_tokens: int = 10**9) -> dict[str,
             "epochs_cap": src.epochs,
             "repeats_per_training_tokens": (weight * training_tokens / tokens) if tokens else None,
             "read_amplification": read_amplification(len(table.splits), recipe.lanes),
-            "worst_resume_bytes": max(unsplittable, default=0),
+            "worst_resume_bytes": max(compressed, default=0),
             "skipped_at_listing": len(table.skipped),
         })
     return {"training_tokens": training_tokens, "lanes": recipe.lanes, "seq_len": recipe.seq_len,

@@ -24,7 +24,8 @@ class FileEntry:
 class Split:
     """A unit of reading: a whole file, a byte range of a plain file, or a parquet row group.
 
-    `start`/`end` are bytes for byte-range splits and the row-group index (start == end) for
+    `start`/`end` are bytes for byte-range splits, compressed bytes for groups of zstd frames
+    (whose decompressed range is `dstart`/`dend`), and the row-group index (start == end) for
     parquet. `records` is the exact record count when known from metadata, else -1.
     """
 
@@ -32,14 +33,17 @@ class Split:
     start: int
     end: int
     records: int = -1
-    seekable: bool = True   # False for compressed files: resuming decompresses from the start
+    seekable: bool = True   # False for whole compressed files: resume decompresses from 0
+    dstart: int = 0
+    dend: int = -1          # >= 0 only for zstd frame groups
 
     def to_list(self) -> list[int]:
-        return [self.file, self.start, self.end, self.records, int(self.seekable)]
+        return [self.file, self.start, self.end, self.records, int(self.seekable), self.dstart,
+                self.dend]
 
     @classmethod
     def from_list(cls, values: list[int]) -> Split:
-        return cls(values[0], values[1], values[2], values[3], bool(values[4]))
+        return cls(*values[:4], bool(values[4]), *values[5:])
 
 
 @dataclass(frozen=True)

@@ -47,10 +47,13 @@ def _parse(line: bytes, text_field: str) -> str:
 
 def _records(stream: IO[bytes], *, entry: FileEntry, source: str, text_field: str,
              max_bytes: int, index: int, offset: int, end: int | None,
-             compressed: bool) -> Iterator[Record]:
+             compressed: bool, lines: bool = True) -> Iterator[Record]:
+    """Records from `offset` while it is below `end`; `lines`: index counts the file's lines."""
     def where(line_offset: int) -> str:
-        if compressed:
+        if compressed and lines:
             return f"line {index + 1} (decompressed byte offset {line_offset})"
+        if compressed:
+            return f"decompressed byte offset {line_offset}"
         return f"byte offset {line_offset}"
 
     while end is None or offset < end:
@@ -172,5 +175,34 @@ def read_jsonl_gz(*, split: Split, **kw) -> Iterator[Record]:
 
 
 def read_jsonl_zst(*, split: Split, **kw) -> Iterator[Record]:
-    """Records of a zstd-compressed jsonl file (always a whole-file split)."""
-    return _read_compressed(_zstd, **kw)
+    """Records of a zstd-compressed jsonl file, or of one group of its frames."""
+    if split.dend < 0:
+        return _read_compressed(_zstd, **kw)
+    return _read_frames(split=split, **kw)
+
+
+def _read_frames(*, storage, entry: FileEntry, split: Split, source: str, text_field: str,
+                 max_bytes: int, index: int, offset: int) -> Iterator[Record]:
+    """A group of zstd frames owns the lines starting in (dstart, dend] (and 0 for the first):
+    the line that contains `dstart` belongs to the group before, which reads past its end."""
+    with storage.open(entry) as raw:
+        raw.seek(split.start)
+        with _zstd(raw) as stream:
+            try:
+                if index > 0:
+                    _skip_to(stream, offset - split.dstart)
+                    position = offset
+                elif split.dstart > 0:
+                    _, skipped = _read_line(stream, max_bytes)
+                    position = split.dstart + skipped
+                else:
+                    position = 0
+            except (OSError, EOFError, zstandard.ZstdError) as exc:
+                err = DataError(f"corrupt compressed data: {exc}", source=source,
+                                file=entry.url,
+                                location=f"decompressed byte offset {split.dstart}")
+                yield Record(index, split.dstart, None, err)
+                return
+            yield from _records(stream, entry=entry, source=source, text_field=text_field,
+                                max_bytes=max_bytes, index=index, offset=position,
+                                end=split.dend + 1, compressed=True, lines=False)

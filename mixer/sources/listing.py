@@ -13,6 +13,7 @@ from mixer.recipe import Recipe, SourceConfig
 from mixer.sources.base import FileEntry, Split
 from mixer.sources.parquet import row_groups
 from mixer.sources.storage import RetryPolicy, Storage, call_with_retries, filesystem, redact
+from mixer.sources.zstd_frames import group_frames, scan_frames
 
 _EXTENSIONS = (
     (".jsonl.zst", "jsonl.zst"), (".json.zst", "jsonl.zst"), (".jsonl.zstd", "jsonl.zst"),
@@ -87,7 +88,8 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
     return list(entries.values())
 
 
-def _splits_of(recipe: Recipe, src: SourceConfig, index: int, entry: FileEntry) -> list[Split]:
+def _splits_of(recipe: Recipe, src: SourceConfig, index: int, entry: FileEntry,
+               deep: bool) -> list[Split]:
     if entry.format == "jsonl":
         step = recipe.split_bytes
         return [Split(index, start, min(start + step, entry.size))
@@ -98,11 +100,22 @@ def _splits_of(recipe: Recipe, src: SourceConfig, index: int, entry: FileEntry) 
                 for g, rows in enumerate(row_groups(storage, entry)) if rows]
     if entry.format == "text":
         return [Split(index, 0, entry.size, 1)]
+    if entry.format == "jsonl.zst" and (deep or entry.url.startswith("/")):
+        # Remote files are scanned only by `mixer index`: scanning reads the whole object.
+        with Storage(src.name, src.storage_options).open(entry) as f:
+            frames = scan_frames(f, entry.size)
+        groups = group_frames(frames, recipe.split_bytes) if frames else []
+        if len(groups) > 1:
+            return [Split(index, start, end, -1, True, dstart, dend)
+                    for start, end, dstart, dend in groups]
     return [Split(index, 0, entry.size, -1, seekable=False)]
 
 
-def list_source(recipe: Recipe, src: SourceConfig) -> SourceTable:
-    """Files (sorted by URL) and splits of a source. Bad or empty files raise or are counted."""
+def list_source(recipe: Recipe, src: SourceConfig, *, deep: bool = False) -> SourceTable:
+    """Files (sorted by URL) and splits of a source. Bad or empty files raise or are counted.
+
+    `deep` also scans remote multi-frame zstd files for access points (reads them whole).
+    """
     skipped: list[str] = []
     files: list[FileEntry] = []
     splits: list[Split] = []
@@ -112,7 +125,7 @@ def list_source(recipe: Recipe, src: SourceConfig) -> SourceTable:
                 raise DataError("empty shard (0 bytes)", source=src.name, file=entry.url,
                                 location="byte offset 0")
             try:
-                entry_splits = _splits_of(recipe, src, len(files), entry)
+                entry_splits = _splits_of(recipe, src, len(files), entry, deep)
             except DataError:
                 raise
             except Exception as exc:

@@ -35,7 +35,7 @@ def write_manifest(recipe: Recipe, path: Path) -> dict[str, Any]:
     sources = {}
     summary = {}
     for src in recipe.sources:
-        table = list_source(recipe, src)
+        table = list_source(recipe, src, deep=True)
         sources[src.name] = {
             "key": _key(recipe, src),
             "files": [[f.url, f.key, f.size, f.format, f.etag] for f in table.files],
