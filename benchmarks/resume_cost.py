@@ -2,9 +2,10 @@
 
     python benchmarks/resume_cost.py [--steps 10 1000 10000]
 
-Two single-lane corpora: plain jsonl cut into 1 MB splits (resume seeks to a byte offset and
-re-reads one shuffle window) and one large single-frame .jsonl.zst (no access points: resume
-decompresses from the file's start, the documented worst case).
+Three single-lane corpora: plain jsonl cut into 256 KB splits (resume seeks to a byte offset
+and re-reads one shuffle window), one large single-frame .jsonl.zst (no access points: resume
+decompresses from the file's start, the documented worst case) and the same text as a
+multi-frame .jsonl.zst (resume decompresses from its split's first frame).
 """
 
 from __future__ import annotations
@@ -32,13 +33,18 @@ def _corpus(folder: Path, copies: int) -> None:
     lines = "".join(json.dumps({"text": f"{t}\n[{c}]"}) + "\n"
                     for c in range(copies) for t in texts)
     (folder / "plain.jsonl").write_text(lines)
-    (folder / "big.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
+    data = lines.encode()
+    cctx = zstandard.ZstdCompressor()
+    (folder / "big.jsonl.zst").write_bytes(cctx.compress(data))
+    step = 1 << 20  # one frame per MB of text: access points every ~1 MB
+    (folder / "frames.jsonl.zst").write_bytes(
+        b"".join(cctx.compress(data[i:i + step]) for i in range(0, len(data), step)))
 
 
 def measure(folder: Path, name: str, steps: list[int]) -> list[dict]:
     recipe = mixer.load_recipe({
         "tokenizer": str(TOKENIZER), "seq_len": 2048, "batch_size": 8, "lanes": 1,
-        "shuffle_window": 1024, "split_bytes": 1 << 20,
+        "shuffle_window": 1024, "split_bytes": 256 << 10,
         "sources": [{"name": name, "path": str(folder / name), "weight": 1}]})
     tables = [list_source(recipe, s) for s in recipe.sources]
     encoder = Encoder(resolve_tokenizer(str(TOKENIZER)))
@@ -71,11 +77,12 @@ def main() -> None:
         folder = Path(tmp)
         _corpus(folder, args.copies)
         sizes = {p.name: p.stat().st_size for p in folder.iterdir()}
-        rows = measure(folder, "plain.jsonl", args.steps) + measure(folder, "big.jsonl.zst",
-                                                                    args.steps)
-    print(f"plain.jsonl {sizes['plain.jsonl'] / 1e6:.1f} MB, big.jsonl.zst "
-          f"{sizes['big.jsonl.zst'] / 1e6:.1f} MB (one frame); resume = new lane from state + "
-          "its next batch of 8 x 2048")
+        rows = [row for name in ("plain.jsonl", "big.jsonl.zst", "frames.jsonl.zst")
+                for row in measure(folder, name, args.steps)]
+    print(f"plain.jsonl {sizes['plain.jsonl'] / 1e6:.1f} MB (256 KB splits), big.jsonl.zst "
+          f"{sizes['big.jsonl.zst'] / 1e6:.1f} MB (one frame), frames.jsonl.zst "
+          f"{sizes['frames.jsonl.zst'] / 1e6:.1f} MB (1 MB frames); resume = new lane from "
+          "state + its next batch of 8 x 2048")
     print(table(rows, ["corpus", "step", "epoch", "resume_s", "records_reread", "state_bytes"]))
 
 
