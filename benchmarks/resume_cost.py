@@ -46,7 +46,7 @@ def measure(folder: Path, name: str, steps: list[int]) -> list[dict]:
         "tokenizer": str(TOKENIZER), "seq_len": 2048, "batch_size": 8, "lanes": 1,
         "shuffle_window": 1024, "split_bytes": 256 << 10,
         "sources": [{"name": name, "path": str(folder / name), "weight": 1}]})
-    tables = [list_source(recipe, s) for s in recipe.sources]
+    tables = [list_source(recipe, s, deep=True) for s in recipe.sources]  # as `mixer index`
     encoder = Encoder(resolve_tokenizer(str(TOKENIZER)))
     rows = []
     lane = Lane(0, recipe, tables, encoder)

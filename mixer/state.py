@@ -31,8 +31,10 @@ def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTab
     sources = {}
     for src, table in zip(recipe.sources, tables):
         files = hashlib.sha256(json.dumps(table.fingerprint()).encode()).hexdigest()[:16]
+        splits = hashlib.sha256(json.dumps([s.to_list() for s in table.splits]).encode())
         sources[src.name] = {"text_field": src.text_field, "format": src.format,
-                             "epochs": src.epochs, "on_error": src.on_error, "files": files}
+                             "epochs": src.epochs, "on_error": src.on_error, "files": files,
+                             "splits": splits.hexdigest()[:16]}
     return {"stream": stream, "sources": sources}
 
 
@@ -50,8 +52,13 @@ def check_fingerprint(saved: dict, current: dict) -> None:
             raise StateError(f"cannot resume: source {name!r} was removed from the recipe "
                              "(adding sources is allowed, removing or renaming is not)")
         diff = [k for k in was if was[k] != now.get(k)]
+        if diff == ["splits"]:
+            raise StateError(f"cannot resume: source {name!r} is cut into other splits than at "
+                             "the checkpoint (a manifest from `mixer index` was added or "
+                             "removed, or its row groups changed); resume with the same "
+                             "manifest setting")
         if diff:
-            what = "its files (names or sizes)" if diff == ["files"] else ", ".join(diff)
+            what = "its files (names or sizes)" if "files" in diff else ", ".join(diff)
             raise StateError(f"cannot resume: source {name!r} changed {what} since the "
                              "checkpoint")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import zstandard
 from helpers import corpus, doc_text, expected_counts, make_tokenizer, token_counts
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 import mixer
 from mixer.lanes import Lane
 from mixer.sources import READERS, Storage, list_source
+from mixer.sources.manifest import write_manifest
 from mixer.tokenize import Encoder, resolve_tokenizer
 
 
@@ -32,7 +34,7 @@ def _recipe(tmp_path, tok, path, split_bytes: int) -> mixer.Recipe:
 
 
 def _texts(recipe):
-    table = list_source(recipe, recipe.sources[0])
+    table = list_source(recipe, recipe.sources[0], deep=True)
     out = []
     for split in table.splits:
         out += [r.text for r in READERS["jsonl.zst"](
@@ -58,7 +60,8 @@ def test_frames_become_splits_and_resume_reads_one_split(tmp_path, tokenizer_pat
     docs = corpus(0, 3000, max_len=10)
     data = write_frames(tmp_path / "x.jsonl.zst", docs, list(range(0, 10**6, 997)))
     recipe = _recipe(tmp_path, tokenizer_path, tmp_path / "x.jsonl.zst", 1000)
-    table = list_source(recipe, recipe.sources[0])
+    assert len(list_source(recipe, recipe.sources[0]).splits) == 1, "only `index` scans frames"
+    table = list_source(recipe, recipe.sources[0], deep=True)
     assert len(table.splits) > 10 and all(s.dend >= 0 for s in table.splits)
     assert table.splits[-1].dend == len(data)
     encoder = Encoder(resolve_tokenizer(str(tokenizer_path)))
@@ -70,8 +73,15 @@ def test_frames_become_splits_and_resume_reads_one_split(tmp_path, tokenizer_pat
     per_split = max(s.dend - s.dstart for s in table.splits) // 20 + 2  # lines are >= 20 bytes
     assert resumed.packers[0].stream.records_read <= per_split + 2 * recipe.shuffle_window
     assert lane.packers[0].stream.records_read > 3 * per_split
-    batches = list(mixer.build_loader(recipe.model_dump(), num_workers=2))
+    with_manifest = {**recipe.model_dump(), "manifest": str(tmp_path / "m.json")}
+    write_manifest(mixer.load_recipe(with_manifest), tmp_path / "m.json")
+    loader = mixer.build_loader(with_manifest, num_workers=2)
+    assert len(loader.tables[0].splits) == len(table.splits)
+    batches = list(loader)
     assert token_counts(batches) == expected_counts(docs)
+    # a state from the manifest's splits is refused without it, not silently misread
+    with pytest.raises(mixer.StateError, match="other splits"):
+        mixer.build_loader(recipe.model_dump()).load_state_dict(loader.state_dict())
 
 
 def test_frames_without_content_size_stay_one_split(tmp_path, tokenizer_path):

@@ -100,8 +100,9 @@ def _splits_of(recipe: Recipe, src: SourceConfig, index: int, entry: FileEntry,
                 for g, rows in enumerate(row_groups(storage, entry)) if rows]
     if entry.format == "text":
         return [Split(index, 0, entry.size, 1)]
-    if entry.format == "jsonl.zst" and (deep or entry.url.startswith("/")):
-        # Remote files are scanned only by `mixer index`: scanning reads the whole object.
+    if entry.format == "jsonl.zst" and deep:
+        # Only `mixer index` scans (for remote objects it reads them whole); local and remote
+        # copies thus always get the same splits, and the same stream.
         with Storage(src.name, src.storage_options).open(entry) as f:
             frames = scan_frames(f, entry.size)
         groups = group_frames(frames, recipe.split_bytes) if frames else []
@@ -114,7 +115,8 @@ def _splits_of(recipe: Recipe, src: SourceConfig, index: int, entry: FileEntry,
 def list_source(recipe: Recipe, src: SourceConfig, *, deep: bool = False) -> SourceTable:
     """Files (sorted by URL) and splits of a source. Bad or empty files raise or are counted.
 
-    `deep` also scans remote multi-frame zstd files for access points (reads them whole).
+    `deep` (used by `mixer index`) also scans .zst files for frames to split at; remote
+    objects are read whole for it.
     """
     skipped: list[str] = []
     files: list[FileEntry] = []
