@@ -119,7 +119,7 @@ class SourceStream:
         """Records of the slice from a cursor, reusing the open reader when it is already there."""
         live = self._live
         self._live = None
-        if live is not None and live[0] == (slot, index, offset):
+        if live is not None and live[0] == (self.epoch, slot, index, offset):
             return live[1], live[2]
         items = self._lane_slice()
         split = self._splits[items[slot].split]
@@ -146,7 +146,7 @@ class SourceStream:
                     continue
                 if len(texts) >= self.window_docs or size >= self.window_bytes:
                     index, offset = record.index, record.offset
-                    self._live = ((slot, index, offset), records, record)
+                    self._live = ((self.epoch, slot, index, offset), records, record)
                     full = True
                     break
                 if record.error is not None:
