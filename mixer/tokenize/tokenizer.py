@@ -115,7 +115,6 @@ class Encoder:
         self.info = info
         self._tok: Tokenizer | None = None
         self._pid = -1
-        self.documents = 0   # work counter
 
     def _tokenizer(self) -> Tokenizer:
         if self._tok is None or self._pid != os.getpid():
@@ -125,7 +124,6 @@ class Encoder:
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
         encodings = self._tokenizer().encode_batch_fast(texts, add_special_tokens=False)
-        self.documents += len(texts)
         eos = self.info.eos_id
         bos = self.info.bos_id
         out = []
@@ -141,4 +139,4 @@ class Encoder:
         return self._tokenizer().decode(ids, skip_special_tokens=False)
 
     def __getstate__(self) -> dict:
-        return {"info": self.info, "_tok": None, "_pid": -1, "documents": 0}
+        return {"info": self.info, "_tok": None, "_pid": -1}
