@@ -70,3 +70,44 @@ def test_every_document_exactly_epochs_times_across_an_elastic_resume(tmp_path_f
         for it in iterators:
             seen.extend(it)
     assert token_counts(seen) == expected
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(setup=setups())
+def test_any_valid_topology_continues_the_global_stream_after_resume(tmp_path_factory, setup):
+    from helpers import batch_digest
+
+    root = tmp_path_factory.mktemp("stream")
+    tok = make_tokenizer(root / "tok.json")
+    sources = []
+    for i, spec in enumerate(setup["sources"]):
+        # Every lane gets documents: files of >= lanes documents, one split each. (A lane with
+        # no data at all yields only padding, and outside torch.distributed a rank holding
+        # only such lanes ends on its own.)
+        count = max(spec["docs"], setup["lanes"] * spec["files"])
+        docs = corpus(1000 * i, count, max_len=spec["max_len"], seed=spec["seed"])
+        for f in range(spec["files"]):
+            write_docs(root / f"s{i}" / f"{f}.{spec['format']}", docs[f::spec["files"]],
+                       spec["format"], row_group_size=1000)
+        sources.append({"name": f"s{i}", "path": str(root / f"s{i}" / "*"),
+                        "weight": spec["weight"]})  # infinite: the stream never ends
+    recipe = {"seed": 5, "tokenizer": str(tok), "seq_len": setup["seq_len"],
+              "batch_size": setup["batch"], "lanes": setup["lanes"],
+              "packing": setup["packing"], "shuffle_window": setup["window"],
+              "split_bytes": 10**9, "sources": sources}
+    world, new_world, steps = setup["world"], setup["new_world"], setup["stop"]
+    total = world * steps + new_world * 4
+    reference = [batch_digest(b) for _, b in zip(range(total), mixer.build_loader(recipe))]
+    states = []
+    for rank in range(world):
+        loader = mixer.build_loader(recipe, rank=rank, world_size=world)
+        got = [batch_digest(b) for _, b in zip(range(steps), loader)]
+        assert got == reference[rank:world * steps:world]
+        states.append(loader.state_dict())
+    merged = mixer.merge_states(states) if world > 1 else states[0]
+    for rank in range(new_world):
+        loader = mixer.build_loader(recipe, rank=rank, world_size=new_world)
+        loader.load_state_dict(merged)
+        got = [batch_digest(b) for _, b in zip(range(4), loader)]
+        assert got == reference[world * steps + rank::new_world][:4]
