@@ -17,6 +17,7 @@ from mixer.recipe import Recipe
 from mixer.sources import SourceTable
 from mixer.stream import SourceStream
 from mixer.tokenize import IGNORE_INDEX, Encoder, Packer
+from mixer.tokenize.best_fit import BestFitPacker
 
 LANE_STATE_VERSION = 1
 
@@ -65,9 +66,16 @@ class Lane:
                 window_bytes=recipe.shuffle_window_bytes,
                 max_document_bytes=recipe.max_document_bytes, encode=encoder,
                 block_size=block_size)
-            self.packers.append(Packer(stream, seq_len=recipe.seq_len, mode=recipe.packing,
-                                       pad_id=self.pad_id,
-                                       mask_document_boundaries=recipe.mask_document_boundaries))
+            if recipe.packing == "best_fit":
+                packer: Packer | BestFitPacker = BestFitPacker(
+                    stream, seq_len=recipe.seq_len, pad_id=self.pad_id,
+                    mask_document_boundaries=recipe.mask_document_boundaries,
+                    window=recipe.pack_window)
+            else:
+                packer = Packer(stream, seq_len=recipe.seq_len, mode=recipe.packing,
+                                pad_id=self.pad_id,
+                                mask_document_boundaries=recipe.mask_document_boundaries)
+            self.packers.append(packer)
         self.load_state_dict(state)
 
     def fresh_state(self) -> dict:

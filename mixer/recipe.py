@@ -60,7 +60,9 @@ class Recipe(_Frozen):
     seq_len: int = Field(gt=0, description="Tokens per row.")
     batch_size: int = Field(gt=0, description="Rows per batch, per rank.")
     lanes: int = Field(default=8, gt=0, description="Independent pipelines; see docs.")
-    packing: Literal["concat", "pad"] = Field(default="concat")
+    packing: Literal["concat", "pad", "best_fit"] = Field(default="concat")
+    pack_window: int = Field(default=256, ge=1,
+                             description="Documents per best_fit packing window.")
     shuffle_window: int = Field(default=1024, ge=1, description="Documents per shuffle window.")
     shuffle_window_bytes: int = Field(default=64 << 20, ge=1,
                                       description="A window also ends at this many text bytes.")

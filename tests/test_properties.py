@@ -24,7 +24,8 @@ def setups(draw):
                         "seed": i})
     return {"lanes": lanes, "world": world, "new_world": new_world, "sources": sources,
             "seq_len": draw(st.integers(2, 24)), "batch": draw(st.integers(1, 4)),
-            "packing": draw(st.sampled_from(["concat", "pad"])),
+            "packing": draw(st.sampled_from(["concat", "pad", "best_fit"])),
+            "pack_window": draw(st.integers(1, 9)),
             "window": draw(st.integers(1, 12)), "split_bytes": draw(st.integers(40, 3000)),
             "epochs": draw(st.integers(1, 2)), "stop": draw(st.integers(0, 12))}
 
@@ -51,7 +52,8 @@ def test_every_document_exactly_epochs_times_across_an_elastic_resume(tmp_path_f
                         "weight": spec["weight"], "epochs": setup["epochs"]})
     recipe = {"seed": 3, "tokenizer": str(tok), "seq_len": setup["seq_len"],
               "batch_size": setup["batch"], "lanes": setup["lanes"],
-              "packing": setup["packing"], "shuffle_window": setup["window"],
+              "packing": setup["packing"], "pack_window": setup["pack_window"],
+              "shuffle_window": setup["window"],
               "split_bytes": setup["split_bytes"], "sources": sources}
     world, seen, states, iterators = setup["world"], [], [], []
     for rank in range(world):
@@ -94,7 +96,8 @@ def test_any_valid_topology_continues_the_global_stream_after_resume(tmp_path_fa
                         "weight": spec["weight"]})  # infinite: the stream never ends
     recipe = {"seed": 5, "tokenizer": str(tok), "seq_len": setup["seq_len"],
               "batch_size": setup["batch"], "lanes": setup["lanes"],
-              "packing": setup["packing"], "shuffle_window": setup["window"],
+              "packing": setup["packing"], "pack_window": setup["pack_window"],
+              "shuffle_window": setup["window"],
               "split_bytes": 10**9, "sources": sources}
     world, new_world, steps = setup["world"], setup["new_world"], setup["stop"]
     total = world * steps + new_world * 4

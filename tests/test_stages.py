@@ -112,3 +112,19 @@ def test_lane_resumes_exactly(setup):
         return b.input_ids.tolist(), b.source_ids.tolist(), b.padding
 
     check_resume(make, batch, 120, [0, 1, 5, 33, 119])
+
+
+def test_best_fit_packer_resumes_exactly(setup):
+    from mixer.tokenize.best_fit import BestFitPacker
+
+    recipe, tables, encoder = setup
+
+    def make() -> BestFitPacker:
+        return BestFitPacker(_stream(recipe, tables, encoder), seq_len=8, pad_id=1,
+                             mask_document_boundaries=True, window=5)
+
+    def row(packer: BestFitPacker):
+        r = packer.next_row()
+        return None if r is None else (r.input_ids.tolist(), r.labels.tolist(), r.real)
+
+    check_resume(make, row, 200, [0, 1, 2, 3, 17, 50, 199])

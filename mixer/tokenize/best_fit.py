@@ -1,0 +1,116 @@
+"""Best-fit-decreasing packing over a reconstructible window of documents.
+
+The packer draws `window` documents, cuts each into pieces of at most `seq_len` tokens, and
+places the pieces, longest first, into the fullest row that still has room (a new row when
+none has). Far fewer documents are cut than with `concat`. The plan is a pure function of the
+window's documents, so the state is the stream position at the window's start plus the number
+of rows already emitted: resuming re-reads one window and recomputes the plan.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from mixer.errors import StateError
+from mixer.stream import SourceStream
+from mixer.tokenize.packing import IGNORE_INDEX, Row
+
+
+def plan_rows(lengths: list[int], seq_len: int) -> list[list[int]]:
+    """Best-fit decreasing: piece indices per row, rows in the order they were opened."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []   # sorted (room left, row index)
+    for piece in order:
+        size = lengths[piece]
+        at = bisect.bisect_left(free, (size, -1))
+        if at < len(free):
+            room, row = free.pop(at)
+            rows[row].append(piece)
+            if room - size:
+                bisect.insort(free, (room - size, row))
+        else:
+            rows.append([piece])
+            if seq_len - size:
+                bisect.insort(free, (seq_len - size, len(rows) - 1))
+    return rows
+
+
+class BestFitPacker:
+    """Rows for one (lane, source), packed best-fit over windows of documents."""
+
+    def __init__(self, stream: SourceStream, *, seq_len: int, pad_id: int,
+                 mask_document_boundaries: bool, window: int) -> None:
+        self.stream = stream
+        self.seq_len = seq_len
+        self.pad_id = pad_id
+        self.mask_boundaries = mask_document_boundaries
+        self.window = window
+        self.exhausted = False
+        self._start: dict = stream.state_dict()
+        self._emitted = 0
+        self._rows: list[Row] | None = None
+
+    def state_dict(self) -> dict:
+        return {"stream": self._start, "emitted": self._emitted,
+                "exhausted": int(self.exhausted)}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        self._rows = None
+        if state is None:
+            self.stream.load_state_dict(None)
+            self._start, self._emitted, self.exhausted = self.stream.state_dict(), 0, False
+            return
+        try:
+            self.stream.load_state_dict(state["stream"])
+            self._start, self._emitted = state["stream"], state["emitted"]
+            self.exhausted = bool(state["exhausted"])
+        except KeyError as exc:
+            name = self.stream.table.name
+            raise StateError(f"best_fit packer state of source {name!r} lacks {exc}") from None
+
+    def _plan(self) -> list[Row]:
+        pieces: list[tuple[np.ndarray, bool]] = []   # (tokens, starts a document)
+        for _ in range(self.window):
+            tokens = self.stream.next_document()
+            if tokens is None:
+                break
+            for at in range(0, len(tokens), self.seq_len):
+                pieces.append((tokens[at:at + self.seq_len], at == 0))
+        plan = plan_rows([len(p) for p, _ in pieces], self.seq_len)
+        return [self._row([pieces[i] for i in row]) for row in plan]
+
+    def _row(self, pieces: list[tuple[np.ndarray, bool]]) -> Row:
+        length = self.seq_len
+        input_ids = np.full(length, self.pad_id, dtype=np.int64)
+        position_ids = np.zeros(length, dtype=np.int64)
+        labels = np.full(length, IGNORE_INDEX, dtype=np.int64)
+        at = 0
+        for piece, starts_document in pieces:
+            end = at + len(piece)
+            input_ids[at:end] = piece
+            position_ids[at:end] = np.arange(len(piece))
+            labels[at:end] = piece
+            # A piece placed after another one follows a different document: mask its first
+            # token like a document start.
+            if self.mask_boundaries and (starts_document or at > 0):
+                labels[at] = IGNORE_INDEX
+            at = end
+        return Row(input_ids, labels, position_ids, at)
+
+    def next_row(self) -> Row | None:
+        """The next row, or None once the source has no more documents for this lane."""
+        while not self.exhausted:
+            if self._rows is None:
+                self._rows = self._plan()   # replays the window up to `emitted` on resume
+            if self._emitted < len(self._rows):
+                row = self._rows[self._emitted]
+                self._emitted += 1
+                return row
+            if self.stream.done:
+                self.exhausted = True
+                return None
+            self._start, self._emitted, self._rows = self.stream.state_dict(), 0, None
+        return None
