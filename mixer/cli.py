@@ -201,10 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_preview)
     p = sub.add_parser("bench", help="throughput, time to first batch, peak RSS, shares")
     p.add_argument("recipe")
-    p.add_argument("--batches", type=int, default=100)
-    p.add_argument("--num-workers", type=int, default=0)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--batches", type=int, default=100, help="batches to time (default 100)")
+    p.add_argument("--num-workers", type=int, default=0,
+                   help="DataLoader worker processes (default 0: in-process)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench)
     return parser
 
