@@ -8,6 +8,7 @@ however far the workers have prefetched.
 
 from __future__ import annotations
 
+import traceback
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -243,6 +244,11 @@ class Loader:
                 held.clear()
                 self._hand(meta)
                 yield _as_batch(data, meta)
+        except BaseException as exc:
+            # The traceback's DataLoader frames hold its iterator; clear their locals so the
+            # workers stop now, not when the caller drops the exception.
+            traceback.clear_frames(exc.__traceback__)
+            raise
         finally:
             del source  # shuts DataLoader workers down
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import multiprocessing
 
 import pytest
 import zstandard
@@ -107,3 +108,4 @@ def test_errors_in_worker_processes_keep_their_type_and_message(tmp_path, tokeni
     with pytest.raises(mixer.DataError) as err:
         list(mixer.build_loader(recipe_for(tmp_path, tokenizer_path, path), num_workers=2))
     assert str(path) in str(err.value) and "malformed JSON" in str(err.value)
+    assert not multiprocessing.active_children(), "workers stop with the error"
