@@ -78,9 +78,14 @@ class Lane:
             self.packers.append(packer)
         self.load_state_dict(state)
 
+    def _weights_key(self) -> dict[str, float]:
+        return {name: round(w, 9) for name, w in zip(self.names, self.weights)}
+
     def fresh_state(self) -> dict:
         return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": 0,
-                "sources": {name: {"tokens": 0, "packer": None} for name in self.names}}
+                "weights": self._weights_key(),
+                "sources": {name: {"tokens": 0, "mix": 0, "packer": None}
+                            for name in self.names}}
 
     def load_state_dict(self, state: dict | None) -> None:
         fresh = self.fresh_state()
@@ -89,22 +94,25 @@ class Lane:
             raise StateError(f"lane {self.lane}: state of version {state.get('v')} for lane "
                              f"{state.get('lane')} cannot be loaded")
         self.batches = state["batches"]
-        self.tokens = []
+        # New weights (or a source added since the checkpoint) apply from here on: the mixing
+        # counters restart instead of making up for the tokens drawn under the old weights.
+        same_weights = state.get("weights") == self._weights_key()
+        self.tokens, self.mix = [], []
         for name, packer in zip(self.names, self.packers):
-            # A source added to the recipe since the checkpoint starts fresh.
             entry = state["sources"].get(name, fresh["sources"][name])
             self.tokens.append(entry["tokens"])
+            self.mix.append(entry["mix"] if same_weights else 0)
             packer.load_state_dict(entry["packer"])
 
     def state_dict(self) -> dict:
         """Plain data; `exhausted` and `skipped` are informational (derived on load)."""
         return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": self.batches,
-                "exhausted": int(self.exhausted),
-                "sources": {name: {"tokens": tokens,
+                "exhausted": int(self.exhausted), "weights": self._weights_key(),
+                "sources": {name: {"tokens": tokens, "mix": mix,
                                    "skipped": packer.stream.skipped,
                                    "packer": packer.state_dict()}
-                            for name, tokens, packer in
-                            zip(self.names, self.tokens, self.packers)}}
+                            for name, tokens, mix, packer in
+                            zip(self.names, self.tokens, self.mix, self.packers)}}
 
     @property
     def exhausted(self) -> bool:
@@ -123,7 +131,7 @@ class Lane:
         for row_index in range(batch_size):
             while True:
                 active = [not p.exhausted for p in self.packers]
-                choice = choose_source(self.weights, self.tokens, active, length)
+                choice = choose_source(self.weights, self.mix, active, length)
                 if choice is None:
                     break
                 row = self.packers[choice].next_row()
@@ -134,6 +142,7 @@ class Lane:
                 position_ids[row_index] = row.position_ids
                 source_ids[row_index, :row.real] = choice
                 self.tokens[choice] += row.real
+                self.mix[choice] += row.real
                 real_rows += 1
                 break
             if choice is None:

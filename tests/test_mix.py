@@ -86,3 +86,27 @@ def test_weights_renormalize_when_a_capped_source_runs_out(tmp_path, tokenizer_p
             break
     assert counts[2] == 0
     assert abs(counts[0] / counts.sum() - 0.75) <= 0.01
+
+
+def test_changed_weights_apply_from_the_resume_on_without_catch_up(tmp_path, tokenizer_path):
+    for name, first in (("a", 0), ("b", 5000)):
+        write_docs(tmp_path / f"{name}.jsonl", corpus(first, 400, max_len=20), "jsonl")
+    base = {"tokenizer": str(tokenizer_path), "seq_len": 8, "batch_size": 4, "lanes": 1,
+            "sources": [{"name": "a", "path": str(tmp_path / "a.jsonl"), "weight": 0.5},
+                        {"name": "b", "path": str(tmp_path / "b.jsonl"), "weight": 0.5}]}
+    loader = mixer.build_loader(base)
+    for i, _ in enumerate(loader):
+        if i == 99:
+            break
+    state = loader.state_dict()
+    changed = {**base, "sources": [{**base["sources"][0], "weight": 0.8},
+                                   {**base["sources"][1], "weight": 0.2}]}
+    resumed = mixer.build_loader(changed)
+    resumed.load_state_dict(state)
+    counts = torch.zeros(2)
+    for i, batch in enumerate(resumed):
+        ids = batch["source_ids"].flatten()
+        counts += torch.stack([(ids == k).sum() for k in range(2)])
+        if i == 24:  # 100 rows after the change: 80/20, not a burst of `a` making up the past
+            break
+    assert counts[0] / counts.sum() == 0.8
