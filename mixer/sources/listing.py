@@ -60,7 +60,7 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
     entries: dict[str, FileEntry] = {}
     for pattern in src.globs:
         url = recipe.resolve(pattern)
-        fs, path = filesystem(url, src.storage_options)
+        fs, path = filesystem(url, src.storage_options, src.name)
         try:
             found = call_with_retries(functools.partial(fs.glob, path, detail=True),
                                       describe="list",

@@ -36,7 +36,7 @@ def _with_env_endpoint(protocol: str, options: dict) -> dict:
     return {**options, "endpoint_url": endpoint} if endpoint else options
 
 
-def filesystem(url: str, storage_options: dict) -> tuple[Any, str]:
+def filesystem(url: str, storage_options: dict, source: str | None = None) -> tuple[Any, str]:
     """(fs, path) for a URL: one fs per process, protocol and options (s3fs is not fork-safe)."""
     protocol = url.split("://", 1)[0] if "://" in url else "file"
     key = (os.getpid(), protocol, repr(sorted(storage_options.items())))
@@ -47,7 +47,7 @@ def filesystem(url: str, storage_options: dict) -> tuple[Any, str]:
             fs = fsspec.filesystem(protocol, **options)
         except Exception as exc:
             raise DataError(redact(f"cannot create the {protocol} filesystem: {exc}",
-                                   storage_options), source="?", file=url) from None
+                                   storage_options), source=source, file=url) from None
         _fs_cache[key] = fs
     return fs, fs._strip_protocol(url)
 
@@ -206,7 +206,7 @@ class Storage:
 
     def open(self, entry: FileEntry, *, end_hint: int | None = None) -> IO[bytes]:
         """A buffered binary reader; `end_hint` bounds read-ahead past a byte-range split."""
-        fs, path = filesystem(entry.url, self.storage_options)
+        fs, path = filesystem(entry.url, self.storage_options, self.source)
         if isinstance(fs, LocalFileSystem):
             return fs.open(path, "rb")
         self._check_unchanged(fs, entry)
