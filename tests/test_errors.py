@@ -109,3 +109,9 @@ def test_errors_in_worker_processes_keep_their_type_and_message(tmp_path, tokeni
         list(mixer.build_loader(recipe_for(tmp_path, tokenizer_path, path), num_workers=2))
     assert str(path) in str(err.value) and "malformed JSON" in str(err.value)
     assert not multiprocessing.active_children(), "workers stop with the error"
+
+
+def test_unknown_storage_protocol_names_the_source(tmp_path, tokenizer_path):
+    recipe = recipe_for(tmp_path, tokenizer_path, "nosuchproto://bucket/*.jsonl")
+    with pytest.raises(mixer.DataError, match=r"source 'bad'.*nosuchproto.*filesystem"):
+        mixer.build_loader(recipe)
