@@ -15,7 +15,7 @@ import numpy as np
 
 from mixer.errors import StateError
 from mixer.stream import SourceStream
-from mixer.tokenize.packing import IGNORE_INDEX, Row
+from mixer.tokenize.packing import Row, build_row
 
 
 def plan_rows(lengths: list[int], seq_len: int) -> list[list[int]]:
@@ -83,22 +83,11 @@ class BestFitPacker:
         return [self._row([pieces[i] for i in row]) for row in plan]
 
     def _row(self, pieces: list[tuple[np.ndarray, bool]]) -> Row:
-        length = self.seq_len
-        input_ids = np.full(length, self.pad_id, dtype=np.int64)
-        position_ids = np.zeros(length, dtype=np.int64)
-        labels = np.full(length, IGNORE_INDEX, dtype=np.int64)
-        at = 0
-        for piece, starts_document in pieces:
-            end = at + len(piece)
-            input_ids[at:end] = piece
-            position_ids[at:end] = np.arange(len(piece))
-            labels[at:end] = piece
-            # A piece placed after another one follows a different document: mask its first
-            # token like a document start.
-            if self.mask_boundaries and (starts_document or at > 0):
-                labels[at] = IGNORE_INDEX
-            at = end
-        return Row(input_ids, labels, position_ids, at)
+        # A piece placed after another one follows a different document: mask its first token
+        # like a document start.
+        masked = [(piece, self.mask_boundaries and (starts_document or i > 0))
+                  for i, (piece, starts_document) in enumerate(pieces)]
+        return build_row(masked, self.seq_len, self.pad_id)
 
     def next_row(self) -> Row | None:
         """The next row, or None once the source has no more documents for this lane."""

@@ -29,6 +29,27 @@ class Row:
     real: int   # tokens that are not padding (they come first)
 
 
+def build_row(pieces: list[tuple[np.ndarray, bool]], seq_len: int, pad_id: int) -> Row:
+    """A row of `seq_len` from (tokens, mask its first label) pieces, padded at the end.
+
+    Positions restart at 0 for every piece; labels equal the tokens except -100 on padding and
+    on the first token of each piece flagged for masking.
+    """
+    input_ids = np.full(seq_len, pad_id, dtype=np.int64)
+    position_ids = np.zeros(seq_len, dtype=np.int64)
+    labels = np.full(seq_len, IGNORE_INDEX, dtype=np.int64)
+    at = 0
+    for piece, mask_first in pieces:
+        end = at + len(piece)
+        input_ids[at:end] = piece
+        position_ids[at:end] = np.arange(len(piece))
+        labels[at:end] = piece
+        if mask_first:
+            labels[at] = IGNORE_INDEX
+        at = end
+    return Row(input_ids, labels, position_ids, at)
+
+
 class Packer:
     """Rows for one (lane, source)."""
 
@@ -96,20 +117,8 @@ class Packer:
         if filled == 0:
             self.exhausted = True
             return None
-        return self._row(pieces, starts, filled)
+        return self._row(pieces, starts)
 
-    def _row(self, pieces: list[np.ndarray], starts: list[bool], filled: int) -> Row:
-        length = self.seq_len
-        input_ids = np.full(length, self.pad_id, dtype=np.int64)
-        position_ids = np.zeros(length, dtype=np.int64)
-        labels = np.full(length, IGNORE_INDEX, dtype=np.int64)
-        at = 0
-        for piece, is_start in zip(pieces, starts):
-            end = at + len(piece)
-            input_ids[at:end] = piece
-            position_ids[at:end] = np.arange(len(piece))
-            labels[at:end] = piece
-            if is_start and self.mask_boundaries:
-                labels[at] = IGNORE_INDEX
-            at = end
-        return Row(input_ids, labels, position_ids, filled)
+    def _row(self, pieces: list[np.ndarray], starts: list[bool]) -> Row:
+        masked = [s and self.mask_boundaries for s in starts]
+        return build_row(list(zip(pieces, masked)), self.seq_len, self.pad_id)
