@@ -31,6 +31,20 @@ class DataError(MixerError):
         self.file = file
         self.location = location
 
+    def __reduce__(self) -> tuple:
+        # Pickled whole (message and where) so an error raised in a DataLoader worker keeps
+        # its `.source`, `.file` and `.location` in the main process.
+        return (_restore_data_error,
+                (type(self), str(self), self.source, self.file, self.location))
+
+
+def _restore_data_error(cls: type[DataError], message: str, source: str | None,
+                        file: str | None, location: str | None) -> DataError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.source, err.file, err.location = source, file, location
+    return err
+
 
 class StateError(MixerError, ValueError):
     """A loader state cannot be loaded (different recipe, topology or version)."""

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mixer import dist
-from mixer.errors import StateError, TopologyError
+from mixer.errors import DataError, MixerError, StateError, TopologyError
 from mixer.lanes import Lane
 from mixer.recipe import Recipe, load_recipe
 from mixer.sources import IO_STATS, SourceTable
@@ -76,7 +76,15 @@ class _LaneDataset(IterableDataset):
                 lane = Lane(index, self.recipe, self.tables, encoder,
                             self.lane_states.get(index), block_size=block)
                 lanes[index] = lane
-            batch = lane.next_batch(self.recipe.batch_size)
+            try:
+                batch = lane.next_batch(self.recipe.batch_size)
+            except MixerError as exc:
+                if info is None:
+                    raise
+                # Sent as an item, not raised: torch would re-create the error from its
+                # message alone, losing `.source`, `.file` and `.location`.
+                yield b"", {"g": g, "error": exc}
+                return
             meta = {"g": g, "lane": index, "padding": batch.padding,
                     "state": lane.state_dict(), "worker": worker, "io": IO_STATS.as_dict()}
             if info is None:
@@ -215,6 +223,16 @@ class Loader:
         self._io[meta["worker"]] = meta["io"]
         self._next_global += self.world_size
 
+    def _finish(self, pending: dict[int, dict]) -> None:
+        """The stream has ended: keep the final states of lanes whose trailing padding batches
+        were held back, so their skipped records count in `metrics()` and the state."""
+        self._lane_states.update(pending)
+        if not self.recipe.finite:
+            raise DataError(
+                f"the recipe has unlimited sources but rank {self.rank}'s lanes "
+                f"{self.own_lanes()} ran out of documents of every source (each source has "
+                "fewer documents than the lanes reading it); use fewer lanes or more data")
+
     def _generate(self) -> Iterator[dict[str, torch.Tensor]]:
         dataset = _LaneDataset(self.recipe, self.tables, self.tokenizer, dict(self._lane_states),
                                self._next_global, self.rank, self.world_size)
@@ -226,6 +244,8 @@ class Loader:
         held: list[tuple[dict, dict]] = []
         try:
             for data, meta in source:
+                if "error" in meta:
+                    raise meta["error"]
                 expected = self._next_global + len(held) * self.world_size + self.rank
                 if meta["g"] != expected:
                     raise RuntimeError(f"internal error: got global batch {meta['g']}, "
@@ -235,6 +255,7 @@ class Loader:
                 real, finished = self._decide(meta["padding"], self._lanes_done(pending))
                 if not real:
                     if finished:
+                        self._finish(pending)
                         return
                     held.append((data, meta))  # padding: yield only if real data follows
                     continue

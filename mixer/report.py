@@ -10,7 +10,7 @@ import zstandard
 
 from mixer.recipe import Recipe
 from mixer.slices import read_amplification
-from mixer.sources import READERS, FileEntry, SourceTable, Storage
+from mixer.sources import FileEntry, SourceTable, Storage, read_split
 from mixer.sources.manifest import list_sources
 from mixer.tokenize import Encoder, resolve_tokenizer
 
@@ -23,9 +23,9 @@ def _sample(recipe: Recipe, index: int, table: SourceTable, encoder: Encoder) ->
     split = table.splits[0]
     entry = table.files[split.file]
     storage = Storage(src.name, src.storage_options)
-    records = READERS[entry.format](storage=storage, entry=entry, split=split, source=src.name,
-                                    text_field=src.text_field,
-                                    max_bytes=recipe.max_document_bytes, index=0, offset=0)
+    records = read_split(storage=storage, entry=entry, split=split, source=src.name,
+                         text_field=src.text_field, max_bytes=recipe.max_document_bytes,
+                         index=0, offset=0)
     texts, last_offset, exhausted = [], 0, True
     for record in itertools.islice(records, _SAMPLE_DOCS + 1):
         if len(texts) == _SAMPLE_DOCS:

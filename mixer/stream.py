@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from mixer.errors import StateError
+from mixer.errors import DataError, StateError
 from mixer.rng import derive_key, permutation
 from mixer.slices import SliceItem, lane_slice
-from mixer.sources import READERS, SourceTable, Storage
+from mixer.sources import SourceTable, Storage, read_split
 
 STATE_KEYS = ("epoch", "window", "slot", "index", "offset", "pos", "skipped", "done")
 _TOKENIZE_CHUNK = 64
@@ -52,6 +52,22 @@ def _tokenizer_thread() -> ThreadPoolExecutor:
     return _pool[1]
 
 
+def source_has_documents(stream: SourceStream) -> bool:
+    """Whether any split of the stream's source holds a readable document (read in split
+    order up to the first one). Raises the first bad record's error unless the source skips
+    bad input. Only asked when a lane's whole slice of an epoch was empty."""
+    for split in stream.table.splits:
+        for record in read_split(storage=stream.storage, entry=stream.table.files[split.file],
+                                 split=split, source=stream.table.name,
+                                 text_field=stream.text_field,
+                                 max_bytes=stream.max_document_bytes, index=0, offset=0):
+            if record.error is None:
+                return True
+            if stream.on_error == "raise":
+                raise record.error
+    return False
+
+
 class SourceStream:
     """Shuffled, tokenized documents of one source in one lane."""
 
@@ -76,6 +92,7 @@ class SourceStream:
         self._slice_epoch = -1
         self._slice: tuple[SliceItem, ...] = ()
         self.records_read = 0   # work counter (tests assert resume cost with it)
+        self._has_documents: bool | None = None   # asked once a lane's epoch came up empty
         self.load_state_dict(None)
 
     # -- state -------------------------------------------------------------------------------
@@ -124,10 +141,9 @@ class SourceStream:
         items = self._lane_slice()
         split = self._splits[items[slot].split]
         entry = self.table.files[split.file]
-        reader = READERS[entry.format]
-        return reader(storage=self.storage, entry=entry, split=split, source=self.table.name,
-                      text_field=self.text_field, max_bytes=self.max_document_bytes,
-                      index=index, offset=offset), None
+        return read_split(storage=self.storage, entry=entry, split=split,
+                          source=self.table.name, text_field=self.text_field,
+                          max_bytes=self.max_document_bytes, index=index, offset=offset), None
 
     def _read_window(self) -> _Window:
         items = self._lane_slice()
@@ -142,16 +158,16 @@ class SourceStream:
             for record in itertools.chain(pending, records):  # (does not close `records`)
                 if lookahead is None or record is not lookahead:
                     self.records_read += 1
+                if record.error is not None and self.on_error == "raise":
+                    raise record.error   # in every lane striping the split, not just one
                 if record.index % item.stride != item.phase:
-                    continue
+                    continue   # (a skipped record is counted by the lane that owns it)
                 if len(texts) >= self.window_docs or size >= self.window_bytes:
                     index, offset = record.index, record.offset
                     self._live = ((self.epoch, slot, index, offset), records, record)
                     full = True
                     break
                 if record.error is not None:
-                    if self.on_error == "raise":
-                        raise record.error
                     skipped += 1
                     continue
                 texts.append(record.text)
@@ -172,8 +188,18 @@ class SourceStream:
         assert win is not None
         self.skipped_before += win.skipped
         if win.end_of_epoch:
-            self._empty_epochs = self._empty_epochs + 1 if (
-                self.window_index == 0 and not win.texts) else 0
+            empty = self.window_index == 0 and not win.texts
+            if empty and self.epochs is None and self._has_documents is None:
+                self._has_documents = source_has_documents(self)
+            if empty and self._has_documents is False:
+                files = ", ".join(f.url for f in self.table.files[:3])
+                more = f" and {len(self.table.files) - 3} more" if len(self.table.files) > 3 else ""
+                raise DataError(
+                    f"the source yields no document at all (its {len(self.table.files)} "
+                    "file(s) hold only blank lines, empty content or skipped records), so an "
+                    "unlimited source cannot supply its weight", source=self.table.name,
+                    file=files + more)
+            self._empty_epochs = self._empty_epochs + 1 if empty else 0
             self.epoch += 1
             self.window_index = 0
             self.start = (0, 0, 0)

@@ -35,6 +35,8 @@ def _parse(line: bytes, text_field: str) -> str:
         obj = json.loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("malformed JSON: nested too deeply to parse") from None
     if not isinstance(obj, dict):
         raise ValueError("record is not a JSON object")
     text = obj.get(text_field)

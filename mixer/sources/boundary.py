@@ -1,0 +1,69 @@
+"""The one boundary between readers and the rest of mixer.
+
+Whatever a reader raises (a file deleted after listing, a codec error, a parser's
+`RecursionError`, a bug in a third-party library) leaves this module as a `DataError` naming
+the source, the file and the offset reached, carried by an error record that the stream
+raises or skips and counts. Texts are checked here too: a string that is not valid Unicode
+(a lone surrogate from a JSON `"\\ud800"` escape) never reaches the tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from mixer.errors import DataError
+from mixer.sources.base import FileEntry, Reader, Record, Split
+from mixer.sources.storage import redact
+
+
+def describe_offset(entry: FileEntry, split: Split, offset: int) -> str:
+    """Where `offset` (a record's offset in the reader's units) lies, in words."""
+    if entry.format == "parquet":
+        return f"row group {split.start}, row {offset}"
+    if entry.format in ("jsonl.gz", "jsonl.zst"):
+        return f"decompressed byte offset {offset}"
+    return f"byte offset {offset}"
+
+
+def _invalid_text(text: Any) -> str | None:
+    """Why `text` cannot be tokenized, or None when it can."""
+    if not isinstance(text, str):
+        return f"text is {type(text).__name__}, not a string"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"text is not valid Unicode ({exc.reason} at character {exc.start}; e.g. a "
+                "lone surrogate escape such as \"\\ud800\" in JSON)")
+    return None
+
+
+def read_records(reader: Reader, *, storage: Any, entry: FileEntry, split: Split, source: str,
+                 text_field: str, max_bytes: int, index: int, offset: int) -> Iterator[Record]:
+    """The reader's records of `split` from a cursor; failures become error records.
+
+    After an error the reader cannot continue from (anything it raises), the split ends.
+    """
+    position = offset
+    try:
+        records = reader(storage=storage, entry=entry, split=split, source=source,
+                         text_field=text_field, max_bytes=max_bytes, index=index, offset=offset)
+        for record in records:
+            index, position = record.index + 1, record.offset
+            if record.error is None:
+                why = _invalid_text(record.text)
+                if why is not None:
+                    err = DataError(why, source=source, file=entry.url,
+                                    location=describe_offset(entry, split, record.offset))
+                    record = Record(record.index, record.offset, None, err)
+            yield record
+    except DataError as exc:  # raised by storage (not found, changed, retries spent)
+        if exc.source is None:
+            exc = DataError(str(exc), source=source, file=entry.url,
+                            location=describe_offset(entry, split, position))
+        yield Record(index, position, None, exc)
+    except Exception as exc:  # anything else a reader or its libraries raise
+        message = redact(f"cannot read: {type(exc).__name__}: {exc}", storage.storage_options)
+        yield Record(index, position, None,
+                     DataError(message, source=source, file=entry.url,
+                               location=describe_offset(entry, split, position)))
