@@ -35,8 +35,19 @@ def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTab
         splits = hashlib.sha256(json.dumps([s.to_list() for s in table.splits]).encode())
         sources[src.name] = {"text_field": src.text_field, "format": src.format,
                              "epochs": src.epochs, "on_error": src.on_error, "files": files,
-                             "splits": splits.hexdigest()[:16]}
+                             "splits": splits.hexdigest()[:16], "versions": _versions(table)}
     return {"stream": stream, "sources": sources}
+
+
+def _versions(table: SourceTable) -> list[str]:
+    """[kind, digest] of the files' content versions (ETags, or local modification times).
+
+    Kept apart from names and sizes: versions are compared only between listings of the same
+    kind, so a checkpoint taken on S3 still resumes on a local copy of the bucket.
+    """
+    kinds = sorted({f.version.split(":", 1)[0] for f in table.files})
+    digest = hashlib.sha256(json.dumps([[f.key, f.version] for f in table.files]).encode())
+    return ["+".join(kinds), digest.hexdigest()[:16]]
 
 
 def check_fingerprint(saved: dict, current: dict) -> None:
@@ -52,7 +63,16 @@ def check_fingerprint(saved: dict, current: dict) -> None:
         if now is None:
             raise StateError(f"cannot resume: source {name!r} was removed from the recipe "
                              "(adding sources is allowed, removing or renaming is not)")
-        diff = [k for k in was if was[k] != now.get(k)]
+        diff = [k for k in was if k != "versions" and was[k] != now.get(k)]
+        versions_now = now.get("versions")
+        if (not diff and versions_now and was.get("versions", [None])[0] == versions_now[0]
+                and was["versions"] != versions_now):
+            kind = "ETags" if versions_now[0] == "etag" else "modification times"
+            raise StateError(
+                f"cannot resume: source {name!r} has files whose content changed since the "
+                f"checkpoint (same names and sizes, other {kind}); resuming would read other "
+                "documents at the saved offsets. If the files are exact copies, restore their "
+                "modification times (cp -p, rsync -t)")
         if diff == ["splits"]:
             raise StateError(f"cannot resume: source {name!r} is cut into other splits than at "
                              "the checkpoint (a manifest from `mixer index` was added or "

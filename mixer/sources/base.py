@@ -18,6 +18,12 @@ class FileEntry:
     size: int
     format: str
     etag: str = ""   # from the listing or manifest; a changed object is refused on open
+    mtime_ns: int = 0   # local files: modification time at listing; a changed file is refused
+
+    @property
+    def version(self) -> str:
+        """What identifies this exact content besides its size: ETag, else mtime."""
+        return f"etag:{self.etag}" if self.etag else f"mtime:{self.mtime_ns}"
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import random
 from dataclasses import dataclass, field
 
@@ -84,7 +85,14 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
                                 "sources[].format", source=src.name, file=full)
             key = p[len(prefix):] if p.startswith(prefix) else p
             etag = str(info.get("ETag") or info.get("etag") or "")
-            entries.setdefault(full, FileEntry(full, key, int(info.get("size") or 0), fmt, etag))
+            size, mtime_ns = int(info.get("size") or 0), 0
+            if isinstance(fs, LocalFileSystem):
+                try:  # ns precision: the listing's float mtime can round a change away
+                    stat = os.stat(p)
+                    size, mtime_ns = stat.st_size, stat.st_mtime_ns
+                except OSError:
+                    pass   # vanished since the glob: refused when opened
+            entries.setdefault(full, FileEntry(full, key, size, fmt, etag, mtime_ns))
     return list(entries.values())
 
 

@@ -2,8 +2,9 @@
 
 `mixer index RECIPE` writes one; a recipe whose `manifest` key names an existing file then
 starts without listing or reading parquet footers. A manifest entry is used only for a source
-whose globs, format and split settings are unchanged; an object changed since indexing is
-caught when it is opened (size/ETag check) rather than read with stale splits.
+whose globs, format and split settings are unchanged; a file or object changed since indexing
+is caught when it is opened (size and ETag, or size and modification time for local files)
+rather than read with stale splits.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from mixer.sources.base import FileEntry, Split
 from mixer.sources.listing import SourceTable, list_source
 
 MANIFEST_FORMAT = "mixer.manifest"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2   # 2: local files' modification times
 
 
 def _key(recipe: Recipe, src: SourceConfig) -> dict[str, Any]:
@@ -38,7 +39,7 @@ def write_manifest(recipe: Recipe, path: Path) -> dict[str, Any]:
         table = list_source(recipe, src, deep=True)
         sources[src.name] = {
             "key": _key(recipe, src),
-            "files": [[f.url, f.key, f.size, f.format, f.etag] for f in table.files],
+            "files": [[f.url, f.key, f.size, f.format, f.etag, f.mtime_ns] for f in table.files],
             "splits": [s.to_list() for s in table.splits],
             "skipped": table.skipped,
         }
@@ -73,8 +74,8 @@ def list_sources(recipe: Recipe) -> list[SourceTable]:
     for src in recipe.sources:
         entry = saved.get(src.name)
         if entry is not None and entry["key"] == _key(recipe, src):
-            files = [FileEntry(url, key, size, fmt, etag)
-                     for url, key, size, fmt, etag in entry["files"]]
+            files = [FileEntry(url, key, size, fmt, etag, mtime_ns)
+                     for url, key, size, fmt, etag, mtime_ns in entry["files"]]
             splits = [Split.from_list(s) for s in entry["splits"]]
             tables.append(SourceTable(src.name, files, splits, list(entry["skipped"])))
         else:

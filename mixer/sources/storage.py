@@ -208,12 +208,32 @@ class Storage:
         """A buffered binary reader; `end_hint` bounds read-ahead past a byte-range split."""
         fs, path = filesystem(entry.url, self.storage_options, self.source)
         if isinstance(fs, LocalFileSystem):
-            return fs.open(path, "rb")
+            return self._open_local(path, entry)
         self._check_unchanged(fs, entry)
         raw = RangeStream(fs, entry.url, entry.size, source=self.source,
                           storage_options=self.storage_options, block_size=self.block_size,
                           policy=self.policy, soft_end=end_hint)
         return io.BufferedReader(raw, buffer_size=self.block_size)
+
+    def _open_local(self, path: str, entry: FileEntry) -> IO[bytes]:
+        """Open a local file and refuse it if it is not the file that was listed or indexed
+        (checked on the open descriptor, so what is read is what was checked)."""
+        try:
+            f = open(path, "rb")  # noqa: SIM115  (the caller closes it)
+        except OSError as exc:
+            kind = ("not found (deleted or moved since listing?)"
+                    if isinstance(exc, FileNotFoundError) else "cannot open")
+            raise DataError(f"{kind}: {exc.strerror or exc}", source=self.source,
+                            file=entry.url, location="byte offset 0") from None
+        stat = os.fstat(f.fileno())
+        if stat.st_size != entry.size or (entry.mtime_ns and stat.st_mtime_ns != entry.mtime_ns):
+            f.close()
+            raise DataError(f"file changed since it was listed or indexed (size {entry.size} -> "
+                            f"{stat.st_size}, modified time {entry.mtime_ns} -> "
+                            f"{stat.st_mtime_ns} ns); re-run `mixer index` or restart from a "
+                            "fresh listing", source=self.source, file=entry.url,
+                            location="byte offset 0")
+        return f
 
     def _check_unchanged(self, fs: Any, entry: FileEntry) -> None:
         """One metadata request per object and process: refuse objects changed since listing."""
