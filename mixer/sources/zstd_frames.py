@@ -35,6 +35,8 @@ def scan_frames(stream: IO[bytes], size: int) -> list[tuple[int, int, int, int]]
             return None
         block = pos + zstandard.frame_header_size(head)
         while True:
+            if block + 3 > size:
+                return None  # the frame runs past the file's end: truncated or corrupt
             stream.seek(block)
             header = int.from_bytes(stream.read(3), "little")
             kind, length = (header >> 1) & 3, header >> 3
@@ -44,6 +46,8 @@ def scan_frames(stream: IO[bytes], size: int) -> list[tuple[int, int, int, int]]
             if header & 1:
                 break
         end = block + (4 if params.has_checksum else 0)
+        if end > size:
+            return None
         frames.append((pos, end, decompressed, decompressed + params.content_size))
         decompressed += params.content_size
         pos = end
