@@ -22,7 +22,7 @@ from yaml.resolver import Resolver
 from mixer.errors import RecipeError
 
 try:  # libyaml's parser when present (about 4x faster); composing stays in Python (below)
-    from yaml import CParser as _Parser
+    from yaml.cyaml import CParser as _Parser
 except ImportError:  # pragma: no cover
     from yaml.parser import Parser as _BaseParser
     from yaml.reader import Reader
@@ -138,8 +138,9 @@ def read_yaml(file: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise RecipeError(f"recipe {str(file)!r} is not UTF-8 text (byte offset "
                           f"{exc.start})") from None
-    loader = _BoundedLoader(text)
+    loader = None
     try:
+        loader = _BoundedLoader(text)
         return loader.get_single_data()
     except _Limit as exc:
         raise RecipeError(f"recipe {str(file)!r} is too large: {_describe(exc)}") from None
@@ -150,7 +151,8 @@ def read_yaml(file: Path) -> Any:
     except RecursionError:  # not reached within MAX_DEPTH; kept as a last bound
         raise RecipeError(f"recipe {str(file)!r} is nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _path(parent: str, key: str | int) -> str:
