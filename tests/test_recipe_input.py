@@ -58,7 +58,8 @@ def recipe_text(tmp_path_factory) -> str:
     return RECIPE.format(tokenizer=tokenizer)
 
 
-def check(path, capsys) -> None:
+def check(path, capsys) -> bool:
+    """True when the file is a valid recipe, False when it is refused with a RecipeError."""
     start = time.perf_counter()
     try:
         recipe = mixer.load_recipe(path)
@@ -72,6 +73,7 @@ def check(path, capsys) -> None:
     assert (code == 0) == (err == ""), err
     if recipe is None:
         assert code == 2
+    return recipe is not None
 
 
 def test_the_fuzzed_recipe_is_valid(recipe_text, tmp_path, capsys):
@@ -98,6 +100,8 @@ def test_structurally_mutated_recipe_files(recipe_text, tmp_path, capsys):
     path = tmp_path / "r.yaml"
     data = yaml.safe_load(recipe_text)
 
+    outcomes: set[bool] = set()
+
     @settings(max_examples=EXAMPLES, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(structural_mutations(data), st.lists(st.tuples(st.integers(0, 40),
@@ -111,9 +115,10 @@ def test_structurally_mutated_recipe_files(recipe_text, tmp_path, capsys):
             cut = line.find(": ") + 2 if ": " in line else len(line.rstrip("\n"))
             lines[at:at + 1] = [line[:cut] + snippet + "\n"]
         path.write_text("".join(lines))
-        check(path, capsys)
+        outcomes.add(check(path, capsys))
 
     run()
+    assert outcomes == {True, False}  # the edits reach both sides of the check
 
 
 def test_mutated_dict_recipes(recipe_text):

@@ -130,30 +130,34 @@ def test_a_checked_state_still_resumes_exactly(saved):
     assert loader.next_global_batch == 3
 
 
-def load_or_refuse(loader, state) -> None:
+def load_or_refuse(loader, state) -> str:
     """Loading succeeds or is a StateError; a loaded state then yields or raises MixerError."""
     try:
         loader.load_state_dict(state)
     except mixer.StateError:
-        return
+        return "refused"
     try:
         take(loader, 1)
     except mixer.MixerError:
         pass
     finally:
         loader.close()
+    return "loaded"
 
 
 def test_fuzz_structurally_edited_states(saved):
     loader, state, payload = saved
 
+    outcomes: set[str] = set()
+
     @settings(max_examples=EXAMPLES, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(structural_mutations(payload))
     def run(mutated) -> None:
-        load_or_refuse(loader, pack(mutated))
+        outcomes.add(load_or_refuse(loader, pack(mutated)))
 
     run()
+    assert outcomes == {"loaded", "refused"}  # the edits reach both sides of the check
 
 
 def test_fuzz_byte_mutated_and_reshaped_states(saved):
