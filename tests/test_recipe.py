@@ -207,7 +207,8 @@ def test_shared_structures_in_dict_recipes_are_bounded_too():
 
 @pytest.mark.parametrize("text,message", [
     (GOOD_YAML.encode() + b"x: \xff\xfe\n", f"not UTF-8 text (byte offset {len(GOOD_YAML) + 3})"),
-    (GOOD_YAML + "x: " + "[" * 5000 + "]" * 5000 + "\n", "nested deeper than 64"),
+    (GOOD_YAML + "x: " + "[" * 500 + "]" * 500 + "\n", "nested deeper than 64"),
+    (GOOD_YAML + "x: " + "[" * 5000 + "]" * 5000 + "\n", "line 5, column"),
     (GOOD_YAML + "x:\n" + "- " * 100 + "a\n", "nested deeper than 64"),
     (GOOD_YAML.replace("seq_len: 8", "seq_len: !!int abc"),
      "line 2, column 10: cannot read 'abc' as int"),
@@ -225,13 +226,19 @@ def test_shared_structures_in_dict_recipes_are_bounded_too():
     (GOOD_YAML + "---\na: 1\n", "expected a single document"),
     (GOOD_YAML + "1: 2\n", "key 1 is not a string"),
     (GOOD_YAML.replace("t.json", '"t\\0.json"'), "tokenizer: text with a NUL"),
-    (GOOD_YAML.replace("t.json", '"t\\ud800.json"'), "tokenizer: text with a NUL or unpaired"),
+    (GOOD_YAML.replace("t.json", '"t\\ud800.json"'), "line 1, column 16"),
     ("", "must be a mapping"), ("[1, 2]\n", "must be a mapping"),
 ])
 def test_bad_recipe_files_are_recipe_errors(tmp_path, text, message):
     with pytest.raises(mixer.RecipeError) as err:
         load_text(tmp_path, text)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["t\x00.json", "t\ud800.json"])
+def test_text_the_os_cannot_take_is_refused(text):
+    with pytest.raises(mixer.RecipeError, match="tokenizer: text with a NUL or unpaired"):
+        mixer.load_recipe(base(tokenizer=text))
 
 
 def test_cli_validate_prints_no_traceback_for_bad_files(tmp_path, capsys):
