@@ -2,7 +2,7 @@
 
 The data path, one module per stage::
 
-    recipe.py        YAML/dict -> validated, frozen Recipe
+    recipe.py        YAML/dict -> validated, frozen Recipe (recipe_input.py: bounded reading)
     sources/         list each source once (listing.py) -> splits; one reader per format
     slices.py        epoch e: permute splits, deal them to lanes (stripe when too few)
     stream.py        per (lane, source): read the slice, window-shuffle, tokenize in batches
@@ -10,7 +10,8 @@ The data path, one module per stage::
     mix.py           per lane: deficit rule picks the source of each row (token weights)
     lanes.py         a lane = packers + mixing counters -> whole batches, small state
     loader.py        global batch g comes from lane g mod lanes; DataLoader workers serve
-                     lanes; the main process keeps exact per-lane state (state.py)
+                     lanes; the main process keeps exact per-lane state (state.py, its
+                     shape checked on load by state_schema.py)
     dist.py          the only place that asks torch.distributed about rank and world size
     cli.py           `mixer validate | inspect | preview | bench`
 """

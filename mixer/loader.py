@@ -28,6 +28,20 @@ from mixer.state import check_fingerprint, fingerprint, merge_states, pack, unpa
 from mixer.tokenize import Encoder, TokenizerInfo, resolve_tokenizer
 
 BATCH_KEYS = ("input_ids", "labels", "position_ids", "source_ids")
+MAX_WORLD_SIZE = 1 << 20
+MAX_WORKERS = 1024
+
+
+def check_ranks(rank: int, world_size: int, num_workers: int) -> None:
+    """Refuse a rank, world size or worker count that is not a sane integer, naming it."""
+    for name, value, low, high in (("world_size", world_size, 1, MAX_WORLD_SIZE),
+                                   ("num_workers", num_workers, 0, MAX_WORKERS)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise TopologyError(f"{name} must be an integer from {low} to {high:,}, got "
+                                f"{value!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise TopologyError(f"rank must be an integer from 0 to world_size - 1 = "
+                            f"{world_size - 1}, got {rank!r}")
 
 
 def check_topology(lanes: int, world_size: int, num_workers: int) -> None:
@@ -114,9 +128,8 @@ class Loader:
     def __init__(self, recipe: Recipe, *, tables: list[SourceTable], tokenizer: TokenizerInfo,
                  rank: int, world_size: int, num_workers: int,
                  distributed: bool = False) -> None:
+        check_ranks(rank, world_size, num_workers)
         check_topology(recipe.lanes, world_size, num_workers)
-        if not 0 <= rank < world_size:
-            raise TopologyError(f"rank {rank} is outside world_size {world_size}")
         self.recipe = recipe
         self.tables = tables
         self.tokenizer = tokenizer
@@ -310,6 +323,7 @@ def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
         found_rank, found_world = dist.rank_and_world()
         rank = found_rank if rank is None else rank
         world_size = found_world if world_size is None else world_size
+    check_ranks(rank, world_size, num_workers)
     check_topology(recipe.lanes, world_size, num_workers)
     tokenizer = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
     if distributed and world_size > 1:

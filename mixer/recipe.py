@@ -2,20 +2,61 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from mixer.errors import RecipeError
+from mixer.recipe_input import check_plain, read_yaml
 
 FORMATS = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet", "text")
 
+# Upper bounds on sizes (docs/recipes.md): larger values are typos that would otherwise fail
+# much later, out of memory.
+MAX_LANES = 1 << 16
+MAX_SEQ_LEN = 1 << 24
+MAX_BATCH_SIZE = 1 << 24
+MAX_BATCH_TOKENS = 1 << 28      # seq_len × batch_size
+MAX_SHUFFLE_WINDOW = 1 << 24
+MAX_PACK_WINDOW = 1 << 20
+MAX_BYTES_SETTING = 1 << 40     # every *_bytes setting
+MAX_EPOCHS = 1 << 32
+
+
+def normalize(weights: list[float]) -> list[float]:
+    """Weights scaled to sum to 1; scaled by the largest first when their sum overflows."""
+    total = sum(weights)
+    if not math.isfinite(total):
+        top = max(weights)
+        weights = [w / top for w in weights]
+        total = sum(weights)
+    return [w / total for w in weights]
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not a boolean")
+    return value
+
+
+# Numbers parse as pydantic's lax mode does (YAML reads `1e-3` as a string) except booleans.
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
 
 
 class SourceConfig(_Frozen):
@@ -23,11 +64,11 @@ class SourceConfig(_Frozen):
 
     name: str = Field(min_length=1, description="Unique name; seeds derive from it.")
     path: str | list[str] = Field(description="Glob, or list of globs (local or fsspec URL).")
-    weight: float = Field(gt=0, description="Share of training tokens (normalized over sources).")
+    weight: Float = Field(gt=0, description="Share of training tokens (normalized over sources).")
     text_field: str = Field(default="text", min_length=1, description="Column/key with the text.")
     format: Literal["jsonl", "jsonl.gz", "jsonl.zst", "parquet", "text"] | None = Field(
         default=None, description="File format; inferred from each file's extension when absent.")
-    epochs: int | None = Field(default=None, ge=1,
+    epochs: Int | None = Field(default=None, ge=1, le=MAX_EPOCHS,
                                description="null: repeat forever; an integer caps the epochs.")
     on_error: Literal["raise", "skip"] = Field(
         default="raise", description="raise: stop with an error; skip: skip and count bad input.")
@@ -38,11 +79,14 @@ class SourceConfig(_Frozen):
     def globs(self) -> list[str]:
         return [self.path] if isinstance(self.path, str) else list(self.path)
 
-    @field_validator("path")
+    @field_validator("path", mode="plain")
     @classmethod
-    def _path_not_empty(cls, value: str | list[str]) -> str | list[str]:
+    def _glob_or_globs(cls, value: Any) -> str | list[str]:
+        # Checked here rather than by pydantic's union, whose errors carry branch tags
+        # ("str", "list[str]") in their locations.
         paths = [value] if isinstance(value, str) else value
-        if not paths or any(not p for p in paths):
+        if (not isinstance(paths, list) or not paths
+                or any(not isinstance(p, str) or not p for p in paths)):
             raise ValueError("path must be a non-empty glob or a non-empty list of globs")
         return value
 
@@ -55,24 +99,27 @@ class SourceConfig(_Frozen):
 class Recipe(_Frozen):
     """A validated mixture recipe. Build with `mixer.load_recipe`."""
 
-    seed: int = Field(default=0, description="Root of every random choice.")
+    seed: Int = Field(default=0, ge=-(1 << 63), lt=1 << 64,
+                      description="Root of every random choice (a 64-bit integer).")
     tokenizer: str = Field(min_length=1, description="tokenizer.json file or local HF folder.")
-    seq_len: int = Field(gt=0, description="Tokens per row.")
-    batch_size: int = Field(gt=0, description="Rows per batch, per rank.")
-    lanes: int = Field(default=8, gt=0, description="Independent pipelines; see docs.")
+    seq_len: Int = Field(gt=0, le=MAX_SEQ_LEN, description="Tokens per row.")
+    batch_size: Int = Field(gt=0, le=MAX_BATCH_SIZE, description="Rows per batch, per rank.")
+    lanes: Int = Field(default=8, gt=0, le=MAX_LANES,
+                       description="Independent pipelines; see docs.")
     packing: Literal["concat", "pad", "best_fit"] = Field(default="concat")
-    pack_window: int = Field(default=256, ge=1,
+    pack_window: Int = Field(default=256, ge=1, le=MAX_PACK_WINDOW,
                              description="Documents per best_fit packing window.")
-    shuffle_window: int = Field(default=1024, ge=1, description="Documents per shuffle window.")
-    shuffle_window_bytes: int = Field(default=64 << 20, ge=1,
+    shuffle_window: Int = Field(default=1024, ge=1, le=MAX_SHUFFLE_WINDOW,
+                                description="Documents per shuffle window.")
+    shuffle_window_bytes: Int = Field(default=64 << 20, ge=1, le=MAX_BYTES_SETTING,
                                       description="A window also ends at this many text bytes.")
-    split_bytes: int = Field(default=64 << 20, ge=1,
+    split_bytes: Int = Field(default=64 << 20, ge=1, le=MAX_BYTES_SETTING,
                              description="Target size of byte-range splits of plain jsonl.")
-    max_document_bytes: int = Field(default=64 << 20, ge=1,
+    max_document_bytes: Int = Field(default=64 << 20, ge=1, le=MAX_BYTES_SETTING,
                                     description="Longer records are errors (or skipped).")
-    read_ahead_bytes: int = Field(default=64 << 20, ge=1 << 16,
-                                  description="Read-ahead budget per worker, shared by its "
-                                              "open remote streams.")
+    read_ahead_bytes: Int = Field(default=64 << 20, ge=1 << 16, le=MAX_BYTES_SETTING,
+                                  description="Read-ahead budget per worker, "
+                                  "shared by its open remote streams.")
     manifest: str | None = Field(default=None, description="Manifest file written by "
                                  "`mixer index`; used at start-up when it exists.")
     mask_document_boundaries: bool = Field(default=False)
@@ -90,10 +137,26 @@ class Recipe(_Frozen):
             seen[src.name] = i
         return self
 
+    @model_validator(mode="after")
+    def _bounded_batch(self) -> Recipe:
+        tokens = self.seq_len * self.batch_size
+        if tokens > MAX_BATCH_TOKENS:
+            raise ValueError(f"batch_size: seq_len × batch_size = {tokens:,} tokens per batch "
+                             f"is more than the limit of {MAX_BATCH_TOKENS:,}")
+        return self
+
+    @model_validator(mode="after")
+    def _weights_have_shares(self) -> Recipe:
+        for i, share in enumerate(self.weights):
+            if not (math.isfinite(share) and share > 0):
+                raise ValueError(f"sources[{i}].weight: {self.sources[i].weight} is too small "
+                                 "next to the other weights: its share rounds to 0")
+        return self
+
     @property
     def weights(self) -> list[float]:
-        total = sum(s.weight for s in self.sources)
-        return [s.weight / total for s in self.sources]
+        """Each source's share, summing to 1."""
+        return normalize([s.weight for s in self.sources])
 
     @property
     def finite(self) -> bool:
@@ -107,15 +170,12 @@ class Recipe(_Frozen):
         return os.path.normpath(os.path.join(self.base_dir, path))
 
 
-def _field_path(loc: tuple[Any, ...]) -> str:
+def field_path(loc: tuple[Any, ...]) -> str:
+    """`sources[0].weight` from a pydantic error location."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in FORMATS or part in ("str", "list[str]"):
-            continue  # pydantic's union-branch tags, not user-visible fields
-        elif str(part).startswith(("literal[", "function-")):
-            continue
         else:
             out += f".{part}" if out else str(part)
     return out or "<recipe>"
@@ -124,12 +184,12 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 def _format_error(err: ValidationError) -> str:
     lines = []
     for item in err.errors():
-        path = _field_path(tuple(item["loc"]))
-        msg = item["msg"]
+        path = field_path(tuple(item["loc"]))
+        msg = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             msg = "unknown key"
         if item["type"] == "value_error" and path == "<recipe>":
-            lines.append(msg.removeprefix("Value error, "))  # already names its field
+            lines.append(msg)  # a model check: the message names its field
             continue
         lines.append(f"{path}: {msg}")
     return "invalid recipe: " + "; ".join(dict.fromkeys(lines))
@@ -145,23 +205,21 @@ def load_recipe(path_or_dict: str | os.PathLike[str] | dict[str, Any] | Recipe) 
     if isinstance(path_or_dict, Recipe):
         return path_or_dict
     if isinstance(path_or_dict, dict):
+        check_plain(path_or_dict)
         data = dict(path_or_dict)
         data.setdefault("base_dir", os.getcwd())
-    else:
+    elif isinstance(path_or_dict, (str, os.PathLike)):
         file = Path(path_or_dict)
-        try:
-            text = file.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise RecipeError(f"cannot read recipe {str(file)!r}: {exc.strerror}") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise RecipeError(f"recipe {str(file)!r} is not valid YAML: {exc}") from None
+        data = read_yaml(file)
         if not isinstance(data, dict):
             raise RecipeError(f"recipe {str(file)!r} must be a mapping of keys at the top level")
+        check_plain(data)
         if "base_dir" in data:
             raise RecipeError("base_dir: unknown key (set only for dict recipes)")
         data["base_dir"] = str(file.resolve().parent)
+    else:
+        raise RecipeError(f"a recipe is a YAML file path, a dict or a Recipe, not "
+                          f"{type(path_or_dict).__name__}")
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:

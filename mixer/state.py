@@ -15,6 +15,7 @@ from typing import Any
 from mixer.errors import StateError
 from mixer.recipe import Recipe
 from mixer.sources import SourceTable
+from mixer.state_schema import check_payload
 from mixer.tokenize import TokenizerInfo
 
 STATE_FORMAT = "mixer.loader"
@@ -90,15 +91,18 @@ def pack(payload: dict) -> dict[str, Any]:
 
 
 def unpack(state: dict[str, Any]) -> dict:
+    """The payload of a state, its shape checked (`StateError` otherwise)."""
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise StateError("not a mixer loader state (expected the dict from loader.state_dict())")
     if state.get("version") != STATE_VERSION:
         raise StateError(f"loader state version {state.get('version')} is not supported "
                          f"(this mixer writes version {STATE_VERSION})")
     try:
-        return json.loads(state["json"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StateError(f"loader state is damaged: {exc}") from None
+        payload = json.loads(state["json"])
+    except (KeyError, TypeError, ValueError, RecursionError) as exc:
+        raise StateError(f"loader state is damaged: {exc!r}") from None
+    check_payload(payload)
+    return payload
 
 
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ Document d of a corpus is the word `w{d}` repeated `length` times, so its tokens
 
 from __future__ import annotations
 
+import copy
 import gzip
 import hashlib
 import json
@@ -16,6 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 EOS_ID = 0
@@ -97,3 +99,89 @@ def batch_digest(batch: dict) -> str:
     for key in ("input_ids", "labels", "position_ids", "source_ids"):
         h.update(batch[key].numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+# -- fuzzing: structural and byte mutations of plain data ---------------------------------------
+
+JUNK = [None, True, False, 0, -1, 1.5, 2**64, -(2**63) - 1, 10**30, "", "x", "1", "nan", [], {},
+        [1], {"x": 1}, [[[]]], float("nan"), float("inf"), -float("inf"), 1e308]
+
+
+def _paths(value, prefix: tuple = ()) -> list[tuple]:
+    out = [prefix]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            out += _paths(item, prefix + (key,))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            out += _paths(item, prefix + (i,))
+    return out
+
+
+def _mutate_once(draw, value):
+    path = draw(st.sampled_from(_paths(value)))
+    op = draw(st.sampled_from(["replace", "replace", "delete", "add", "wrap", "copy"]))
+    junk = copy.deepcopy(draw(st.sampled_from(JUNK)))  # JUNK itself must never change
+    if not path:
+        return junk if op in ("replace", "delete") else [value] if op == "wrap" else value
+    parent = value
+    for part in path[:-1]:
+        parent = parent[part]
+    last = path[-1]
+    if op == "replace":
+        parent[last] = junk
+    elif op == "delete":
+        del parent[last]
+    elif op == "add":
+        target = parent[last]
+        if isinstance(target, dict):
+            target[draw(st.sampled_from(["x", "parquet", "str", "0", "lanes"]))] = junk
+        elif isinstance(target, list):
+            target.append(junk)
+        else:
+            parent[last] = junk
+    elif op == "wrap":
+        parent[last] = draw(st.sampled_from([[parent[last]], {"x": parent[last]}]))
+    else:  # copy another part of the data here
+        other = draw(st.sampled_from(_paths(value)))
+        source = value
+        for part in other:
+            source = source[part]
+        parent[last] = copy.deepcopy(source)
+    return value
+
+
+def structural_mutations(value):
+    """A strategy of deep copies of `value` with one to three structural edits."""
+    @st.composite
+    def mutated(draw):
+        out = copy.deepcopy(value)
+        for _ in range(draw(st.integers(1, 3))):
+            out = _mutate_once(draw, out)
+        return out
+
+    return mutated()
+
+
+def byte_mutations(data: bytes, alphabet: bytes = b""):
+    """A strategy of `data` with one to eight bytes replaced, inserted, deleted or duplicated."""
+    chunk = st.one_of(st.binary(min_size=1, max_size=8),
+                      st.sampled_from([bytes([b]) for b in alphabet] or [b"\x00"]))
+
+    @st.composite
+    def mutated(draw):
+        out = bytearray(data)
+        for _ in range(draw(st.integers(1, 8))):
+            at = draw(st.integers(0, len(out)))
+            op = draw(st.sampled_from(["replace", "insert", "delete", "duplicate"]))
+            if op == "replace" and at < len(out):
+                out[at:at + 1] = draw(chunk)
+            elif op == "insert":
+                out[at:at] = draw(chunk)
+            elif op == "delete":
+                del out[at:at + draw(st.integers(1, 16))]
+            else:
+                out[at:at] = out[at:at + draw(st.integers(1, 64))]
+        return bytes(out)
+
+    return mutated()

@@ -191,6 +191,24 @@ def test_topology_that_does_not_divide_lanes_is_refused(three_sources):
         mixer.build_loader(recipe, rank=0, world_size=2, num_workers=4)
 
 
+@pytest.mark.parametrize("args,name", [
+    ({"world_size": 0}, "world_size"), ({"world_size": -2}, "world_size"),
+    ({"world_size": 1.0}, "world_size"), ({"world_size": True}, "world_size"),
+    ({"world_size": 2**40}, "world_size"), ({"num_workers": -1}, "num_workers"),
+    ({"num_workers": "2"}, "num_workers"), ({"num_workers": 10**6}, "num_workers"),
+    ({"rank": 2, "world_size": 2}, "rank"), ({"rank": -1, "world_size": 2}, "rank"),
+    ({"rank": 0.0, "world_size": 1}, "rank"), ({"rank": False, "world_size": 1}, "rank"),
+])
+def test_bad_rank_world_size_or_num_workers_is_refused_naming_it(three_sources, args, name):
+    recipe, _ = three_sources
+    with pytest.raises(mixer.TopologyError, match=rf"^{name} must be an integer"):
+        mixer.build_loader(recipe, **args)
+    good = mixer.build_loader(recipe)
+    with pytest.raises(mixer.TopologyError, match=rf"^{name} must be an integer"):
+        mixer.Loader(good.recipe, tables=good.tables, tokenizer=good.tokenizer,
+                     **{"rank": 0, "world_size": 1, "num_workers": 0, **args})
+
+
 @pytest.mark.parametrize("change,field", [({"seq_len": 32}, "seq_len"), ({"seed": 8}, "seed"),
                                           ({"lanes": 8}, "lanes")])
 def test_state_of_another_stream_is_refused_with_the_reason(three_sources, change, field):

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, StrictInt, StrictStr, ValidationError
 
 from mixer.errors import RecipeError
-from mixer.recipe import Recipe, SourceConfig
+from mixer.recipe import FORMATS, Recipe, SourceConfig, field_path
 from mixer.sources.base import FileEntry, Split
 from mixer.sources.listing import SourceTable, list_source
 
@@ -55,14 +57,49 @@ def write_manifest(recipe: Recipe, path: Path) -> dict[str, Any]:
     return summary
 
 
+# Strict scalars (no "12" or true for a size); rows are JSON arrays.
+Count = Annotated[StrictInt, Field(ge=0)]
+Flag = Annotated[StrictInt, Field(ge=0, le=1)]
+Known = Annotated[StrictInt, Field(ge=-1)]        # -1: unknown / not used
+FileRow = tuple[StrictStr, StrictStr, Count, Literal[FORMATS], StrictStr]  # url key size fmt etag
+SplitRow = tuple[Count, Count, Count, Known, Flag, Count, Known]  # as Split.to_list() writes
+
+
+class _SavedSource(BaseModel):
+    key: dict[str, Any]
+    files: list[FileRow]
+    splits: list[SplitRow]
+    skipped: list[str]
+
+
+class _Manifest(BaseModel):
+    format: Literal["mixer.manifest"]
+    version: Literal[1]
+    sources: dict[str, _SavedSource]
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
         raise RecipeError(f"manifest: cannot read {str(path)!r}: {exc}") from None
-    if data.get("format") != MANIFEST_FORMAT or data.get("version") != MANIFEST_VERSION:
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or data.get(
+            "version") != MANIFEST_VERSION:
         raise RecipeError(f"manifest: {str(path)!r} is not a version-{MANIFEST_VERSION} mixer "
                           "manifest; re-run `mixer index`")
+    try:
+        manifest = _Manifest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise RecipeError(f"manifest: {str(path)!r} is damaged at "
+                          f"{field_path(tuple(first['loc']))}: {first['msg']}; "
+                          "re-run `mixer index`") from None
+    for name, saved in manifest.sources.items():
+        bad = next((i for i, split in enumerate(saved.splits) if split[0] >= len(saved.files)),
+                   None)
+        if bad is not None:
+            raise RecipeError(f"manifest: {str(path)!r} is damaged at sources.{name}.splits"
+                              f"[{bad}]: no such file; re-run `mixer index`")
     return data
 
 

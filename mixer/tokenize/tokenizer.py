@@ -66,7 +66,10 @@ def _bos_from_post_processor(tok: Tokenizer) -> int | None:
 
 def resolve_tokenizer(path: str, eos_token: str | None = None) -> TokenizerInfo:
     """Load a tokenizer's metadata and refuse one without an EOS token."""
-    file, config = _files(Path(path))
+    try:
+        file, config = _files(Path(path))
+    except (OSError, ValueError, TypeError) as exc:  # a path the OS refuses, a bad config file
+        raise RecipeError(f"tokenizer: cannot read {path!r}: {exc}") from None
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as exc:
