@@ -65,9 +65,9 @@ def check_fingerprint(saved: dict, current: dict) -> None:
             raise StateError(f"cannot resume: source {name!r} was removed from the recipe "
                              "(adding sources is allowed, removing or renaming is not)")
         diff = [k for k in was if k != "versions" and was[k] != now.get(k)]
-        versions_now = now.get("versions")
-        if (not diff and versions_now and was.get("versions", [None])[0] == versions_now[0]
-                and was["versions"] != versions_now):
+        versions_now, versions_was = now.get("versions"), was.get("versions")
+        if (not diff and isinstance(versions_was, list) and versions_now and versions_was
+                and versions_was[0] == versions_now[0] and versions_was != versions_now):
             kind = "ETags" if versions_now[0] == "etag" else "modification times"
             raise StateError(
                 f"cannot resume: source {name!r} has files whose content changed since the "

@@ -34,7 +34,7 @@ def test_a_written_manifest_is_read(indexed):
 
 
 @pytest.mark.parametrize("text", ["[]", "null", "1", '"x"', "{}", "[" * 100_000, "not json",
-                                  '{"format": "mixer.manifest", "version": 2, "sources": {}}'])
+                                  '{"format": "mixer.manifest", "version": 1, "sources": {}}'])
 def test_a_manifest_that_is_not_one(indexed, text):
     recipe, path, _ = indexed
     path.write_text(text)

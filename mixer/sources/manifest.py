@@ -61,7 +61,8 @@ def write_manifest(recipe: Recipe, path: Path) -> dict[str, Any]:
 Count = Annotated[StrictInt, Field(ge=0)]
 Flag = Annotated[StrictInt, Field(ge=0, le=1)]
 Known = Annotated[StrictInt, Field(ge=-1)]        # -1: unknown / not used
-FileRow = tuple[StrictStr, StrictStr, Count, Literal[FORMATS], StrictStr]  # url key size fmt etag
+# url, key, size, format, etag, mtime_ns
+FileRow = tuple[StrictStr, StrictStr, Count, Literal[FORMATS], StrictStr, Count]
 SplitRow = tuple[Count, Count, Count, Known, Flag, Count, Known]  # as Split.to_list() writes
 
 
@@ -74,7 +75,7 @@ class _SavedSource(BaseModel):
 
 class _Manifest(BaseModel):
     format: Literal["mixer.manifest"]
-    version: Literal[1]
+    version: Literal[2]
     sources: dict[str, _SavedSource]
 
 
