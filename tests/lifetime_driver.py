@@ -11,6 +11,7 @@ workers still alive.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import multiprocessing
 import os
@@ -25,6 +26,7 @@ import mixer
 
 PIPE_EOF_S = 10.0   # after the owner exits, its pipe must close within this
 WORKERS_GONE_S = 5.0
+PR_SET_CHILD_SUBREAPER = 36
 KEEP: list = []     # iterators that stay alive until interpreter exit, as in a script's globals
 
 
@@ -142,14 +144,42 @@ def run_once(recipe: dict, scenario: str) -> dict:
     while any(alive(*p) for p in pids) and time.monotonic() < ended + WORKERS_GONE_S:
         time.sleep(0.05)
     survivors = [p for p in pids if alive(*p)]
-    for p in survivors:
-        os.kill(p[0], signal.SIGKILL)
-    return {"status": status, "workers": len(pids), "pipe_closed": eof,
-            "gone_s": round(time.monotonic() - ended, 2), "survivors": survivors,
+    gone_s = round(time.monotonic() - ended, 2)
+    strays = adopted()  # orphans reparented to this subreaper, reported or not
+    for pid in strays:
+        os.kill(pid, signal.SIGKILL)
+    reap()
+    return {"status": status, "workers": len(pids), "pipe_closed": eof, "gone_s": gone_s,
+            "survivors": survivors, "strays": strays,
             "output": (first + output).decode(errors="replace")[-2000:]}
 
 
+def adopted() -> list[int]:
+    """Live processes whose parent is this one (orphans, since this is a subreaper)."""
+    me, found = os.getpid(), []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == me and fields[0] not in "ZX":
+            found.append(int(name))
+    return found
+
+
+def reap() -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
 def main() -> None:
+    # Orphaned workers are reparented here rather than to init: none escapes the test, and
+    # zombies get reaped (as under docker --init, tini or systemd).
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     with open(sys.argv[1]) as f:
         recipe = json.load(f)
     reps, scenarios = int(sys.argv[2]), sys.argv[3:]

@@ -68,3 +68,4 @@ def test_no_worker_outlives_its_owner(runs, ending):
         assert run["status"] == ENDINGS[ending], run["output"]
         assert run["pipe_closed"], f"a process still holds the script's stdout: {run}"
         assert not run["survivors"], f"workers outlived their owner: {run}"
+        assert not run["strays"], f"processes outlived their owner: {run}"
