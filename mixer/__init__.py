@@ -12,6 +12,7 @@ The data path, one module per stage::
     loader.py        global batch g comes from lane g mod lanes; DataLoader workers serve
                      lanes; the main process keeps exact per-lane state (state.py, its
                      shape checked on load by state_schema.py)
+    workers.py       DataLoader workers die with the process that owns the loader
     dist.py          the only place that asks torch.distributed about rank and world size
     cli.py           `mixer validate | inspect | preview | bench`
 """

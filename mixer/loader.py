@@ -18,7 +18,7 @@ import numpy.random  # noqa: F401  (imported before forking: workers seed it on 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from mixer import dist
+from mixer import dist, workers
 from mixer.errors import DataError, MixerError, StateError, TopologyError
 from mixer.lanes import Lane
 from mixer.recipe import Recipe, load_recipe
@@ -253,7 +253,9 @@ class Loader:
             source: Any = iter(dataset)
         else:
             source = iter(DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
-                                     prefetch_factor=2, multiprocessing_context="fork"))
+                                     prefetch_factor=2, multiprocessing_context="fork",
+                                     worker_init_fn=workers.init_fn()))
+            workers.adopt(source._workers)  # stopped at exit even if never closed
         held: list[tuple[dict, dict]] = []
         try:
             for data, meta in source:

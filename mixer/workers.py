@@ -1,0 +1,114 @@
+"""Worker lifetimes: no DataLoader worker outlives the process that owns it.
+
+torch skips its worker shutdown at interpreter exit, and a worker whose parent died leaves
+its loop into multiprocessing's exit handlers, which join the result queue's feeder thread.
+That thread may be blocked writing to a full pipe whose read end the sibling workers also
+hold (inherited through fork), so it never returns: the worker lives on, holding its memory
+and the owner's stdout/stderr. Hence two guards:
+
+* in each worker (`worker_init`): the kernel kills it when its parent dies (Linux
+  `PR_SET_PDEATHSIG`), and a watchdog thread `os._exit`s as soon as the parent changes —
+  `os._exit` skips the exit handlers that hang;
+* in the owner (`adopt`): an `atexit` hook stops every live worker of live loaders before
+  torch's and multiprocessing's hooks run (SIGTERM, a short wait, then SIGKILL).
+
+A main process that dies of a signal (SIGKILL, or SIGTERM/SIGINT left at their default
+disposition) runs no Python code; the worker-side guards cover it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import functools
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from multiprocessing.process import BaseProcess
+
+POLL_S = 0.2          # how often a worker's watchdog looks at its parent
+STOP_GRACE_S = 2.0    # how long the owner waits for SIGTERMed workers before SIGKILL
+_PR_SET_PDEATHSIG = 1
+
+_live: weakref.WeakSet[BaseProcess] = weakref.WeakSet()
+_hooked_pid: int | None = None   # the process whose atexit hook is registered
+
+
+def adopt(processes: Iterable[BaseProcess]) -> None:
+    """Register started worker processes to be stopped when this process exits."""
+    global _hooked_pid
+    if _hooked_pid != os.getpid():
+        # Registered at the first worker start, after torch and multiprocessing registered
+        # theirs: atexit runs hooks last-in first-out, so this one runs before them.
+        _live.clear()   # a forked child inherits its parent's entries, not its children
+        atexit.register(_stop_at_exit, os.getpid())
+        _hooked_pid = os.getpid()
+    _live.update(processes)
+
+
+def _stop(processes: list[BaseProcess], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the processes (torch's worker handler exits at once when its parent sends
+    it), wait up to `grace_s`, then SIGKILL what is left; reap them all."""
+    for p in processes:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in processes:
+        p.join(max(deadline - time.monotonic(), 0))
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+
+
+def _stop_at_exit(owner: int) -> None:
+    if os.getpid() != owner:  # inherited through fork: not this process's workers
+        return
+    procs = [p for p in list(_live) if p.is_alive()]
+    if not procs:
+        return
+    if threading.current_thread() is threading.main_thread():
+        # torch's SIGCHLD handler would report a SIGKILLed worker as a crash; we are exiting.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _stop(procs)
+
+
+def init_fn() -> Callable[[int], None]:
+    """A DataLoader `worker_init_fn` for workers forked by the calling thread of this process.
+
+    The parent-death signal is only asked for from the main thread: the kernel sends it when
+    the forking *thread* exits, and any other thread may end while the workers are in use.
+    """
+    deathsig = threading.current_thread() is threading.main_thread()
+    return functools.partial(worker_init, parent=os.getpid(), deathsig=deathsig)
+
+
+def worker_init(worker_id: int, *, parent: int, deathsig: bool) -> None:
+    """Inside a worker: die with the process `parent`."""
+    del worker_id
+    # Ctrl-C reaches the whole process group; the owner decides when its workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if deathsig:
+        _set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the guards were in place
+        os._exit(0)
+    threading.Thread(target=_watch, args=(parent,), name="mixer-watchdog", daemon=True).start()
+
+
+def _watch(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(POLL_S)
+    os._exit(0)
+
+
+def _set_parent_death_signal(signum: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # the watchdog thread still covers it
