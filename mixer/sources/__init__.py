@@ -22,7 +22,6 @@ READERS: dict[str, Reader] = {
 }
 
 
-
 def read_split(*, entry: FileEntry, **kwargs: Any) -> Iterator[Record]:
     """Records of one split through the reader of its format; every failure is a record
     carrying a `DataError` (see `boundary.py`)."""

@@ -30,6 +30,8 @@ def _invalid_text(text: Any) -> str | None:
     """Why `text` cannot be tokenized, or None when it can."""
     if not isinstance(text, str):
         return f"text is {type(text).__name__}, not a string"
+    if text.isascii():   # O(1) in CPython; most text is, and cannot hold a surrogate
+        return None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:

@@ -74,8 +74,9 @@ class _SavedSource(BaseModel):
 
 
 class _Manifest(BaseModel):
-    format: Literal["mixer.manifest"]
-    version: Literal[2]
+    """What follows `format` and `version` (checked by `_read` before this, with their own
+    message)."""
+
     sources: dict[str, _SavedSource]
 
 

@@ -91,6 +91,15 @@ class _ShortRead(OSError):
     pass
 
 
+def _failure_kind(exc: BaseException, otherwise: str, *, missing: str = "not found") -> str:
+    """How an open, stat or read failed, in the words of our errors."""
+    if isinstance(exc, PermissionError):
+        return "access denied"
+    if isinstance(exc, FileNotFoundError):
+        return missing
+    return otherwise
+
+
 def _is_permanent(exc: BaseException) -> bool:
     return isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError))
 
@@ -185,8 +194,7 @@ class RangeStream(io.RawIOBase):
             data = call_with_retries(get, describe="read", policy=self._policy,
                                      rng=self._jitter, stats=self._stats)
         except (PermissionError, FileNotFoundError) as exc:
-            kind = "access denied" if isinstance(exc, PermissionError) else "not found"
-            raise self._error(f"{kind}: {exc}", start) from None
+            raise self._error(f"{_failure_kind(exc, 'not found')}: {exc}", start) from None
         except TimeoutError as exc:
             raise self._error(str(exc), start) from None
         self._stats.bytes += len(data)
@@ -221,8 +229,8 @@ class Storage:
         try:
             f = open(path, "rb")  # noqa: SIM115  (the caller closes it)
         except OSError as exc:
-            kind = ("not found (deleted or moved since listing?)"
-                    if isinstance(exc, FileNotFoundError) else "cannot open")
+            kind = _failure_kind(exc, "cannot open",
+                                 missing="not found (deleted or moved since listing?)")
             raise DataError(f"{kind}: {exc.strerror or exc}", source=self.source,
                             file=entry.url, location="byte offset 0") from None
         stat = os.fstat(f.fileno())
@@ -244,8 +252,7 @@ class Storage:
             info = call_with_retries(lambda: fs.info(entry.url), describe="stat",
                                      policy=self.policy, rng=random.Random(entry.url))
         except Exception as exc:
-            kind = ("access denied" if isinstance(exc, PermissionError) else
-                    "not found" if isinstance(exc, FileNotFoundError) else "cannot stat")
+            kind = _failure_kind(exc, "cannot stat")
             raise DataError(redact(f"{kind}: {exc}", self.storage_options), source=self.source,
                             file=entry.url, location="byte offset 0") from None
         etag = info.get("ETag") or info.get("etag")
