@@ -6,9 +6,12 @@ The data path, one module per stage::
     sources/         list each source once (listing.py) -> splits; one reader per format
     slices.py        epoch e: permute splits, deal them to lanes (stripe when too few)
     stream.py        per (lane, source): read the slice, window-shuffle, tokenize in batches
-    tokenize/        tokenizer adapter (EOS/BOS) and packers (concat | pad) -> rows
+    document.py      a document: token ids plus lazy image handles (cost known before decoding)
+    tokenize/        tokenizer adapter (EOS/BOS) and the packer registry
+                     (concat | pad | best_fit) -> rows
     mix.py           per lane: deficit rule picks the source of each row (token weights)
     lanes.py         a lane = packers + mixing counters -> whole batches, small state
+    batch.py         the batch layout: keys, dtypes, worker-to-main wire format
     loader.py        global batch g comes from lane g mod lanes; DataLoader workers serve
                      lanes; the main process keeps exact per-lane state (state.py, its
                      shape checked on load by state_schema.py)
@@ -17,6 +20,7 @@ The data path, one module per stage::
     cli.py           `mixer validate | inspect | preview | bench`
 """
 
+from mixer.batch import BatchLayout
 from mixer.errors import DataError, MixerError, RecipeError, StateError, TopologyError
 from mixer.loader import BATCH_KEYS, Loader, build_loader
 from mixer.recipe import Recipe, SourceConfig, load_recipe
@@ -27,7 +31,7 @@ __version__ = "0.1.0"
 
 def is_padding_batch(batch: dict) -> bool:
     """True when a batch carries no token to learn from (an exhausted rank's placeholder)."""
-    return bool((batch["labels"] == -100).all())
+    return BatchLayout.is_padding(batch)
 
 
 __all__ = [

@@ -7,75 +7,42 @@ many ranks and workers share the lanes out (see docs/architecture.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
-
+from mixer.batch import Batch, BatchLayout, layout_for
 from mixer.errors import StateError
 from mixer.mix import choose_source
 from mixer.recipe import Recipe
 from mixer.sources import SourceTable
 from mixer.stream import SourceStream
-from mixer.tokenize import IGNORE_INDEX, Encoder, Packer
-from mixer.tokenize.best_fit import BestFitPacker
+from mixer.tokenize import Encoder, Row, make_packer
 
 LANE_STATE_VERSION = 1
-
-
-@dataclass
-class Batch:
-    """One lane batch: `data` is [4, batch_size, seq_len] (input_ids, labels, position_ids,
-    source_ids, in that order) so it crosses process boundaries as a single buffer."""
-
-    data: np.ndarray
-    padding: bool
-
-    @property
-    def input_ids(self) -> np.ndarray:
-        return self.data[0]
-
-    @property
-    def labels(self) -> np.ndarray:
-        return self.data[1]
-
-    @property
-    def position_ids(self) -> np.ndarray:
-        return self.data[2]
-
-    @property
-    def source_ids(self) -> np.ndarray:
-        return self.data[3]
 
 
 class Lane:
     """Batches of one lane, resumable from a small plain-data state."""
 
     def __init__(self, lane: int, recipe: Recipe, tables: list[SourceTable], encoder: Encoder,
-                 state: dict | None = None, *, block_size: int = 8 << 20) -> None:
+                 state: dict | None = None, *, block_size: int = 8 << 20,
+                 layout: BatchLayout | None = None) -> None:
         self.lane = lane
         self.recipe = recipe
         self.names = [s.name for s in recipe.sources]
         self.weights = recipe.weights
         self.pad_id = encoder.info.pad_id
+        self.layout = layout or layout_for(recipe, encoder.info)
         self.packers = []
         for src, table in zip(recipe.sources, tables):
             stream = SourceStream(
                 table=table, lane=lane, lanes=recipe.lanes, seed=recipe.seed,
-                epochs=src.epochs, on_error=src.on_error, text_field=src.text_field,
+                epochs=src.epochs, on_error=src.on_error, text_field=src.chosen_text_field,
                 storage_options=src.storage_options, window_docs=recipe.shuffle_window,
                 window_bytes=recipe.shuffle_window_bytes,
                 max_document_bytes=recipe.max_document_bytes, encode=encoder,
                 block_size=block_size)
-            if recipe.packing == "best_fit":
-                packer: Packer | BestFitPacker = BestFitPacker(
-                    stream, seq_len=recipe.seq_len, pad_id=self.pad_id,
-                    mask_document_boundaries=recipe.mask_document_boundaries,
-                    window=recipe.pack_window)
-            else:
-                packer = Packer(stream, seq_len=recipe.seq_len, mode=recipe.packing,
-                                pad_id=self.pad_id,
-                                mask_document_boundaries=recipe.mask_document_boundaries)
-            self.packers.append(packer)
+            self.packers.append(make_packer(
+                recipe.packing, stream, seq_len=recipe.seq_len, pad_id=self.pad_id,
+                mask_document_boundaries=recipe.mask_document_boundaries,
+                window=recipe.pack_window))
         self.load_state_dict(state)
 
     def _weights_key(self) -> dict[str, float]:
@@ -121,13 +88,8 @@ class Lane:
     def next_batch(self, batch_size: int) -> Batch:
         """The lane's next batch; all padding once every source has run out."""
         length = self.recipe.seq_len
-        data = np.empty((4, batch_size, length), dtype=np.int64)
-        input_ids, labels, position_ids, source_ids = data
-        input_ids.fill(self.pad_id)
-        labels.fill(IGNORE_INDEX)
-        position_ids.fill(0)
-        source_ids.fill(-1)
-        real_rows = 0
+        arrays = self.layout.new_rows(batch_size)
+        rows: list[Row | None] = [None] * batch_size
         for row_index in range(batch_size):
             while True:
                 active = [not p.exhausted for p in self.packers]
@@ -137,15 +99,12 @@ class Lane:
                 row = self.packers[choice].next_row()
                 if row is None:
                     continue  # that source just ran out; the weights renormalize
-                input_ids[row_index] = row.input_ids
-                labels[row_index] = row.labels
-                position_ids[row_index] = row.position_ids
-                source_ids[row_index, :row.real] = choice
+                self.layout.put_row(arrays, row_index, row, choice)
+                rows[row_index] = row
                 self.tokens[choice] += row.real
                 self.mix[choice] += row.real
-                real_rows += 1
                 break
             if choice is None:
                 break
         self.batches += 1
-        return Batch(data, padding=real_rows == 0)
+        return self.layout.finish(arrays, rows, padding=all(r is None for r in rows))

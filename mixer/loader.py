@@ -13,12 +13,12 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import numpy.random  # noqa: F401  (imported before forking: workers seed it on start)
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mixer import dist, workers
+from mixer.batch import TEXT_KEYS, BatchLayout, layout_for
 from mixer.errors import DataError, MixerError, StateError, TopologyError
 from mixer.lanes import Lane
 from mixer.recipe import Recipe, load_recipe
@@ -27,7 +27,7 @@ from mixer.sources.manifest import list_sources
 from mixer.state import check_fingerprint, fingerprint, merge_states, pack, unpack
 from mixer.tokenize import Encoder, TokenizerInfo, resolve_tokenizer
 
-BATCH_KEYS = ("input_ids", "labels", "position_ids", "source_ids")
+BATCH_KEYS = TEXT_KEYS   # every layout has these; image layouts add more
 MAX_WORLD_SIZE = 1 << 20
 MAX_WORKERS = 1024
 
@@ -72,10 +72,11 @@ class _LaneDataset(IterableDataset):
         self.rank = rank
         self.world_size = world_size
 
-    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
+    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         encoder = Encoder(self.tokenizer)
+        layout = layout_for(self.recipe, self.tokenizer)
         IO_STATS.reset()  # count this iteration's reads (a worker's, not its parent's)
         # One read-ahead budget per worker, shared by all its open streams.
         streams = self.recipe.lanes // (workers * self.world_size) * len(self.recipe.sources)
@@ -88,7 +89,7 @@ class _LaneDataset(IterableDataset):
             lane = lanes.get(index)
             if lane is None:
                 lane = Lane(index, self.recipe, self.tables, encoder,
-                            self.lane_states.get(index), block_size=block)
+                            self.lane_states.get(index), block_size=block, layout=layout)
                 lanes[index] = lane
             try:
                 batch = lane.next_batch(self.recipe.batch_size)
@@ -102,20 +103,20 @@ class _LaneDataset(IterableDataset):
             meta = {"g": g, "lane": index, "padding": batch.padding,
                     "state": lane.state_dict(), "worker": worker, "io": IO_STATS.as_dict()}
             if info is None:
-                yield batch.data, meta
+                yield batch, meta
             else:
-                # Across the process boundary: one int32 buffer through the pipe is cheaper
-                # than four int64 tensors in shared memory (measured: about half the time).
-                meta["shape"] = batch.data.shape
-                yield batch.data.astype(np.int32).tobytes(), meta
+                # Across the process boundary: one buffer in compact dtypes through the pipe is
+                # cheaper than int64 tensors in shared memory (measured: about half the time).
+                data, meta["shapes"] = layout.to_wire(batch)
+                yield data, meta
             step += workers
 
 
-def _as_batch(data: np.ndarray | bytes, meta: dict) -> dict[str, torch.Tensor]:
-    """The user's dict of int64 tensors; lane metadata stays behind."""
+def _as_batch(layout: BatchLayout, data: Any, meta: dict) -> dict[str, torch.Tensor]:
+    """The user's dict of tensors; lane metadata stays behind."""
     if isinstance(data, bytes):
-        data = np.frombuffer(data, dtype=np.int32).reshape(meta["shape"]).astype(np.int64)
-    return dict(zip(BATCH_KEYS, torch.from_numpy(data).unbind(0)))
+        data = layout.from_wire(data, meta["shapes"], meta["padding"])
+    return layout.to_torch(data)
 
 
 class Loader:
@@ -138,6 +139,7 @@ class Loader:
         self.num_workers = num_workers
         self._distributed = distributed
         self._fingerprint = fingerprint(recipe, tokenizer, tables)
+        self.layout = layout_for(recipe, tokenizer)
         self._next_global = 0          # first global batch of the next step
         self._lane_states: dict[int, dict | None] = {}
         self._io: dict[int, dict[str, int]] = {}   # latest remote-read counters per worker
@@ -276,10 +278,10 @@ class Loader:
                     continue
                 for held_data, held_meta in held:
                     self._hand(held_meta)
-                    yield _as_batch(held_data, held_meta)
+                    yield _as_batch(self.layout, held_data, held_meta)
                 held.clear()
                 self._hand(meta)
-                yield _as_batch(data, meta)
+                yield _as_batch(self.layout, data, meta)
         except BaseException as exc:
             # The traceback's DataLoader frames hold its iterator; clear their locals so the
             # workers stop now, not when the caller drops the exception.

@@ -20,8 +20,6 @@ from pydantic import (
 from mixer.errors import RecipeError
 from mixer.recipe_input import check_plain, read_yaml
 
-FORMATS = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet", "text")
-
 # Upper bounds on sizes (docs/recipes.md): larger values are typos that would otherwise fail
 # much later, out of memory.
 MAX_LANES = 1 << 16
@@ -65,8 +63,11 @@ class SourceConfig(_Frozen):
     name: str = Field(min_length=1, description="Unique name; seeds derive from it.")
     path: str | list[str] = Field(description="Glob, or list of globs (local or fsspec URL).")
     weight: Float = Field(gt=0, description="Share of training tokens (normalized over sources).")
-    text_field: str = Field(default="text", min_length=1, description="Column/key with the text.")
-    format: Literal["jsonl", "jsonl.gz", "jsonl.zst", "parquet", "text"] | None = Field(
+    text_field: str = Field(
+        default="text", min_length=1,
+        description="Column/key with the text (webdataset: key in the json member; its "
+        "default is the txt member).")
+    format: str | None = Field(
         default=None, description="File format; inferred from each file's extension when absent.")
     epochs: Int | None = Field(default=None, ge=1, le=MAX_EPOCHS,
                                description="null: repeat forever; an integer caps the epochs.")
@@ -74,6 +75,11 @@ class SourceConfig(_Frozen):
         default="raise", description="raise: stop with an error; skip: skip and count bad input.")
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec options (credentials, endpoint); never logged.")
+
+    @property
+    def chosen_text_field(self) -> str | None:
+        """`text_field` when the recipe sets it, else None: each format's default applies."""
+        return self.text_field if "text_field" in self.model_fields_set else None
 
     @property
     def globs(self) -> list[str]:
@@ -88,6 +94,15 @@ class SourceConfig(_Frozen):
         if (not isinstance(paths, list) or not paths
                 or any(not isinstance(p, str) or not p for p in paths)):
             raise ValueError("path must be a non-empty glob or a non-empty list of globs")
+        return value
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, value: str | None) -> str | None:
+        from mixer.sources.formats import FORMATS  # (the sources package imports recipes)
+
+        if value is not None and value not in FORMATS:
+            raise ValueError(f"unknown format {value!r}; known: {', '.join(FORMATS)}")
         return value
 
     def __repr__(self) -> str:  # keep storage_options (credentials) out of reprs
@@ -106,7 +121,8 @@ class Recipe(_Frozen):
     batch_size: Int = Field(gt=0, le=MAX_BATCH_SIZE, description="Rows per batch, per rank.")
     lanes: Int = Field(default=8, gt=0, le=MAX_LANES,
                        description="Independent pipelines; see docs.")
-    packing: Literal["concat", "pad", "best_fit"] = Field(default="concat")
+    packing: str = Field(default="concat", description="A packer's name: concat | pad | "
+                         "best_fit.")
     pack_window: Int = Field(default=256, ge=1, le=MAX_PACK_WINDOW,
                              description="Documents per best_fit packing window.")
     shuffle_window: Int = Field(default=1024, ge=1, le=MAX_SHUFFLE_WINDOW,
@@ -126,6 +142,15 @@ class Recipe(_Frozen):
     eos_token: str | None = Field(default=None, description="Overrides the tokenizer's EOS.")
     sources: list[SourceConfig] = Field(min_length=1)
     base_dir: str = Field(default=".", description="Relative paths resolve against this folder.")
+
+    @field_validator("packing")
+    @classmethod
+    def _known_packer(cls, value: str) -> str:
+        from mixer.tokenize.packers import PACKERS
+
+        if value not in PACKERS:
+            raise ValueError(f"unknown packing {value!r}; known: {', '.join(PACKERS)}")
+        return value
 
     @model_validator(mode="after")
     def _unique_names(self) -> Recipe:

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import zlib
 from typing import Any
-
-import zstandard
 
 from mixer.recipe import Recipe
 from mixer.slices import read_amplification
-from mixer.sources import FileEntry, SourceTable, Storage, read_split
+from mixer.sources import FORMATS, SourceTable, Storage, read_split
 from mixer.sources.manifest import list_sources
 from mixer.tokenize import Encoder, resolve_tokenizer
 
@@ -24,7 +21,7 @@ def _sample(recipe: Recipe, index: int, table: SourceTable, encoder: Encoder) ->
     entry = table.files[split.file]
     storage = Storage(src.name, src.storage_options)
     records = read_split(storage=storage, entry=entry, split=split, source=src.name,
-                         text_field=src.text_field, max_bytes=recipe.max_document_bytes,
+                         text_field=src.chosen_text_field, max_bytes=recipe.max_document_bytes,
                          index=0, offset=0)
     texts, last_offset, exhausted = [], 0, True
     for record in itertools.islice(records, _SAMPLE_DOCS + 1):
@@ -36,25 +33,9 @@ def _sample(recipe: Recipe, index: int, table: SourceTable, encoder: Encoder) ->
     if not texts:
         return {"tokens_per_doc": 0.0, "docs_per_byte": 0.0}
     tokens = sum(len(t) for t in encoder(texts)) / len(texts)
-    if entry.format == "jsonl":
-        span = (last_offset if not exhausted else split.end) - split.start
-        docs_per_byte = len(texts) / max(span, 1)
-    elif exhausted:  # the whole (compressed) file was sampled
-        docs_per_byte = len(texts) / max(entry.size, 1)
-    else:  # compressed file larger than the sample: docs per decompressed byte × ratio
-        docs_per_byte = len(texts) / max(last_offset, 1) * _compression_ratio(storage, entry)
+    docs_per_byte = FORMATS[entry.format].docs_per_byte(
+        storage, entry, split, len(texts), None if exhausted else last_offset)
     return {"tokens_per_doc": tokens, "docs_per_byte": docs_per_byte}
-
-
-def _compression_ratio(storage: Storage, entry: FileEntry, probe: int = 1 << 20) -> float:
-    """Decompressed bytes per stored byte, measured on the file's first `probe` bytes."""
-    with storage.open(entry) as f:
-        head = f.read(probe)
-    if entry.format == "jsonl.gz":
-        out = zlib.decompressobj(wbits=47).decompress(head)
-    else:
-        out = zstandard.ZstdDecompressor().decompressobj().decompress(head)
-    return len(out) / max(len(head), 1)
 
 
 def inspect_recipe(recipe: Recipe, *, training_tokens: int = 10**9) -> dict[str, Any]:
@@ -72,7 +53,7 @@ def inspect_recipe(recipe: Recipe, *, training_tokens: int = 10**9) -> dict[str,
             docs = sample["docs_per_byte"] * table.total_bytes
         tokens = docs * sample["tokens_per_doc"]
         compressed = [s.end - s.start for s in table.splits
-                      if table.files[s.file].format in ("jsonl.gz", "jsonl.zst")]
+                      if FORMATS[table.files[s.file].format].compression]
         rows.append({
             "name": src.name,
             "files": len(table.files),

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from mixer.document import Document
 from mixer.errors import DataError, StateError
 from mixer.rng import derive_key, permutation
 from mixer.slices import SliceItem, lane_slice
@@ -77,6 +78,7 @@ class SourceStream:
                  max_document_bytes: int, encode: Callable[[list[str]], list[np.ndarray]],
                  block_size: int = 8 << 20) -> None:
         self.table = table
+        self.name = table.name
         self.lane = lane
         self.lanes = lanes
         self.seed = seed
@@ -226,8 +228,8 @@ class SourceStream:
         if stop < following:
             win.ahead = (stop, _tokenizer_thread().submit(self.encode, win.texts[stop:following]))
 
-    def next_document(self) -> np.ndarray | None:
-        """Token ids of the next document (EOS appended), or None when the stream has ended."""
+    def next_document(self) -> Document | None:
+        """The next document (EOS appended), or None when the stream has ended."""
         while not self.done:
             if self._win is None:
                 self._win = self._read_window()
@@ -238,6 +240,6 @@ class SourceStream:
                 tokens = win.tokens[self.pos]
                 win.tokens[self.pos] = None
                 self.pos += 1
-                return tokens
+                return Document(tokens)
             self._advance_window()
         return None

@@ -62,7 +62,7 @@ def _stream(recipe, tables, encoder, index: int = 0, lane: int = 1) -> SourceStr
 
 def _doc(stream: SourceStream):
     doc = stream.next_document()
-    return None if doc is None else doc.tolist()
+    return None if doc is None else doc.tokens.tolist()
 
 
 def test_source_stream_resumes_exactly(setup):

@@ -5,28 +5,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from mixer.sources.base import FileEntry, Reader, Record, Split
+from mixer.sources.base import EncodedImage, FileEntry, Reader, Record, Split
 from mixer.sources.boundary import read_records
-from mixer.sources.jsonl import read_jsonl, read_jsonl_gz, read_jsonl_zst
+from mixer.sources.formats import FORMATS, Format, infer_format
 from mixer.sources.listing import SourceTable, list_source
-from mixer.sources.parquet import read_parquet
 from mixer.sources.storage import IO_STATS, Storage, filesystem
-from mixer.sources.text import read_text
 
-READERS: dict[str, Reader] = {
-    "jsonl": read_jsonl,
-    "jsonl.gz": read_jsonl_gz,
-    "jsonl.zst": read_jsonl_zst,
-    "parquet": read_parquet,
-    "text": read_text,
-}
+READERS: dict[str, Reader] = {name: fmt.reader for name, fmt in FORMATS.items()}
 
 
-def read_split(*, entry: FileEntry, **kwargs: Any) -> Iterator[Record]:
+def read_split(*, entry: FileEntry, text_field: str | None, **kwargs: Any) -> Iterator[Record]:
     """Records of one split through the reader of its format; every failure is a record
-    carrying a `DataError` (see `boundary.py`)."""
-    return read_records(READERS[entry.format], entry=entry, **kwargs)
+    carrying a `DataError` (see `boundary.py`). `text_field` None: the format's default."""
+    fmt = FORMATS[entry.format]
+    return read_records(fmt, entry=entry, text_field=text_field or fmt.default_text_field,
+                        **kwargs)
 
 
-__all__ = ["IO_STATS", "READERS", "FileEntry", "Record", "SourceTable", "Split", "Storage",
-           "filesystem", "list_source", "read_split"]
+__all__ = ["FORMATS", "IO_STATS", "READERS", "EncodedImage", "FileEntry", "Format", "Record",
+           "SourceTable", "Split", "Storage", "filesystem", "infer_format", "list_source",
+           "read_split"]

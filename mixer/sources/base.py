@@ -53,17 +53,29 @@ class Split:
 
 
 @dataclass(frozen=True)
+class EncodedImage:
+    """An image as stored (JPEG/PNG/WebP bytes), and where it was found (for errors)."""
+
+    data: bytes
+    member: str      # e.g. the tar member's name
+    offset: int      # byte offset of the member's header in the file
+
+
+@dataclass(frozen=True)
 class Record:
     """One document (or the error in its place) and where it starts.
 
     `index` counts records from the start of the split, `offset` is the byte offset of the
     record in the file (decompressed bytes for compressed files; row number for parquet).
+    `images` are the document's images in order; `text` places them where it holds the
+    recipe's image marker, else they come before it.
     """
 
     index: int
     offset: int
     text: str | None
     error: DataError | None = None
+    images: tuple[EncodedImage, ...] = ()
 
 
 class Reader(Protocol):

@@ -13,17 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from mixer.errors import DataError
-from mixer.sources.base import FileEntry, Reader, Record, Split
+from mixer.sources.base import FileEntry, Record, Split
+from mixer.sources.formats import Format
 from mixer.sources.storage import redact
-
-
-def describe_offset(entry: FileEntry, split: Split, offset: int) -> str:
-    """Where `offset` (a record's offset in the reader's units) lies, in words."""
-    if entry.format == "parquet":
-        return f"row group {split.start}, row {offset}"
-    if entry.format in ("jsonl.gz", "jsonl.zst"):
-        return f"decompressed byte offset {offset}"
-    return f"byte offset {offset}"
 
 
 def _invalid_text(text: Any) -> str | None:
@@ -40,7 +32,7 @@ def _invalid_text(text: Any) -> str | None:
     return None
 
 
-def read_records(reader: Reader, *, storage: Any, entry: FileEntry, split: Split, source: str,
+def read_records(fmt: Format, *, storage: Any, entry: FileEntry, split: Split, source: str,
                  text_field: str, max_bytes: int, index: int, offset: int) -> Iterator[Record]:
     """The reader's records of `split` from a cursor; failures become error records.
 
@@ -48,7 +40,7 @@ def read_records(reader: Reader, *, storage: Any, entry: FileEntry, split: Split
     """
     position = offset
     try:
-        records = reader(storage=storage, entry=entry, split=split, source=source,
+        records = fmt.reader(storage=storage, entry=entry, split=split, source=source,
                          text_field=text_field, max_bytes=max_bytes, index=index, offset=offset)
         for record in records:
             index, position = record.index + 1, record.offset
@@ -56,16 +48,16 @@ def read_records(reader: Reader, *, storage: Any, entry: FileEntry, split: Split
                 why = _invalid_text(record.text)
                 if why is not None:
                     err = DataError(why, source=source, file=entry.url,
-                                    location=describe_offset(entry, split, record.offset))
+                                    location=fmt.describe_offset(split, record.offset))
                     record = Record(record.index, record.offset, None, err)
             yield record
     except DataError as exc:  # raised by storage (not found, changed, retries spent)
         if exc.source is None:
             exc = DataError(str(exc), source=source, file=entry.url,
-                            location=describe_offset(entry, split, position))
+                            location=fmt.describe_offset(split, position))
         yield Record(index, position, None, exc)
     except Exception as exc:  # anything else a reader or its libraries raise
         message = redact(f"cannot read: {type(exc).__name__}: {exc}", storage.storage_options)
         yield Record(index, position, None,
                      DataError(message, source=source, file=entry.url,
-                               location=describe_offset(entry, split, position)))
+                               location=fmt.describe_offset(split, position)))

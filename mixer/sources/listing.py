@@ -12,24 +12,8 @@ from fsspec.implementations.local import LocalFileSystem
 from mixer.errors import DataError
 from mixer.recipe import Recipe, SourceConfig
 from mixer.sources.base import FileEntry, Split
-from mixer.sources.parquet import row_groups
+from mixer.sources.formats import FORMATS, SplitRequest, infer_format
 from mixer.sources.storage import RetryPolicy, Storage, call_with_retries, filesystem, redact
-from mixer.sources.zstd_frames import group_frames, scan_frames
-
-_EXTENSIONS = (
-    (".jsonl.zst", "jsonl.zst"), (".json.zst", "jsonl.zst"), (".jsonl.zstd", "jsonl.zst"),
-    (".jsonl.gz", "jsonl.gz"), (".json.gz", "jsonl.gz"),
-    (".jsonl", "jsonl"), (".json", "jsonl"), (".ndjson", "jsonl"),
-    (".parquet", "parquet"), (".pq", "parquet"),
-    (".txt", "text"), (".text", "text"), (".md", "text"),
-)
-
-def infer_format(name: str) -> str | None:
-    lower = name.lower()
-    for ext, fmt in _EXTENSIONS:
-        if lower.endswith(ext):
-            return fmt
-    return None
 
 
 @dataclass
@@ -98,26 +82,9 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
 
 def _splits_of(recipe: Recipe, src: SourceConfig, index: int, entry: FileEntry,
                deep: bool) -> list[Split]:
-    if entry.format == "jsonl":
-        step = recipe.split_bytes
-        return [Split(index, start, min(start + step, entry.size))
-                for start in range(0, entry.size, step)]
-    if entry.format == "parquet":
-        storage = Storage(src.name, src.storage_options)
-        return [Split(index, g, g, rows)
-                for g, rows in enumerate(row_groups(storage, entry)) if rows]
-    if entry.format == "text":
-        return [Split(index, 0, entry.size, 1)]
-    if entry.format == "jsonl.zst" and deep:
-        # Only `mixer index` scans (for remote objects it reads them whole); local and remote
-        # copies thus always get the same splits, and the same stream.
-        with Storage(src.name, src.storage_options).open(entry) as f:
-            frames = scan_frames(f, entry.size)
-        groups = group_frames(frames, recipe.split_bytes) if frames else []
-        if len(groups) > 1:
-            return [Split(index, start, end, -1, True, dstart, dend)
-                    for start, end, dstart, dend in groups]
-    return [Split(index, 0, entry.size, -1, seekable=False)]
+    storage = Storage(src.name, src.storage_options)
+    return FORMATS[entry.format].splits(SplitRequest(index, entry, storage, recipe.split_bytes,
+                                                     deep))
 
 
 def list_source(recipe: Recipe, src: SourceConfig, *, deep: bool = False) -> SourceTable:

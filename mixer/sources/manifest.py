@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, StrictInt, StrictStr, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, StrictInt, StrictStr, ValidationError
 
 from mixer.errors import RecipeError
-from mixer.recipe import FORMATS, Recipe, SourceConfig, field_path
+from mixer.recipe import Recipe, SourceConfig, field_path
 from mixer.sources.base import FileEntry, Split
+from mixer.sources.formats import FORMATS
 from mixer.sources.listing import SourceTable, list_source
 
 MANIFEST_FORMAT = "mixer.manifest"
@@ -57,12 +58,19 @@ def write_manifest(recipe: Recipe, path: Path) -> dict[str, Any]:
     return summary
 
 
+def _known_format(name: str) -> str:
+    if name not in FORMATS:
+        raise ValueError(f"unknown format {name!r}")
+    return name
+
+
 # Strict scalars (no "12" or true for a size); rows are JSON arrays.
 Count = Annotated[StrictInt, Field(ge=0)]
 Flag = Annotated[StrictInt, Field(ge=0, le=1)]
 Known = Annotated[StrictInt, Field(ge=-1)]        # -1: unknown / not used
 # url, key, size, format, etag, mtime_ns
-FileRow = tuple[StrictStr, StrictStr, Count, Literal[FORMATS], StrictStr, Count]
+KnownFormat = Annotated[StrictStr, AfterValidator(_known_format)]
+FileRow = tuple[StrictStr, StrictStr, Count, KnownFormat, StrictStr, Count]
 SplitRow = tuple[Count, Count, Count, Known, Flag, Count, Known]  # as Split.to_list() writes
 
 

@@ -1,6 +1,8 @@
-"""Tokenizer adapter and packing strategies."""
+"""Tokenizer adapter and packers."""
 
-from mixer.tokenize.packing import IGNORE_INDEX, Packer, Row
+from mixer.tokenize.packers import PACKERS, RowPacker, make_packer
+from mixer.tokenize.packing import IGNORE_INDEX, Packer, Piece, Row
 from mixer.tokenize.tokenizer import Encoder, TokenizerInfo, resolve_tokenizer
 
-__all__ = ["IGNORE_INDEX", "Encoder", "Packer", "Row", "TokenizerInfo", "resolve_tokenizer"]
+__all__ = ["IGNORE_INDEX", "PACKERS", "Encoder", "Packer", "Piece", "Row", "RowPacker",
+           "TokenizerInfo", "make_packer", "resolve_tokenizer"]

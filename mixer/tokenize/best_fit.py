@@ -1,20 +1,19 @@
 """Best-fit-decreasing packing over a reconstructible window of documents.
 
-The packer draws `window` documents, cuts each into pieces of at most `seq_len` tokens, and
-places the pieces, longest first, into the fullest row that still has room (a new row when
-none has). Far fewer documents are cut than with `concat`. The plan is a pure function of the
-window's documents, so the state is the stream position at the window's start plus the number
-of rows already emitted: resuming re-reads one window and recomputes the plan.
+The packer draws `window` documents, cuts each into pieces of at most `seq_len` tokens (a
+document with images stays whole), and places the pieces, longest first, into the fullest row
+that still has room (a new row when none has). Far fewer documents are cut than with `concat`.
+The plan is a pure function of the window's documents, so the state is the stream position at
+the window's start plus the number of rows already emitted: resuming re-reads one window and
+recomputes the plan.
 """
 
 from __future__ import annotations
 
 import bisect
 
-import numpy as np
-
+from mixer.document import Document, DocumentSource
 from mixer.errors import StateError
-from mixer.stream import SourceStream
 from mixer.tokenize.packing import Row, build_row
 
 
@@ -41,7 +40,7 @@ def plan_rows(lengths: list[int], seq_len: int) -> list[list[int]]:
 class BestFitPacker:
     """Rows for one (lane, source), packed best-fit over windows of documents."""
 
-    def __init__(self, stream: SourceStream, *, seq_len: int, pad_id: int,
+    def __init__(self, stream: DocumentSource, *, seq_len: int, pad_id: int,
                  mask_document_boundaries: bool, window: int) -> None:
         self.stream = stream
         self.seq_len = seq_len
@@ -68,25 +67,28 @@ class BestFitPacker:
             self._start, self._emitted = state["stream"], state["emitted"]
             self.exhausted = bool(state["exhausted"])
         except KeyError as exc:
-            name = self.stream.table.name
+            name = self.stream.name
             raise StateError(f"best_fit packer state of source {name!r} lacks {exc}") from None
 
     def _plan(self) -> list[Row]:
-        pieces: list[tuple[np.ndarray, bool]] = []   # (tokens, starts a document)
+        pieces: list[tuple[Document, int, int, bool]] = []   # (document, offset, length, start)
         for _ in range(self.window):
-            tokens = self.stream.next_document()
-            if tokens is None:
+            document = self.stream.next_document()
+            if document is None:
                 break
-            for at in range(0, len(tokens), self.seq_len):
-                pieces.append((tokens[at:at + self.seq_len], at == 0))
-        plan = plan_rows([len(p) for p, _ in pieces], self.seq_len)
+            if not document.splittable:
+                pieces.append((document, 0, len(document), True))
+                continue
+            for at in range(0, len(document), self.seq_len):
+                pieces.append((document, at, min(self.seq_len, len(document) - at), at == 0))
+        plan = plan_rows([p[2] for p in pieces], self.seq_len)
         return [self._row([pieces[i] for i in row]) for row in plan]
 
-    def _row(self, pieces: list[tuple[np.ndarray, bool]]) -> Row:
+    def _row(self, pieces: list[tuple[Document, int, int, bool]]) -> Row:
         # A piece placed after another one follows a different document: mask its first token
         # like a document start.
-        masked = [(piece, self.mask_boundaries and (starts_document or i > 0))
-                  for i, (piece, starts_document) in enumerate(pieces)]
+        masked = [(doc, offset, length, self.mask_boundaries and (starts or i > 0))
+                  for i, (doc, offset, length, starts) in enumerate(pieces)]
         return build_row(masked, self.seq_len, self.pad_id)
 
     def next_row(self) -> Row | None:

@@ -1,9 +1,10 @@
-"""Packers turn one source's token documents into rows of exactly `seq_len` tokens.
+"""Packers turn one source's documents into rows of exactly `seq_len` tokens.
 
 `concat` fills a row with consecutive documents, cutting the last one and continuing it on
-the next row. `pad` puts one document (or the next `seq_len` tokens of a long one) per row and
-pads the rest. A packer's state is the stream position *before* its pending document plus the
-token offset inside it: resuming re-reads that document's window and re-tokenizes it.
+the next row; a document with images is never cut: it moves whole to the next row. `pad`
+puts one document (or the next `seq_len` tokens of a long one) per row and pads the rest. A
+packer's state is the stream position *before* its pending document plus the token offset
+inside it: resuming re-reads that document's window and re-tokenizes it.
 """
 
 from __future__ import annotations
@@ -13,24 +14,40 @@ from typing import Literal
 
 import numpy as np
 
+from mixer.document import Document, DocumentSource
 from mixer.errors import StateError
-from mixer.stream import SourceStream
 
 IGNORE_INDEX = -100
 
 
+@dataclass(frozen=True)
+class Piece:
+    """`document.tokens[offset:offset + length]` placed at `at` in a row."""
+
+    at: int
+    document: Document
+    offset: int
+    length: int
+    mask_first: bool   # its first label is -100 (a document boundary the recipe masks)
+
+
 @dataclass
 class Row:
-    """One packed row: arrays of length seq_len and how many leading... real tokens it has."""
+    """One packed row: arrays of length seq_len, the real tokens first, and their pieces."""
 
     input_ids: np.ndarray
     labels: np.ndarray
     position_ids: np.ndarray
     real: int   # tokens that are not padding (they come first)
+    pieces: tuple[Piece, ...] = ()
+
+    @property
+    def images(self) -> int:
+        return sum(len(p.document.images) for p in self.pieces)
 
 
-def build_row(pieces: list[tuple[np.ndarray, bool]], seq_len: int, pad_id: int) -> Row:
-    """A row of `seq_len` from (tokens, mask its first label) pieces, padded at the end.
+def build_row(pieces: list[tuple[Document, int, int, bool]], seq_len: int, pad_id: int) -> Row:
+    """A row of `seq_len` from (document, offset, length, mask first label) pieces.
 
     Positions restart at 0 for every piece; labels equal the tokens except -100 on padding and
     on the first token of each piece flagged for masking.
@@ -38,29 +55,32 @@ def build_row(pieces: list[tuple[np.ndarray, bool]], seq_len: int, pad_id: int) 
     input_ids = np.full(seq_len, pad_id, dtype=np.int64)
     position_ids = np.zeros(seq_len, dtype=np.int64)
     labels = np.full(seq_len, IGNORE_INDEX, dtype=np.int64)
+    placed = []
     at = 0
-    for piece, mask_first in pieces:
-        end = at + len(piece)
-        input_ids[at:end] = piece
-        position_ids[at:end] = np.arange(len(piece))
-        labels[at:end] = piece
+    for document, offset, length, mask_first in pieces:
+        end = at + length
+        tokens = document.tokens[offset:offset + length]
+        input_ids[at:end] = tokens
+        position_ids[at:end] = np.arange(length)
+        labels[at:end] = tokens
         if mask_first:
             labels[at] = IGNORE_INDEX
+        placed.append(Piece(at, document, offset, length, mask_first))
         at = end
-    return Row(input_ids, labels, position_ids, at)
+    return Row(input_ids, labels, position_ids, at, tuple(placed))
 
 
 class Packer:
-    """Rows for one (lane, source)."""
+    """Rows for one (lane, source): `concat` or `pad`."""
 
-    def __init__(self, stream: SourceStream, *, seq_len: int, mode: Literal["concat", "pad"],
+    def __init__(self, stream: DocumentSource, *, seq_len: int, mode: Literal["concat", "pad"],
                  pad_id: int, mask_document_boundaries: bool) -> None:
         self.stream = stream
         self.seq_len = seq_len
         self.mode = mode
         self.pad_id = pad_id
         self.mask_boundaries = mask_document_boundaries
-        self._pending: tuple[np.ndarray, int, dict] | None = None
+        self._pending: tuple[Document, int, dict] | None = None
         self.exhausted = False
 
     def state_dict(self) -> dict:
@@ -80,45 +100,49 @@ class Packer:
             offset = state["offset"]
             self.exhausted = bool(state["exhausted"])
         except KeyError as exc:
-            name = self.stream.table.name
-            raise StateError(f"packer state of source {name!r} lacks {exc}") from None
+            raise StateError(f"packer state of source {self.stream.name!r} lacks {exc}") from None
         if offset:
             before = self.stream.state_dict()
-            tokens = self.stream.next_document()
-            if tokens is None or offset >= len(tokens):
-                raise StateError(f"source {self.stream.table.name!r} lane {self.stream.lane}: "
+            document = self.stream.next_document()
+            if document is None or offset >= len(document) or not document.splittable:
+                raise StateError(f"source {self.stream.name!r} lane {self.stream.lane}: "
                                  "the pending document no longer matches the state")
-            self._pending = (tokens, offset, before)
+            self._pending = (document, offset, before)
+
+    def peek(self) -> Document | None:
+        """The document the next row starts with (read ahead; the state does not move)."""
+        if self._pending is None and not self.exhausted:
+            before = self.stream.state_dict()
+            document = self.stream.next_document()
+            if document is not None:
+                self._pending = (document, 0, before)
+        return None if self._pending is None else self._pending[0]
 
     def next_row(self) -> Row | None:
         """The next row, or None once the source has no more documents for this lane."""
         if self.exhausted:
             return None
         length = self.seq_len
-        pieces: list[np.ndarray] = []
-        starts: list[bool] = []
+        pieces: list[tuple[Document, int, int, bool]] = []
         filled = 0
         while filled < length:
-            if self._pending is None:
-                before = self.stream.state_dict()
-                tokens = self.stream.next_document()
-                if tokens is None:
-                    break
-                self._pending = (tokens, 0, before)
-            tokens, offset, before = self._pending
-            take = min(length - filled, len(tokens) - offset)
-            pieces.append(tokens[offset:offset + take])
-            starts.append(offset == 0)
+            document = self.peek()
+            if document is None:
+                break
+            _, offset, before = self._pending
+            take = min(length - filled, len(document) - offset)
+            if take < len(document) - offset and not document.splittable:
+                if filled:
+                    break   # a document with images moves whole to the next row
+                raise StateError(f"source {self.stream.name!r}: a document of "
+                                 f"{len(document)} tokens with images exceeds seq_len {length}")
+            pieces.append((document, offset, take, offset == 0 and self.mask_boundaries))
             filled += take
             offset += take
-            self._pending = None if offset == len(tokens) else (tokens, offset, before)
+            self._pending = None if offset == len(document) else (document, offset, before)
             if self.mode == "pad":
                 break
         if filled == 0:
             self.exhausted = True
             return None
-        return self._row(pieces, starts)
-
-    def _row(self, pieces: list[np.ndarray], starts: list[bool]) -> Row:
-        masked = [s and self.mask_boundaries for s in starts]
-        return build_row(list(zip(pieces, masked)), self.seq_len, self.pad_id)
+        return build_row(pieces, self.seq_len, self.pad_id)

@@ -1,0 +1,140 @@
+"""Batches as named arrays, and the layout that owns their keys, dtypes and wire format.
+
+A `BatchLayout` says which arrays a batch has, how a lane fills them from packed rows, how a
+batch crosses from a DataLoader worker to the main process (one bytes buffer plus a small
+header), and what the user receives (a dict of torch tensors). The text layout has
+`input_ids`, `labels`, `position_ids` and `source_ids`, all `[batch_size, seq_len]` int64;
+image layouts (`mixer.images`) add theirs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from mixer.tokenize.packing import IGNORE_INDEX, Row
+
+if TYPE_CHECKING:
+    from mixer.recipe import Recipe
+    from mixer.tokenize import TokenizerInfo
+
+TEXT_KEYS = ("input_ids", "labels", "position_ids", "source_ids")
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One array of a batch: its dtype for the user and its (smaller) dtype on the wire."""
+
+    key: str
+    dtype: np.dtype
+    wire: np.dtype
+
+
+@dataclass
+class Batch:
+    """One lane batch: named arrays, and whether it is an exhausted lane's padding."""
+
+    arrays: dict[str, np.ndarray]
+    padding: bool
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.arrays["input_ids"]
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self.arrays["labels"]
+
+    @property
+    def position_ids(self) -> np.ndarray:
+        return self.arrays["position_ids"]
+
+    @property
+    def source_ids(self) -> np.ndarray:
+        return self.arrays["source_ids"]
+
+
+_INT64, _INT32, _FLOAT32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
+
+
+class BatchLayout:
+    """Text batches; subclasses add image arrays (see `mixer.images.layouts`)."""
+
+    name = "text"
+    specs: tuple[ArraySpec, ...] = tuple(ArraySpec(k, _INT64, _INT32) for k in TEXT_KEYS)
+
+    def __init__(self, *, seq_len: int, pad_id: int) -> None:
+        self.seq_len = seq_len
+        self.pad_id = pad_id
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(spec.key for spec in self.specs)
+
+    # -- building, in a lane -------------------------------------------------------------------
+    def new_rows(self, batch_size: int) -> dict[str, np.ndarray]:
+        """The per-row arrays of an all-padding batch."""
+        shape = (batch_size, self.seq_len)
+        return {"input_ids": np.full(shape, self.pad_id, dtype=np.int64),
+                "labels": np.full(shape, IGNORE_INDEX, dtype=np.int64),
+                "position_ids": np.zeros(shape, dtype=np.int64),
+                "source_ids": np.full(shape, -1, dtype=np.int64)}
+
+    def put_row(self, arrays: dict[str, np.ndarray], index: int, row: Row,
+                source_id: int) -> None:
+        """Write a packed row into row `index` of the batch."""
+        arrays["input_ids"][index] = row.input_ids
+        arrays["labels"][index] = row.labels
+        arrays["position_ids"][index] = row.position_ids
+        arrays["source_ids"][index, :row.real] = source_id
+
+    def finish(self, arrays: dict[str, np.ndarray], rows: list[Row | None],
+               padding: bool) -> Batch:
+        """The batch, once every row is in (image layouts add pixels here)."""
+        return Batch(arrays, padding)
+
+    # -- crossing from a worker to the main process -------------------------------------------
+    def to_wire(self, batch: Batch) -> tuple[bytes, list[tuple[str, tuple[int, ...]]]]:
+        """One buffer (each array in its wire dtype, in `specs` order) and the shapes."""
+        parts, shapes = [], []
+        for spec in self.specs:
+            array = batch.arrays[spec.key]
+            parts.append(np.ascontiguousarray(array, dtype=spec.wire).tobytes())
+            shapes.append((spec.key, tuple(array.shape)))
+        return b"".join(parts), shapes
+
+    def from_wire(self, data: bytes, shapes: list[tuple[str, tuple[int, ...]]],
+                  padding: bool) -> Batch:
+        arrays, at = {}, 0
+        for spec, (key, shape) in zip(self.specs, shapes):
+            count = int(np.prod(shape, dtype=np.int64))
+            array = np.frombuffer(data, dtype=spec.wire, count=count, offset=at).reshape(shape)
+            arrays[key] = array.astype(spec.dtype)
+            at += count * spec.wire.itemsize
+        return Batch(arrays, padding)
+
+    # -- the user's view ------------------------------------------------------------------------
+    def to_torch(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The user's dict of tensors; nothing internal is left in it."""
+        return {spec.key: torch.from_numpy(batch.arrays[spec.key]) for spec in self.specs}
+
+    @staticmethod
+    def is_padding(batch: dict) -> bool:
+        """True when a batch carries no token to learn from (an exhausted rank's placeholder)."""
+        return bool((batch["labels"] == IGNORE_INDEX).all())
+
+
+def layout_for(recipe: Recipe, tokenizer: TokenizerInfo) -> BatchLayout:
+    """The layout a recipe's batches have: text, or the image layout its `images` block names."""
+    images = getattr(recipe, "images", None)
+    if images is None:
+        return BatchLayout(seq_len=recipe.seq_len, pad_id=tokenizer.pad_id)
+    from mixer.images.layouts import image_layout  # (imports PIL only when needed)
+
+    return image_layout(recipe, tokenizer)

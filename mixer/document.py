@@ -1,0 +1,79 @@
+"""Documents: what a source stream hands its packer.
+
+A document is its token ids (image placeholders already expanded) plus zero or more images.
+An image is a lazy handle: it knows its pixel size from the file header and its cost in
+sequence tokens before any pixel is decoded, so packing can plan a row without decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class ImageHandle(Protocol):
+    """An image of a document, decoded only when its pixels are needed."""
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of the stored image, read from its header."""
+        ...
+
+    @property
+    def tokens(self) -> int:
+        """Sequence tokens the image takes in its document (placeholders included)."""
+        ...
+
+    def pixels(self) -> Any:
+        """The model's input for this image (decoded, resized, normalized)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an image's tokens sit in its document: `tokens[start:start + length]`."""
+
+    image: ImageHandle
+    start: int
+    length: int
+
+
+@dataclass
+class Document:
+    """Token ids of one document (EOS appended) and the images placed in them."""
+
+    tokens: np.ndarray
+    images: tuple[Placement, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict)   # what a layout needs to rebuild it
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def cost(self) -> int:
+        """Sequence tokens the document takes (image tokens included)."""
+        return len(self.tokens)
+
+    @property
+    def splittable(self) -> bool:
+        """Whether a packer may cut it across rows (never when it holds images)."""
+        return not self.images
+
+
+class DocumentSource(Protocol):
+    """What a packer draws documents from (a `SourceStream`, or any resumable iterator)."""
+
+    name: str      # the source's name (errors name it)
+    lane: int
+    done: bool     # True once `next_document` has returned None for good
+
+    def next_document(self) -> Document | None:
+        ...
+
+    def state_dict(self) -> dict[str, int]:
+        ...
+
+    def load_state_dict(self, state: dict[str, int] | None) -> None:
+        ...

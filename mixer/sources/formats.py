@@ -1,0 +1,138 @@
+"""The format registry: one entry per file format, the only place a format is spelled out.
+
+An entry names the format, the file extensions it is inferred from, how a file is cut into
+splits, the reader that turns a split into records, how a record's offset reads in an error
+message, and how `mixer inspect` estimates the documents of a file it sampled.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zstandard
+
+from mixer.sources.base import FileEntry, Reader, Split
+from mixer.sources.jsonl import read_jsonl, read_jsonl_gz, read_jsonl_zst
+from mixer.sources.parquet import read_parquet, row_groups
+from mixer.sources.storage import Storage
+from mixer.sources.text import read_text
+from mixer.sources.zstd_frames import group_frames, scan_frames
+
+
+@dataclass(frozen=True)
+class SplitRequest:
+    """What cutting one file into splits may use."""
+
+    index: int            # the file's index in its source's file list
+    entry: FileEntry
+    storage: Storage
+    split_bytes: int      # target size of byte-range splits
+    deep: bool            # `mixer index`: may read whole files (zstd frame scans)
+
+
+@dataclass(frozen=True)
+class Format:
+    """Everything mixer knows about one file format."""
+
+    name: str
+    extensions: tuple[str, ...]
+    reader: Reader
+    splits: Callable[[SplitRequest], list[Split]]
+    default_text_field: str = "text"
+    compression: str | None = None   # "gzip" | "zstd": whole-file resume decompresses
+    offset_unit: str = "byte offset"
+
+    def describe_offset(self, split: Split, offset: int) -> str:
+        """Where a record's `offset` (in this reader's units) lies, in words."""
+        if self.offset_unit == "row":
+            return f"row group {split.start}, row {offset}"
+        return f"{self.offset_unit} {offset}"
+
+    def docs_per_byte(self, storage: Storage, entry: FileEntry, split: Split, docs: int,
+                      end_offset: int | None) -> float:
+        """Documents per stored byte, estimated from `docs` documents read from the start of
+        `split` up to `end_offset` (None: the whole split was read)."""
+        if self.compression is None:
+            span = (split.end if end_offset is None else end_offset) - split.start
+            return docs / max(span, 1)
+        if end_offset is None:   # the whole compressed file was read
+            return docs / max(entry.size, 1)
+        return docs / max(end_offset, 1) * self.compression_ratio(storage, entry)
+
+    def compression_ratio(self, storage: Storage, entry: FileEntry,
+                          probe: int = 1 << 20) -> float:
+        """Decompressed bytes per stored byte, measured on the file's first `probe` bytes."""
+        if self.compression is None:
+            return 1.0
+        with storage.open(entry) as f:
+            head = f.read(probe)
+        if self.compression == "gzip":
+            out = zlib.decompressobj(wbits=47).decompress(head)
+        else:
+            out = zstandard.ZstdDecompressor().decompressobj().decompress(head)
+        return len(out) / max(len(head), 1)
+
+
+def _byte_ranges(req: SplitRequest) -> list[Split]:
+    step = req.split_bytes
+    return [Split(req.index, start, min(start + step, req.entry.size))
+            for start in range(0, req.entry.size, step)]
+
+
+def _whole_file(req: SplitRequest) -> list[Split]:
+    return [Split(req.index, 0, req.entry.size, -1, seekable=False)]
+
+
+def _one_document(req: SplitRequest) -> list[Split]:
+    return [Split(req.index, 0, req.entry.size, 1)]
+
+
+def _row_groups(req: SplitRequest) -> list[Split]:
+    return [Split(req.index, g, g, rows)
+            for g, rows in enumerate(row_groups(req.storage, req.entry)) if rows]
+
+
+def _zstd_frames(req: SplitRequest) -> list[Split]:
+    if req.deep:
+        # Only `mixer index` scans (for remote objects it reads them whole); local and remote
+        # copies thus always get the same splits, and the same stream.
+        with req.storage.open(req.entry) as f:
+            frames = scan_frames(f, req.entry.size)
+        groups = group_frames(frames, req.split_bytes) if frames else []
+        if len(groups) > 1:
+            return [Split(req.index, start, end, -1, True, dstart, dend)
+                    for start, end, dstart, dend in groups]
+    return _whole_file(req)
+
+
+FORMATS: dict[str, Format] = {}
+
+
+def register(fmt: Format) -> Format:
+    """Add a format (its name must be new); returns it."""
+    if fmt.name in FORMATS:
+        raise ValueError(f"format {fmt.name!r} is already registered")
+    FORMATS[fmt.name] = fmt
+    return fmt
+
+
+register(Format("jsonl", (".jsonl", ".json", ".ndjson"), read_jsonl, _byte_ranges))
+register(Format("jsonl.gz", (".jsonl.gz", ".json.gz"), read_jsonl_gz, _whole_file,
+                compression="gzip", offset_unit="decompressed byte offset"))
+register(Format("jsonl.zst", (".jsonl.zst", ".json.zst", ".jsonl.zstd"), read_jsonl_zst,
+                _zstd_frames, compression="zstd", offset_unit="decompressed byte offset"))
+register(Format("parquet", (".parquet", ".pq"), read_parquet, _row_groups, offset_unit="row"))
+register(Format("text", (".txt", ".text", ".md"), read_text, _one_document))
+
+
+def infer_format(name: str) -> str | None:
+    """The format whose longest extension ends `name` (case-insensitive), if any."""
+    lower = name.lower()
+    best: tuple[int, str] | None = None
+    for fmt in FORMATS.values():
+        for ext in fmt.extensions:
+            if lower.endswith(ext) and (best is None or len(ext) > best[0]):
+                best = (len(ext), fmt.name)
+    return best[1] if best else None
