@@ -1,0 +1,10 @@
+"""Images: from stored bytes to the model's pixels and the tokens that stand for them.
+
+    decode.py      header probe (size, bomb check) and decoding to RGB the way transformers
+                   does (transparency composited on white; no draft mode, no EXIF rotation)
+    processing.py  per layout: the plan of an image (resized size, patch grid, tokens) from
+                   its header alone, and its pixels (PIL bicubic on uint8, then normalize)
+    handle.py      LazyImage: a document's image, its cost known before decoding; pixels
+                   decoded ahead of need on a small per-process thread pool
+    layouts.py     the qwen2_vl and llava batch layouts (keys, M-RoPE positions, pixels)
+"""
