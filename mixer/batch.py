@@ -18,8 +18,10 @@ import torch
 from mixer.tokenize.packing import IGNORE_INDEX, Row
 
 if TYPE_CHECKING:
+    from mixer.document import Budget
     from mixer.recipe import Recipe
-    from mixer.tokenize import TokenizerInfo
+    from mixer.stream import DocumentBuilder
+    from mixer.tokenize import Encoder, TokenizerInfo
 
 TEXT_KEYS = ("input_ids", "labels", "position_ids", "source_ids")
 
@@ -76,6 +78,14 @@ class BatchLayout:
     @property
     def keys(self) -> tuple[str, ...]:
         return tuple(spec.key for spec in self.specs)
+
+    def document_builder(self, encoder: Encoder, source: str) -> DocumentBuilder | None:
+        """What turns a source's records into documents; None: text only (the stream's own)."""
+        return None
+
+    def budget(self) -> Budget | None:
+        """A fresh batch's image caps; None when there are none."""
+        return None
 
     # -- building, in a lane -------------------------------------------------------------------
     def new_rows(self, batch_size: int) -> dict[str, np.ndarray]:

@@ -26,6 +26,15 @@ class ImageHandle(Protocol):
         """Sequence tokens the image takes in its document (placeholders included)."""
         ...
 
+    @property
+    def rows(self) -> int:
+        """Rows the image adds to the batch's `pixel_values`."""
+        ...
+
+    def prefetch(self) -> None:
+        """Start decoding in the background (no-op once started)."""
+        ...
+
     def pixels(self) -> Any:
         """The model's input for this image (decoded, resized, normalized)."""
         ...
@@ -57,6 +66,11 @@ class Document:
         return len(self.tokens)
 
     @property
+    def patches(self) -> int:
+        """Rows its images add to `pixel_values` (patches; 1 per image where fixed-size)."""
+        return sum(p.image.rows for p in self.images)
+
+    @property
     def splittable(self) -> bool:
         """Whether a packer may cut it across rows (never when it holds images)."""
         return not self.images
@@ -77,3 +91,21 @@ class DocumentSource(Protocol):
 
     def load_state_dict(self, state: dict[str, int] | None) -> None:
         ...
+
+
+@dataclass
+class Budget:
+    """What is left of a batch's image caps (`None`: no cap)."""
+
+    images: int | None = None
+    patches: int | None = None
+
+    def allows(self, images: int, patches: int) -> bool:
+        return ((self.images is None or images <= self.images)
+                and (self.patches is None or patches <= self.patches))
+
+    def take(self, images: int, patches: int) -> None:
+        if self.images is not None:
+            self.images -= images
+        if self.patches is not None:
+            self.patches -= patches

@@ -13,7 +13,7 @@ from mixer.mix import choose_source
 from mixer.recipe import Recipe
 from mixer.sources import SourceTable
 from mixer.stream import SourceStream
-from mixer.tokenize import Encoder, Row, make_packer
+from mixer.tokenize import BLOCKED, Encoder, Row, make_packer
 
 LANE_STATE_VERSION = 1
 
@@ -38,11 +38,12 @@ class Lane:
                 storage_options=src.storage_options, window_docs=recipe.shuffle_window,
                 window_bytes=recipe.shuffle_window_bytes,
                 max_document_bytes=recipe.max_document_bytes, encode=encoder,
-                block_size=block_size)
+                block_size=block_size,
+                documents=self.layout.document_builder(encoder, src.name))
             self.packers.append(make_packer(
                 recipe.packing, stream, seq_len=recipe.seq_len, pad_id=self.pad_id,
                 mask_document_boundaries=recipe.mask_document_boundaries,
-                window=recipe.pack_window))
+                window=recipe.pack_window, caps=self.layout.budget()))
         self.load_state_dict(state)
 
     def _weights_key(self) -> dict[str, float]:
@@ -73,34 +74,49 @@ class Lane:
 
     def state_dict(self) -> dict:
         """Plain data; `exhausted` and `skipped` are informational (derived on load)."""
+        sources = {}
+        for name, tokens, mix, packer in zip(self.names, self.tokens, self.mix, self.packers):
+            sources[name] = {"tokens": tokens, "mix": mix, "skipped": packer.stream.skipped,
+                             "packer": packer.state_dict()}
+            if self.recipe.images is not None:
+                sources[name]["oversize"] = packer.stream.oversize
         return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": self.batches,
                 "exhausted": int(self.exhausted), "weights": self._weights_key(),
-                "sources": {name: {"tokens": tokens, "mix": mix,
-                                   "skipped": packer.stream.skipped,
-                                   "packer": packer.state_dict()}
-                            for name, tokens, mix, packer in
-                            zip(self.names, self.tokens, self.mix, self.packers)}}
+                "sources": sources}
 
     @property
     def exhausted(self) -> bool:
         return all(p.exhausted for p in self.packers)
 
     def next_batch(self, batch_size: int) -> Batch:
-        """The lane's next batch; all padding once every source has run out."""
+        """The lane's next batch; all padding once every source has run out.
+
+        With image caps, a source whose next row does not fit what is left of the batch's
+        caps sits the rest of this batch out (its document waits); when no source fits, the
+        remaining rows are padding.
+        """
         length = self.recipe.seq_len
         arrays = self.layout.new_rows(batch_size)
         rows: list[Row | None] = [None] * batch_size
+        budget = self.layout.budget()
+        blocked = [False] * len(self.packers)
         for row_index in range(batch_size):
             while True:
-                active = [not p.exhausted for p in self.packers]
+                active = [not (p.exhausted or b) for p, b in zip(self.packers, blocked)]
                 choice = choose_source(self.weights, self.mix, active, length)
                 if choice is None:
                     break
-                row = self.packers[choice].next_row()
+                row = self.packers[choice].next_row(budget)
+                if row is BLOCKED:
+                    blocked[choice] = True
+                    continue
                 if row is None:
                     continue  # that source just ran out; the weights renormalize
+                assert isinstance(row, Row)
                 self.layout.put_row(arrays, row_index, row, choice)
                 rows[row_index] = row
+                if budget is not None:
+                    budget.take(row.images, row.patches)
                 self.tokens[choice] += row.real
                 self.mix[choice] += row.real
                 break

@@ -200,21 +200,24 @@ class Loader:
         self._lane_states = lanes
 
     def metrics(self) -> dict[str, Any]:
-        """Realized tokens and skipped records per source over this rank's lanes, plus remote
-        read counters (requests, retries, bytes) of the current iteration."""
+        """Realized tokens, skipped records and oversize documents (too long for a row even at
+        the lowest image resolution; image recipes only) per source over this rank's lanes,
+        plus remote read counters (requests, retries, bytes) of the current iteration."""
         names = [s.name for s in self.recipe.sources]
         tokens = dict.fromkeys(names, 0)
         skipped = {t.name: len(t.skipped) for t in self.tables}
+        oversize = dict.fromkeys(names, 0)
         for lane in self.own_lanes():
             for name, entry in (self._lane_states.get(lane) or {}).get("sources", {}).items():
                 tokens[name] = tokens.get(name, 0) + entry["tokens"]
                 skipped[name] = skipped.get(name, 0) + entry["skipped"]
+                oversize[name] = oversize.get(name, 0) + entry.get("oversize", 0)
         io = {"requests": 0, "retries": 0, "bytes": 0}
         for counters in self._io.values():
             for key in io:
                 io[key] += counters[key]
-        return {"tokens": tokens, "skipped": skipped, "next_global": self._next_global,
-                "io": io}
+        return {"tokens": tokens, "skipped": skipped, "oversize": oversize,
+                "next_global": self._next_global, "io": io}
 
     # -- iteration ---------------------------------------------------------------------------
     def _lanes_done(self, pending: dict[int, dict]) -> bool:

@@ -33,6 +33,7 @@ class StreamState(_Shape):
     pos: Count
     skipped: Count
     done: Bit
+    oversize: Count = 0
 
 
 class ConcatPackerState(_Shape):
@@ -51,6 +52,7 @@ class SourceEntry(_Shape):
     tokens: Count
     mix: Count
     skipped: Count
+    oversize: Count = 0
     packer: dict[str, Any] | None   # its shape depends on the packing (checked below)
 
 

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,21 +21,40 @@ from mixer.document import Document
 from mixer.errors import DataError, StateError
 from mixer.rng import derive_key, permutation
 from mixer.slices import SliceItem, lane_slice
-from mixer.sources import SourceTable, Storage, read_split
+from mixer.sources import EncodedImage, SourceTable, Storage, read_split
 
 STATE_KEYS = ("epoch", "window", "slot", "index", "offset", "pos", "skipped", "done")
+_PREFETCH_DOCS = 8   # documents ahead whose images are decoded in the background
 _TOKENIZE_CHUNK = 64
 _EMPTY_EPOCH_LIMIT = 64  # consecutive empty epochs after which a lane's source counts as empty
+
+
+class DocumentBuilder(Protocol):
+    """Turns records with images into documents (`mixer.images.documents`)."""
+
+    def build(self, texts: list[str], images: list[tuple[EncodedImage, ...]],
+              files: list[str]) -> list[Document | Rejected]:
+        ...
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A record that became no document: an error, or (`oversize`) too long to fit a row."""
+
+    error: DataError
+    oversize: bool = False
 
 
 @dataclass
 class _Window:
     texts: list[str]
-    tokens: list[np.ndarray | None]
+    tokens: list[Any]           # np.ndarray (text path) or Document | Rejected (builder path)
     end: tuple[int, int, int]   # cursor (slot, index, offset) after the window
     end_of_epoch: bool
     skipped: int                # records skipped inside the window
     ahead: tuple[int, Future] | None = None   # (start, tokens of the chunk being encoded)
+    images: list[tuple[EncodedImage, ...]] | None = None   # per document, when building
+    files: list[str] | None = None
 
 
 _pool: tuple[int, ThreadPoolExecutor] | None = None
@@ -76,7 +95,7 @@ class SourceStream:
                  epochs: int | None, on_error: str, text_field: str,
                  storage_options: dict[str, Any], window_docs: int, window_bytes: int,
                  max_document_bytes: int, encode: Callable[[list[str]], list[np.ndarray]],
-                 block_size: int = 8 << 20) -> None:
+                 block_size: int = 8 << 20, documents: DocumentBuilder | None = None) -> None:
         self.table = table
         self.name = table.name
         self.lane = lane
@@ -90,6 +109,7 @@ class SourceStream:
         self.window_bytes = window_bytes
         self.max_document_bytes = max_document_bytes
         self.encode = encode
+        self.documents = documents
         self._splits = tuple(table.splits)
         self._slice_epoch = -1
         self._slice: tuple[SliceItem, ...] = ()
@@ -100,10 +120,12 @@ class SourceStream:
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, int]:
         """Position before the next document (plain ints)."""
-        return {"epoch": self.epoch, "window": self.window_index, "slot": self.start[0],
-                "index": self.start[1], "offset": self.start[2], "pos": self.pos,
-                "skipped": self.skipped_before,
-                "done": int(self.done)}
+        state = {"epoch": self.epoch, "window": self.window_index, "slot": self.start[0],
+                 "index": self.start[1], "offset": self.start[2], "pos": self.pos,
+                 "skipped": self.skipped_before, "done": int(self.done)}
+        if self.documents is not None:
+            state["oversize"] = self.oversize
+        return state
 
     def load_state_dict(self, state: dict[str, int] | None) -> None:
         state = state or {"epoch": 0, "window": 0, "slot": 0, "index": 0, "offset": 0,
@@ -119,6 +141,7 @@ class SourceStream:
         self.done = bool(state["done"])
         self._win: _Window | None = None
         self.skipped_before = state["skipped"]
+        self.oversize = state.get("oversize", 0)   # documents too long for a row, skipped
         self._empty_epochs = 0
         self._live = None
 
@@ -150,6 +173,9 @@ class SourceStream:
     def _read_window(self) -> _Window:
         items = self._lane_slice()
         texts: list[str] = []
+        building = self.documents is not None
+        images: list[tuple[EncodedImage, ...]] = []
+        files: list[str] = []
         size = skipped = 0
         slot, index, offset = self.start
         while slot < len(items) and len(texts) < self.window_docs and size < self.window_bytes:
@@ -174,6 +200,10 @@ class SourceStream:
                     continue
                 texts.append(record.text)
                 size += len(record.text)
+                if building:
+                    images.append(record.images)
+                    files.append(self.table.files[self._splits[item.split].file].url)
+                    size += sum(len(image.data) for image in record.images)
             if full:
                 break
             slot, index, offset = slot + 1, 0, 0
@@ -181,8 +211,12 @@ class SourceStream:
         order = permutation(len(texts), derive_key(self.seed, "shuffle", self.table.name,
                                                    self.lane, self.epoch, self.window_index))
         shuffled = [texts[i] for i in order]
-        return _Window(shuffled, [None] * len(shuffled), (slot, index, offset), end_of_epoch,
-                       skipped)
+        window = _Window(shuffled, [None] * len(shuffled), (slot, index, offset), end_of_epoch,
+                         skipped)
+        if building:
+            window.images = [images[i] for i in order]
+            window.files = [files[i] for i in order]
+        return window
 
     def _advance_window(self) -> None:
         """Move the cursor past the current (fully consumed) window."""
@@ -214,19 +248,57 @@ class SourceStream:
         self.pos = 0
         self._win = None
 
+    def _encode(self, win: _Window, start: int, stop: int) -> list[Any]:
+        if self.documents is None:
+            return self.encode(win.texts[start:stop])
+        assert win.images is not None and win.files is not None
+        return self.documents.build(win.texts[start:stop], win.images[start:stop],
+                                    win.files[start:stop])
+
     def _tokenize_from(self, win: _Window, start: int) -> None:
         """Tokens for the chunk at `start`, then start encoding the following chunk."""
         stop = min(start + _TOKENIZE_CHUNK, len(win.texts))
         if win.ahead is not None and win.ahead[0] == start:
             win.tokens[start:stop] = win.ahead[1].result()
         else:
-            win.tokens[start:stop] = self.encode(win.texts[start:stop])
+            win.tokens[start:stop] = self._encode(win, start, stop)
         win.ahead = None
         for i in range(start, stop):
             win.texts[i] = ""  # free the text once tokenized
+            if win.images is not None:
+                win.images[i] = ()
         following = min(stop + _TOKENIZE_CHUNK, len(win.texts))
         if stop < following:
-            win.ahead = (stop, _tokenizer_thread().submit(self.encode, win.texts[stop:following]))
+            win.ahead = (stop, _tokenizer_thread().submit(self._encode, win, stop, following))
+
+    def _built(self, win: _Window) -> Document | None:
+        """The built document at `pos` with its images decoded (decoding of the next few
+        started), or None when it was rejected (counted, or raised)."""
+        item = win.tokens[self.pos]
+        if isinstance(item, Rejected):
+            if item.oversize:
+                self.oversize += 1
+            elif self.on_error == "raise":
+                raise item.error
+            else:
+                self.skipped_before += 1
+            return None
+        for ahead in win.tokens[self.pos + 1:self.pos + 1 + _PREFETCH_DOCS]:
+            if isinstance(ahead, Document):
+                for placement in ahead.images:
+                    placement.image.prefetch()
+        try:
+            for placement in item.images:
+                placement.image.prefetch()
+            for placement in item.images:
+                placement.image.pixels()   # decoded now: a corrupt image is this record's error
+        except DataError as exc:
+            if self.on_error == "raise":
+                raise
+            self.skipped_before += 1
+            del exc
+            return None
+        return item
 
     def next_document(self) -> Document | None:
         """The next document (EOS appended), or None when the stream has ended."""
@@ -237,9 +309,14 @@ class SourceStream:
             if self.pos < len(win.texts):
                 if win.tokens[self.pos] is None:
                     self._tokenize_from(win, self.pos)
-                tokens = win.tokens[self.pos]
+                if self.documents is None:
+                    document = Document(win.tokens[self.pos])
+                else:
+                    document = self._built(win)
                 win.tokens[self.pos] = None
                 self.pos += 1
-                return Document(tokens)
+                if document is not None:
+                    return document
+                continue
             self._advance_window()
         return None

@@ -12,28 +12,44 @@ from __future__ import annotations
 
 import bisect
 
-from mixer.document import Document, DocumentSource
+from mixer.document import Budget, Document, DocumentSource
 from mixer.errors import StateError
-from mixer.tokenize.packing import Row, build_row
+from mixer.tokenize.packing import BLOCKED, Row, _Blocked, build_row
 
 
-def plan_rows(lengths: list[int], seq_len: int) -> list[list[int]]:
-    """Best-fit decreasing: piece indices per row, rows in the order they were opened."""
+def plan_rows(lengths: list[int], seq_len: int, images: list[tuple[int, int]] | None = None,
+              caps: Budget | None = None) -> list[list[int]]:
+    """Best-fit decreasing: piece indices per row, rows in the order they were opened.
+
+    With `images` ((images, patches) per piece) and `caps`, a row also never holds more
+    images or patches than a whole batch may: the fullest row with room that stays within
+    them is chosen.
+    """
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     rows: list[list[int]] = []
+    held: list[list[int]] = []         # (images, patches) per row
     free: list[tuple[int, int]] = []   # sorted (room left, row index)
     for piece in order:
         size = lengths[piece]
+        extra = images[piece] if images is not None else (0, 0)
         at = bisect.bisect_left(free, (size, -1))
+        if caps is not None and any(extra):
+            while at < len(free) and not caps.allows(held[free[at][1]][0] + extra[0],
+                                                      held[free[at][1]][1] + extra[1]):
+                at += 1
         if at < len(free):
             room, row = free.pop(at)
             rows[row].append(piece)
             if room - size:
                 bisect.insort(free, (room - size, row))
         else:
+            row = len(rows)
             rows.append([piece])
+            held.append([0, 0])
             if seq_len - size:
-                bisect.insort(free, (seq_len - size, len(rows) - 1))
+                bisect.insort(free, (seq_len - size, row))
+        held[row][0] += extra[0]
+        held[row][1] += extra[1]
     return rows
 
 
@@ -41,8 +57,9 @@ class BestFitPacker:
     """Rows for one (lane, source), packed best-fit over windows of documents."""
 
     def __init__(self, stream: DocumentSource, *, seq_len: int, pad_id: int,
-                 mask_document_boundaries: bool, window: int) -> None:
+                 mask_document_boundaries: bool, window: int, caps: Budget | None = None) -> None:
         self.stream = stream
+        self.caps = caps
         self.seq_len = seq_len
         self.pad_id = pad_id
         self.mask_boundaries = mask_document_boundaries
@@ -81,7 +98,8 @@ class BestFitPacker:
                 continue
             for at in range(0, len(document), self.seq_len):
                 pieces.append((document, at, min(self.seq_len, len(document) - at), at == 0))
-        plan = plan_rows([p[2] for p in pieces], self.seq_len)
+        images = [(len(p[0].images), p[0].patches) for p in pieces]
+        plan = plan_rows([p[2] for p in pieces], self.seq_len, images, self.caps)
         return [self._row([pieces[i] for i in row]) for row in plan]
 
     def _row(self, pieces: list[tuple[Document, int, int, bool]]) -> Row:
@@ -91,13 +109,17 @@ class BestFitPacker:
                   for i, (doc, offset, length, starts) in enumerate(pieces)]
         return build_row(masked, self.seq_len, self.pad_id)
 
-    def next_row(self) -> Row | None:
-        """The next row, or None once the source has no more documents for this lane."""
+    def next_row(self, budget: Budget | None = None) -> Row | None | _Blocked:
+        """The next row, None once the source has no more documents for this lane, or BLOCKED
+        when the row's images exceed what is left of `budget` (it waits for the next batch)."""
         while not self.exhausted:
             if self._rows is None:
                 self._rows = self._plan()   # replays the window up to `emitted` on resume
             if self._emitted < len(self._rows):
                 row = self._rows[self._emitted]
+                if row.images and budget is not None and not budget.allows(row.images,
+                                                                           row.patches):
+                    return BLOCKED
                 self._emitted += 1
                 return row
             if self.stream.done:

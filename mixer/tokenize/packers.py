@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from mixer.document import DocumentSource
+from mixer.document import Budget, DocumentSource
 from mixer.tokenize.best_fit import BestFitPacker
 from mixer.tokenize.packing import Packer, Row
 
@@ -19,7 +19,8 @@ class RowPacker(Protocol):
     stream: DocumentSource
     exhausted: bool
 
-    def next_row(self) -> Row | None:
+    def next_row(self, budget: Budget | None = None) -> Row | None | object:
+        """A row; None once exhausted; `packing.BLOCKED` when over what is left of `budget`."""
         ...
 
     def state_dict(self) -> dict:
@@ -29,20 +30,23 @@ class RowPacker(Protocol):
         ...
 
 
-# (source, seq_len, pad_id, mask_document_boundaries, window) -> packer
-PackerFactory = Callable[[DocumentSource, int, int, bool, int], RowPacker]
+# (source, seq_len, pad_id, mask_document_boundaries, window, per-batch image caps) -> packer
+PackerFactory = Callable[[DocumentSource, int, int, bool, int, Budget | None], RowPacker]
 
 PACKERS: dict[str, PackerFactory] = {
-    "concat": lambda source, seq_len, pad_id, mask, window: Packer(
+    "concat": lambda source, seq_len, pad_id, mask, window, caps: Packer(
         source, seq_len=seq_len, mode="concat", pad_id=pad_id, mask_document_boundaries=mask),
-    "pad": lambda source, seq_len, pad_id, mask, window: Packer(
+    "pad": lambda source, seq_len, pad_id, mask, window, caps: Packer(
         source, seq_len=seq_len, mode="pad", pad_id=pad_id, mask_document_boundaries=mask),
-    "best_fit": lambda source, seq_len, pad_id, mask, window: BestFitPacker(
-        source, seq_len=seq_len, pad_id=pad_id, mask_document_boundaries=mask, window=window),
+    "best_fit": lambda source, seq_len, pad_id, mask, window, caps: BestFitPacker(
+        source, seq_len=seq_len, pad_id=pad_id, mask_document_boundaries=mask, window=window,
+        caps=caps),
 }
 
 
 def make_packer(name: str, source: DocumentSource, *, seq_len: int, pad_id: int,
-                mask_document_boundaries: bool, window: int) -> RowPacker:
-    """The packer registered as `name`, drawing from `source`."""
-    return PACKERS[name](source, seq_len, pad_id, mask_document_boundaries, window)
+                mask_document_boundaries: bool, window: int,
+                caps: Budget | None = None) -> RowPacker:
+    """The packer registered as `name`, drawing from `source`. `caps`: a batch's image caps
+    (a row never holds more; concat and pad end a row early instead)."""
+    return PACKERS[name](source, seq_len, pad_id, mask_document_boundaries, window, caps)

@@ -14,10 +14,20 @@ from typing import Literal
 
 import numpy as np
 
-from mixer.document import Document, DocumentSource
+from mixer.document import Budget, Document, DocumentSource
 from mixer.errors import StateError
 
 IGNORE_INDEX = -100
+
+
+class _Blocked:
+    def __repr__(self) -> str:
+        return "BLOCKED"
+
+
+BLOCKED = _Blocked()
+"""What `next_row(budget)` returns when the next document's images do not fit what is left of
+the batch's caps: the document waits for the next batch (it is never dropped)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,10 @@ class Row:
     @property
     def images(self) -> int:
         return sum(len(p.document.images) for p in self.pieces)
+
+    @property
+    def patches(self) -> int:
+        return sum(p.document.patches for p in self.pieces)
 
 
 def build_row(pieces: list[tuple[Document, int, int, bool]], seq_len: int, pad_id: int) -> Row:
@@ -118,18 +132,26 @@ class Packer:
                 self._pending = (document, 0, before)
         return None if self._pending is None else self._pending[0]
 
-    def next_row(self) -> Row | None:
-        """The next row, or None once the source has no more documents for this lane."""
+    def next_row(self, budget: Budget | None = None) -> Row | None | _Blocked:
+        """The next row, None once the source has no more documents for this lane, or BLOCKED
+        when its first document's images exceed what is left of `budget`."""
         if self.exhausted:
             return None
         length = self.seq_len
         pieces: list[tuple[Document, int, int, bool]] = []
-        filled = 0
+        filled = images = patches = 0
         while filled < length:
             document = self.peek()
             if document is None:
                 break
             _, offset, before = self._pending
+            if document.images and budget is not None and not budget.allows(
+                    images + len(document.images), patches + document.patches):
+                if filled:
+                    break   # the row ends here; the document waits for the next batch
+                return BLOCKED
+            images += len(document.images)
+            patches += document.patches
             take = min(length - filled, len(document) - offset)
             if take < len(document) - offset and not document.splittable:
                 if filled:
