@@ -138,6 +138,15 @@ class Encoder:
             out.append(np.array(ids, dtype=np.int64))
         return out
 
+    def encode_raw(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text alone: no EOS or BOS added (pieces of one document)."""
+        return [enc.ids for enc in
+                self._tokenizer().encode_batch_fast(texts, add_special_tokens=False)]
+
+    def token_id(self, token: str) -> int | None:
+        """The id of a token given as a string (e.g. "<|image_pad|>"), or None."""
+        return self._tokenizer().token_to_id(token)
+
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer().decode(ids, skip_special_tokens=False)
 

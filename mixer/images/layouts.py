@@ -1,0 +1,174 @@
+"""Batch layouts with images: `qwen2_vl` and `llava`.
+
+Both add `pixel_values` (images in the order of their placeholders, row by row) to the text
+keys and put -100 in `labels` on every vision token. `qwen2_vl` also has `image_grid_thw`,
+`mm_token_type_ids` (1 on `<|image_pad|>`) and a `[4, B, L]` `position_ids`: row 0 restarts at
+every document and row start (what builds the packed attention mask), rows 1-3 are the
+M-RoPE positions of each document computed for that document alone. A batch without images
+keeps every key, with zero rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixer.batch import ArraySpec, Batch, BatchLayout
+from mixer.document import Budget
+from mixer.errors import RecipeError
+from mixer.images.documents import ImageDocuments, VisionTokens
+from mixer.images.processing import processing_for
+from mixer.images.rope import mrope_positions
+from mixer.recipe import Recipe
+from mixer.tokenize import IGNORE_INDEX, Encoder, Row, TokenizerInfo
+
+_INT64, _INT32, _FLOAT32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
+QWEN2_VL_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
+LLAVA_TOKEN = "<image>"
+
+
+def _token_ids(tokenizer: TokenizerInfo, names: tuple[str, ...], layout: str) -> list[int]:
+    encoder = Encoder(tokenizer)
+    ids = []
+    for name in names:
+        token_id = encoder.token_id(name)
+        if token_id is None:
+            raise RecipeError(f"images.layout: the {layout} layout needs the token {name!r}, "
+                              f"which the tokenizer {tokenizer.path!r} does not have")
+        ids.append(token_id)
+    return ids
+
+
+class _ImageLayout(BatchLayout):
+    """What both image layouts share: the builder, caps, labels and pixels."""
+
+    vision: VisionTokens
+
+    def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:
+        super().__init__(seq_len=recipe.seq_len, pad_id=tokenizer.pad_id)
+        assert recipe.images is not None
+        self.settings = recipe.images
+        self.processing = processing_for(recipe.images)
+        self._vision_ids = np.array(sorted(set(self.vision.ids)), dtype=np.int64)
+
+    def document_builder(self, encoder: Encoder, source: str) -> ImageDocuments:
+        return ImageDocuments(settings=self.settings, processing=self.processing,
+                              encoder=encoder, vision=self.vision,
+                              vision_names=self.vision_names, seq_len=self.seq_len,
+                              source=source)
+
+    def budget(self) -> Budget | None:
+        s = self.settings
+        if s.max_images_per_batch is None and s.max_patches_per_batch is None:
+            return None
+        return Budget(s.max_images_per_batch, s.max_patches_per_batch)
+
+    def put_row(self, arrays: dict[str, np.ndarray], index: int, row: Row,
+                source_id: int) -> None:
+        arrays["input_ids"][index] = row.input_ids
+        labels = arrays["labels"][index]
+        labels[:] = row.labels
+        labels[np.isin(row.input_ids, self._vision_ids)] = IGNORE_INDEX
+        arrays["source_ids"][index, :row.real] = source_id
+        self._put_positions(arrays, index, row)
+
+    def _put_positions(self, arrays: dict[str, np.ndarray], index: int, row: Row) -> None:
+        arrays["position_ids"][index] = row.position_ids
+
+    def _pixels(self, rows: list[Row | None]) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+        images, grids = [], []
+        for row in rows:
+            for piece in row.pieces if row is not None else ():
+                for placement in piece.document.images:
+                    images.append(placement.image.pixels())
+                    grids.append(placement.image.plan.grid_thw)
+                    placement.image.release()
+        if not images:
+            return self.processing.empty_pixels(), grids
+        return np.concatenate([self._as_rows(p) for p in images]), grids
+
+    @staticmethod
+    def _as_rows(pixels: np.ndarray) -> np.ndarray:
+        return pixels
+
+
+class Qwen2VLLayout(_ImageLayout):
+    name = "qwen2_vl"
+    specs = (ArraySpec("input_ids", _INT64, _INT32), ArraySpec("labels", _INT64, _INT32),
+             ArraySpec("position_ids", _INT64, _INT32), ArraySpec("source_ids", _INT64, _INT32),
+             ArraySpec("mm_token_type_ids", _INT64, _INT32),
+             ArraySpec("pixel_values", _FLOAT32, _FLOAT32),
+             ArraySpec("image_grid_thw", _INT64, _INT32))
+
+    def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:
+        start, pad, end = _token_ids(tokenizer, QWEN2_VL_TOKENS, "qwen2_vl")
+        self.vision = VisionTokens(pad, (start,), (end,))
+        self.vision_names = dict(zip((start, pad, end), QWEN2_VL_TOKENS))
+        self.image_pad_id, self.vision_start_id = pad, start
+        super().__init__(recipe, tokenizer)
+
+    def new_rows(self, batch_size: int) -> dict[str, np.ndarray]:
+        arrays = super().new_rows(batch_size)
+        arrays["position_ids"] = np.zeros((4, batch_size, self.seq_len), dtype=np.int64)
+        arrays["mm_token_type_ids"] = np.zeros((batch_size, self.seq_len), dtype=np.int64)
+        return arrays
+
+    def _put_positions(self, arrays: dict[str, np.ndarray], index: int, row: Row) -> None:
+        positions = arrays["position_ids"][:, index]
+        positions[0] = row.position_ids
+        for piece in row.pieces:
+            span = slice(piece.at, piece.at + piece.length)
+            if piece.document.images:   # whole documents only: never cut
+                positions[1:, span] = self._mrope(piece.document)
+            else:                       # text: the same positions in all three rows
+                positions[1:, span] = positions[0, span]
+        arrays["mm_token_type_ids"][index] = row.input_ids == self.image_pad_id
+        arrays["mm_token_type_ids"][index, row.real:] = 0
+
+    def _mrope(self, document) -> np.ndarray:
+        cached = document.meta.get("mrope")
+        if cached is None:
+            cached = mrope_positions(document.tokens, document.meta["grids"],
+                                     image_pad_id=self.image_pad_id,
+                                     vision_start_id=self.vision_start_id,
+                                     spatial_merge_size=self.settings.merge_size)
+            document.meta["mrope"] = cached
+        return cached
+
+    def finish(self, arrays: dict[str, np.ndarray], rows: list[Row | None],
+               padding: bool) -> Batch:
+        pixels, grids = self._pixels(rows)
+        arrays["pixel_values"] = pixels.astype(np.float32, copy=False)
+        arrays["image_grid_thw"] = np.array(grids, dtype=np.int64).reshape(-1, 3)
+        return Batch(arrays, padding)
+
+
+class LlavaLayout(_ImageLayout):
+    name = "llava"
+    specs = (ArraySpec("input_ids", _INT64, _INT32), ArraySpec("labels", _INT64, _INT32),
+             ArraySpec("position_ids", _INT64, _INT32), ArraySpec("source_ids", _INT64, _INT32),
+             ArraySpec("pixel_values", _FLOAT32, _FLOAT32))
+
+    def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:
+        (image,) = _token_ids(tokenizer, (LLAVA_TOKEN,), "llava")
+        self.vision = VisionTokens(image)
+        self.vision_names = {image: LLAVA_TOKEN}
+        super().__init__(recipe, tokenizer)
+
+    def finish(self, arrays: dict[str, np.ndarray], rows: list[Row | None],
+               padding: bool) -> Batch:
+        pixels, _ = self._pixels(rows)
+        arrays["pixel_values"] = pixels.astype(np.float32, copy=False)
+        return Batch(arrays, padding)
+
+    @staticmethod
+    def _as_rows(pixels: np.ndarray) -> np.ndarray:
+        return pixels[None]   # one (3, S, S) image
+
+
+LAYOUTS = {"qwen2_vl": Qwen2VLLayout, "llava": LlavaLayout}
+
+
+def image_layout(recipe: Recipe, tokenizer: TokenizerInfo) -> _ImageLayout:
+    """The layout the recipe's `images.layout` names (its tokens checked in the tokenizer)."""
+    assert recipe.images is not None
+    return LAYOUTS[recipe.images.layout](recipe, tokenizer)
