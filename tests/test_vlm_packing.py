@@ -7,11 +7,17 @@ raises on batches whose positions, images or document boundaries are wrong.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from tokenizers import Tokenizer, models
 from vlm_models import assert_packed_equals_alone, tiny_llava, tiny_qwen2_vl
 
 from mixer.images.rope import mrope_positions
@@ -303,3 +309,53 @@ def test_a_cache_or_a_padding_mask_turns_packing_off(qwen, llava):
         right = llava(**inputs, use_cache=False).logits
         assert (llava(**inputs, use_cache=True).logits - right).abs().max() > 0.1
 
+
+# -- examples/train_vlm.py ------------------------------------------------------------------------
+def load_example():
+    path = Path(__file__).parents[1] / "examples" / "train_vlm.py"
+    spec = importlib.util.spec_from_file_location("train_vlm", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_vlm_model_trains_on_packed_batches(tmp_path):
+    example = load_example()
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    names = {IMAGE_PAD: "<|image_pad|>", VISION_START: "<|vision_start|>",
+             VISION_END: "<|vision_end|>"}
+    for index, name in names.items():
+        del vocab[f"w{index}"]
+        vocab[name] = index
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.add_special_tokens(list(names.values()))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    ids = example.vision_token_ids(str(tmp_path / "tokenizer.json"))
+    assert ids == {"<|vision_start|>": VISION_START, "<|image_pad|>": IMAGE_PAD,
+                   "<|vision_end|>": VISION_END}
+    model = example.build_model(VOCAB, SEQ_LEN, ids, patch_size=PATCH,
+                                temporal_patch_size=TEMPORAL, merge_size=MERGE)
+    rng = np.random.default_rng(0)
+    batch = pack_qwen(qwen_rows(rng), rng)
+    # Its config packs exactly (no cache, sdpa): documents alone give the same logits.
+    assert_packed_equals_alone(model.eval(), batch, "qwen2_vl", eos_id=EOS)
+    model.train()
+    text_only = pack_qwen([[qwen_doc(rng, [5]), qwen_doc(rng, [7])]], rng)
+    for one in (batch, text_only):
+        model.zero_grad(set_to_none=True)
+        losses, anchor = example.token_losses(model, one)
+        mask = one["labels"][:, 1:] != -100
+        (losses[mask].mean() + anchor).backward()
+        assert torch.isfinite(losses).all() and float(anchor.detach()) == 0
+        grads = [p.grad for p in model.parameters()]
+        assert all(g is not None for g in grads)  # DDP needs every weight in every step
+    assert float(model.model.visual.patch_embed.proj.weight.grad.abs().sum()) == 0
+
+
+def test_train_vlm_help():
+    root = Path(__file__).parents[1]
+    result = subprocess.run([sys.executable, str(root / "examples" / "train_vlm.py"), "--help"],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    assert result.returncode == 0, result.stderr
+    assert "--recipe" in result.stdout and "--resume" in result.stdout
