@@ -206,7 +206,7 @@ def _where(key: str, member: str, offset: int) -> str:
 def _decode(sample: _Sample, suffix: str, max_bytes: int) -> str:
     name, offset, data = sample.texts[suffix]
     if data is None:
-        sample.fail(f"text member larger than max_document_bytes ({max_bytes})", name, offset)
+        sample.fail(f"text member longer than max_document_bytes ({max_bytes})", name, offset)
         return ""
     try:
         return data.decode("utf-8")
@@ -220,7 +220,7 @@ def _from_json(sample: _Sample, field: str, max_bytes: int) -> str | None:
     """The json member's `field`, or None when it has no such key."""
     name, offset, data = sample.texts["json"]
     if data is None:
-        sample.fail(f"json member larger than max_document_bytes ({max_bytes})", name, offset)
+        sample.fail(f"json member longer than max_document_bytes ({max_bytes})", name, offset)
         return None
     try:
         obj = json.loads(data)
@@ -312,7 +312,7 @@ def read_webdataset(*, storage, entry: FileEntry, split: Split, source: str, tex
                     if size == 0:
                         sample.fail("empty image member (0 bytes)", name, at)
                     elif size > max_bytes:
-                        sample.fail(f"image member of {size} bytes is larger than "
+                        sample.fail(f"image member of {size} bytes, longer than "
                                     f"max_document_bytes ({max_bytes})", name, at)
                     else:
                         order = int(image.group(1)) if image.group(1) else -1
