@@ -35,6 +35,18 @@ class ArraySpec:
     wire: np.dtype
 
 
+SHARED_BYTES = 1 << 20
+
+
+@dataclass
+class Wire:
+    """A batch on its way from a worker: one buffer of small arrays, large ones as tensors."""
+
+    data: bytes
+    shapes: list[tuple[str, tuple[int, ...]]]
+    tensors: dict[str, torch.Tensor]
+
+
 @dataclass
 class Batch:
     """One lane batch: named arrays, and whether it is an exhausted lane's padding."""
@@ -110,23 +122,32 @@ class BatchLayout:
         return Batch(arrays, padding)
 
     # -- crossing from a worker to the main process -------------------------------------------
-    def to_wire(self, batch: Batch) -> tuple[bytes, list[tuple[str, tuple[int, ...]]]]:
-        """One buffer (each array in its wire dtype, in `specs` order) and the shapes."""
-        parts, shapes = [], []
+    def to_wire(self, batch: Batch) -> Wire:
+        """Small arrays in one buffer (each in its wire dtype, in `specs` order); arrays of at
+        least `SHARED_BYTES` (pixels) as tensors, which DataLoader hands over in shared memory
+        instead of pickling them through the pipe."""
+        parts, shapes, tensors = [], [], {}
         for spec in self.specs:
             array = batch.arrays[spec.key]
+            if spec.wire == spec.dtype and array.nbytes >= SHARED_BYTES:
+                tensors[spec.key] = torch.from_numpy(np.ascontiguousarray(array))
+                continue
             parts.append(np.ascontiguousarray(array, dtype=spec.wire).tobytes())
             shapes.append((spec.key, tuple(array.shape)))
-        return b"".join(parts), shapes
+        return Wire(b"".join(parts), shapes, tensors)
 
-    def from_wire(self, data: bytes, shapes: list[tuple[str, tuple[int, ...]]],
-                  padding: bool) -> Batch:
+    def from_wire(self, wire: Wire, padding: bool) -> Batch:
         arrays, at = {}, 0
-        for spec, (key, shape) in zip(self.specs, shapes):
+        specs = {spec.key: spec for spec in self.specs}
+        for key, shape in wire.shapes:
+            spec = specs[key]
             count = int(np.prod(shape, dtype=np.int64))
-            array = np.frombuffer(data, dtype=spec.wire, count=count, offset=at).reshape(shape)
+            array = np.frombuffer(wire.data, dtype=spec.wire, count=count,
+                                  offset=at).reshape(shape)
             arrays[key] = array.astype(spec.dtype)
             at += count * spec.wire.itemsize
+        for key, tensor in wire.tensors.items():
+            arrays[key] = tensor.numpy()
         return Batch(arrays, padding)
 
     # -- the user's view ------------------------------------------------------------------------

@@ -39,7 +39,8 @@ class Lane:
                 window_bytes=recipe.shuffle_window_bytes,
                 max_document_bytes=recipe.max_document_bytes, encode=encoder,
                 block_size=block_size,
-                documents=self.layout.document_builder(encoder, src.name))
+                documents=self.layout.document_builder(encoder, src.name),
+                prefetch_tokens=2 * recipe.batch_size * recipe.seq_len)
             self.packers.append(make_packer(
                 recipe.packing, stream, seq_len=recipe.seq_len, pad_id=self.pad_id,
                 mask_document_boundaries=recipe.mask_document_boundaries,

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mixer import dist, workers
-from mixer.batch import TEXT_KEYS, BatchLayout, layout_for
+from mixer.batch import TEXT_KEYS, BatchLayout, Wire, layout_for
 from mixer.errors import DataError, MixerError, StateError, TopologyError
 from mixer.lanes import Lane
 from mixer.recipe import Recipe, load_recipe
@@ -98,7 +98,7 @@ class _LaneDataset(IterableDataset):
                     raise
                 # Sent as an item, not raised: torch would re-create the error from its
                 # message alone, losing `.source`, `.file` and `.location`.
-                yield b"", {"g": g, "error": exc}
+                yield None, {"g": g, "error": exc}
                 return
             meta = {"g": g, "lane": index, "padding": batch.padding,
                     "state": lane.state_dict(), "worker": worker, "io": IO_STATS.as_dict()}
@@ -107,15 +107,14 @@ class _LaneDataset(IterableDataset):
             else:
                 # Across the process boundary: one buffer in compact dtypes through the pipe is
                 # cheaper than int64 tensors in shared memory (measured: about half the time).
-                data, meta["shapes"] = layout.to_wire(batch)
-                yield data, meta
+                yield layout.to_wire(batch), meta
             step += workers
 
 
 def _as_batch(layout: BatchLayout, data: Any, meta: dict) -> dict[str, torch.Tensor]:
     """The user's dict of tensors; lane metadata stays behind."""
-    if isinstance(data, bytes):
-        data = layout.from_wire(data, meta["shapes"], meta["padding"])
+    if isinstance(data, Wire):
+        data = layout.from_wire(data, meta["padding"])
     return layout.to_torch(data)
 
 

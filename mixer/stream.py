@@ -24,7 +24,6 @@ from mixer.slices import SliceItem, lane_slice
 from mixer.sources import EncodedImage, SourceTable, Storage, read_split
 
 STATE_KEYS = ("epoch", "window", "slot", "index", "offset", "pos", "skipped", "done")
-_PREFETCH_DOCS = 8   # documents ahead whose images are decoded in the background
 _TOKENIZE_CHUNK = 64
 _EMPTY_EPOCH_LIMIT = 64  # consecutive empty epochs after which a lane's source counts as empty
 
@@ -55,6 +54,8 @@ class _Window:
     ahead: tuple[int, Future] | None = None   # (start, tokens of the chunk being encoded)
     images: list[tuple[EncodedImage, ...]] | None = None   # per document, when building
     files: list[str] | None = None
+    prefetch_end: int = 0       # documents before this one have their images decoding
+    prefetch_tokens: int = 0    # tokens of the documents after `pos` and before that
 
 
 _pool: tuple[int, ThreadPoolExecutor] | None = None
@@ -95,7 +96,8 @@ class SourceStream:
                  epochs: int | None, on_error: str, text_field: str,
                  storage_options: dict[str, Any], window_docs: int, window_bytes: int,
                  max_document_bytes: int, encode: Callable[[list[str]], list[np.ndarray]],
-                 block_size: int = 8 << 20, documents: DocumentBuilder | None = None) -> None:
+                 block_size: int = 8 << 20, documents: DocumentBuilder | None = None,
+                 prefetch_tokens: int = 0) -> None:
         self.table = table
         self.name = table.name
         self.lane = lane
@@ -110,6 +112,7 @@ class SourceStream:
         self.max_document_bytes = max_document_bytes
         self.encode = encode
         self.documents = documents
+        self.prefetch_tokens = prefetch_tokens   # decode images this many tokens ahead
         self._splits = tuple(table.splits)
         self._slice_epoch = -1
         self._slice: tuple[SliceItem, ...] = ()
@@ -271,9 +274,34 @@ class SourceStream:
         if stop < following:
             win.ahead = (stop, _tokenizer_thread().submit(self._encode, win, stop, following))
 
+    def _prefetch(self, win: _Window) -> None:
+        """Start decoding the images of the documents after `pos`, up to `prefetch_tokens`
+        tokens ahead, so a large image is ready before its batch is assembled."""
+        item = win.tokens[self.pos]
+        if win.prefetch_end <= self.pos:
+            win.prefetch_end, win.prefetch_tokens = self.pos + 1, 0
+        elif isinstance(item, Document):
+            win.prefetch_tokens -= len(item)
+        ahead: list[Any] = []
+        if win.ahead is not None and win.ahead[1].done() and not win.ahead[1].exception():
+            ahead = win.ahead[1].result()   # the next chunk, built in the background
+        while win.prefetch_end < len(win.tokens) and win.prefetch_tokens < self.prefetch_tokens:
+            document = win.tokens[win.prefetch_end]
+            if document is None and ahead and win.ahead is not None:
+                at = win.prefetch_end - win.ahead[0]
+                document = ahead[at] if 0 <= at < len(ahead) else None
+            if document is None:
+                break
+            if isinstance(document, Document):
+                for placement in document.images:
+                    placement.image.prefetch()
+                win.prefetch_tokens += len(document)
+            win.prefetch_end += 1
+
     def _built(self, win: _Window) -> Document | None:
-        """The built document at `pos` with its images decoded (decoding of the next few
+        """The built document at `pos` with its images decoded (decoding of the next ones
         started), or None when it was rejected (counted, or raised)."""
+        self._prefetch(win)
         item = win.tokens[self.pos]
         if isinstance(item, Rejected):
             if item.oversize:
@@ -283,10 +311,6 @@ class SourceStream:
             else:
                 self.skipped_before += 1
             return None
-        for ahead in win.tokens[self.pos + 1:self.pos + 1 + _PREFETCH_DOCS]:
-            if isinstance(ahead, Document):
-                for placement in ahead.images:
-                    placement.image.prefetch()
         try:
             for placement in item.images:
                 placement.image.prefetch()
