@@ -11,9 +11,11 @@ import functools
 import io
 import os
 import pickle
+import signal
 import struct
 import warnings
 import zlib
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -431,12 +433,16 @@ def test_pool_is_made_again_after_fork():
     image.prefetch()
     expected = image.pixels()
     parent_pool = handle._decode_pool()
+    pending = lazy(data, qwen_settings())
+    pending._future = (os.getpid(), Future())       # prefetched here, never done in a child
     pid = os.fork()
     if pid == 0:                                    # child: a fresh pool that works
+        signal.alarm(60)                            # a hang kills the child, failing the test
         ok = handle._decode_pool() is not parent_pool
         child = lazy(data, qwen_settings())
         child.prefetch()
         ok = ok and np.array_equal(child.pixels(), expected)
+        ok = ok and np.array_equal(pending.pixels(), expected)
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
