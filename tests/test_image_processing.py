@@ -192,6 +192,17 @@ def test_modes_and_formats_match_both_processors(mode, fmt):
     check_against_oracle(data, llava_settings(image_size=56))
 
 
+@pytest.mark.parametrize("mode", ["RGBA", "P+transparency", "L", "CMYK"])
+def test_pixels_of_pil_images_in_any_mode(mode):
+    image = make_image(45, 71, mode, seed=8)
+    for images in (qwen_settings(), llava_settings(image_size=42)):
+        processing = processing_for(images)
+        pixels = processing.pixels(image, processing.plan(*image.size))
+        ref = oracle(images)(image)
+        expected = ref["pixel_values"] if images.layout == "qwen2_vl" else ref["pixel_values"][0]
+        assert np.abs(pixels - expected).max() <= TOL
+
+
 def test_transparency_is_composited_on_white():
     image = make_image(40, 30, "RGBA", seed=5)
     rgb = np.asarray(decode_rgb(enc(encode(image, "PNG")), source=SOURCE, file=FILE,

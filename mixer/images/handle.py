@@ -27,8 +27,8 @@ _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def set_decode_threads(threads: int) -> None:
-    """Threads of each process's image pool (default min(4, cpu count)); a pool of another
-    size is dropped, its queued work still done, and the next prefetch makes a new one."""
+    """Threads of each process's image pool (default min(4, cpu count)). The current pool is
+    dropped (its queued work is still done) and the next prefetch makes one of this size."""
     global _threads, _pool
     if threads < 1:
         raise ValueError(f"decode threads must be at least 1, got {threads}")
@@ -67,7 +67,7 @@ class LazyImage:
     """An image of a document (implements `mixer.document.ImageHandle`)."""
 
     def __init__(self, encoded: EncodedImage, size: tuple[int, int], plan: ImagePlan,
-                 processing: Processing, *, extra_tokens: int, source: str, file: str,
+                 processing: Processing, extra_tokens: int, source: str, file: str,
                  max_source_pixels: int) -> None:
         self.encoded = encoded
         self._size = size
