@@ -11,9 +11,11 @@ import functools
 import io
 import os
 import pickle
+import signal
 import struct
 import warnings
 import zlib
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -188,6 +190,17 @@ def test_modes_and_formats_match_both_processors(mode, fmt):
     data = encode(make_image(97, 61, mode, seed=3), fmt)
     check_against_oracle(data, qwen_settings())
     check_against_oracle(data, llava_settings(image_size=56))
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "P+transparency", "L", "CMYK"])
+def test_pixels_of_pil_images_in_any_mode(mode):
+    image = make_image(45, 71, mode, seed=8)
+    for images in (qwen_settings(), llava_settings(image_size=42)):
+        processing = processing_for(images)
+        pixels = processing.pixels(image, processing.plan(*image.size))
+        ref = oracle(images)(image)
+        expected = ref["pixel_values"] if images.layout == "qwen2_vl" else ref["pixel_values"][0]
+        assert np.abs(pixels - expected).max() <= TOL
 
 
 def test_transparency_is_composited_on_white():
@@ -431,12 +444,16 @@ def test_pool_is_made_again_after_fork():
     image.prefetch()
     expected = image.pixels()
     parent_pool = handle._decode_pool()
+    pending = lazy(data, qwen_settings())
+    pending._future = (os.getpid(), Future())       # prefetched here, never done in a child
     pid = os.fork()
     if pid == 0:                                    # child: a fresh pool that works
+        signal.alarm(60)                            # a hang kills the child, failing the test
         ok = handle._decode_pool() is not parent_pool
         child = lazy(data, qwen_settings())
         child.prefetch()
         ok = ok and np.array_equal(child.pixels(), expected)
+        ok = ok and np.array_equal(pending.pixels(), expected)
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0

@@ -10,8 +10,9 @@ PIL's own decompression-bomb check reads the global `PIL.Image.MAX_IMAGE_PIXELS`
 and raises at twice it. We leave that global alone and open images the way `PIL.Image.open`
 does minus that check (`_open`), checking `max_source_pixels` from the recipe instead, so no
 `DecompressionBombWarning` is printed and the recipe alone decides. (A few PIL plugins repeat
-PIL's check while decoding -- a GIF frame larger than its canvas, TIFF tiles; past PIL's limit
-those raise, and the error becomes a `DataError` like any other.)
+PIL's check inside: a GIF frame that grows its canvas, MPO frames, TIFF tiles. Past PIL's limit,
+which is above our default max_source_pixels, those still warn, or raise an error that becomes a
+`DataError` like any other.)
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def set_decode_threads(threads: int) -> None:
-    """Threads of each process's image pool (default min(4, cpu count)); a pool of another
-    size is dropped, its queued work still done, and the next prefetch makes a new one."""
+    """Threads of each process's image pool (default min(4, cpu count)). The current pool is
+    dropped (its queued work is still done) and the next prefetch makes one of this size."""
     global _threads, _pool
     if threads < 1:
         raise ValueError(f"decode threads must be at least 1, got {threads}")
@@ -52,11 +52,22 @@ def _decode_pool() -> ThreadPoolExecutor:
         return _pool[1]
 
 
+def _after_fork_in_child() -> None:
+    # The parent's pool threads do not exist here, and its lock may have been held at fork.
+    global _lock, _pool
+    _lock = threading.Lock()
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class LazyImage:
     """An image of a document (implements `mixer.document.ImageHandle`)."""
 
     def __init__(self, encoded: EncodedImage, size: tuple[int, int], plan: ImagePlan,
-                 processing: Processing, *, extra_tokens: int, source: str, file: str,
+                 processing: Processing, extra_tokens: int, source: str, file: str,
                  max_source_pixels: int) -> None:
         self.encoded = encoded
         self._size = size
@@ -66,7 +77,7 @@ class LazyImage:
         self.source = source
         self.file = file
         self.max_source_pixels = max_source_pixels
-        self._future: Future[np.ndarray] | None = None
+        self._future: tuple[int, Future[np.ndarray]] | None = None   # (pid, pending pixels)
         self._pixels: np.ndarray | None = None
 
     @classmethod
@@ -113,20 +124,23 @@ class LazyImage:
     def prefetch(self) -> None:
         """Start making the pixels on the process's image pool (no-op if started or made)."""
         if self._future is None and self._pixels is None:
-            self._future = _decode_pool().submit(self._compute)
+            self._future = (os.getpid(), _decode_pool().submit(self._compute))
 
     def pixels(self) -> np.ndarray:
         """The model's input for the image (see `processing`): waits for the prefetch, or
         makes it here. Raises the `DataError` of bytes that do not decode."""
         if self._pixels is None:
-            future, self._future = self._future, None
-            self._pixels = self._compute() if future is None else future.result()
+            pending, self._future = self._future, None
+            if pending is not None and pending[0] == os.getpid():
+                self._pixels = pending[1].result()
+            else:      # not prefetched, or prefetched by a parent before fork (never done)
+                self._pixels = self._compute()
         return self._pixels
 
     def release(self) -> None:
         """Drop the pixels (made or being made); `pixels()` would make them again."""
         if self._future is not None:
-            self._future.cancel()
+            self._future[1].cancel()
         self._future = None
         self._pixels = None
 

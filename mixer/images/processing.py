@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from mixer.images.decode import to_rgb
 from mixer.recipe import ImageSettings
 
 MAX_ASPECT_RATIO = 200   # qwen2_vl's smart_resize refuses longer/shorter sides past this
@@ -75,8 +76,7 @@ def _planes(image: Image.Image, tables: list[list[float]]) -> Iterator[np.ndarra
 
 
 def _resized(image: Image.Image, width: int, height: int) -> Image.Image:
-    if image.mode != "RGB":
-        raise ValueError(f"expected an RGB image (decode.to_rgb), got mode {image.mode}")
+    image = to_rgb(image)            # as the processors do; no-op on decode_rgb's images
     if image.size == (width, height):
         return image     # PIL's resize to the same size is a copy
     return image.resize((width, height), Image.Resampling.BICUBIC)
@@ -140,7 +140,8 @@ class Qwen2VLProcessing:
         return np.zeros((0, *self.row_shape), dtype=np.float32)
 
     def pixels(self, image: Image.Image, plan: ImagePlan) -> np.ndarray:
-        """(plan.rows, 3 · temporal_patch_size · patch_size²) float32 for an RGB image."""
+        """(plan.rows, 3 · temporal_patch_size · patch_size²) float32; `image` in any mode
+        (converted as `decode.to_rgb` does), its size need not be the planned one."""
         image = _resized(image, plan.width, plan.height)
         p, m, frames = self.patch, self.merge, self.frames
         _, gh, gw = plan.grid_thw
@@ -189,7 +190,7 @@ class LlavaProcessing:
         return (self.size, new_long) if width <= height else (new_long, self.size)
 
     def pixels(self, image: Image.Image, plan: ImagePlan) -> np.ndarray:
-        """(3, image_size, image_size) float32 for an RGB image."""
+        """(3, image_size, image_size) float32; `image` in any mode (see `decode.to_rgb`)."""
         width, height = self.resized_size(*image.size)
         image = _resized(image, width, height)
         left, top = (width - self.size) // 2, (height - self.size) // 2   # rounds down
