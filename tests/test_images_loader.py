@@ -304,3 +304,26 @@ def test_corrupt_image_is_a_data_error_naming_member_or_a_counted_skip(corpus, t
     batches = take(loader, None)
     assert sum(b["image_grid_thw"].shape[0] for b in batches) == 2
     assert loader.metrics()["skipped"]["bad"] == 1
+
+
+@pytest.mark.parametrize("layout", ["qwen2_vl", "llava"])
+def test_loader_batches_train_like_their_documents_alone(corpus, layout):
+    """The real loader's packed rows, fed to tiny random models: every document's logits in
+    the packed batch equal its logits alone (vlm_models.assert_packed_equals_alone)."""
+    from vlm_models import assert_packed_equals_alone, tiny_llava, tiny_qwen2_vl
+
+    ids = vision_ids(corpus[1])
+    vocab = max(ids.values()) + 1
+    if layout == "qwen2_vl":
+        model = tiny_qwen2_vl(vocab, ids["<|image_pad|>"], ids["<|vision_start|>"],
+                              ids["<|vision_end|>"])
+        recipe = recipe_of(corpus)
+    else:
+        model = tiny_llava(vocab, ids["<image>"], image_size=28, patch_size=14)
+        recipe = recipe_of(corpus, layout="llava", image_size=28)
+    seen = Counter()
+    for batch in take(mixer.build_loader(recipe), 4):
+        counts = assert_packed_equals_alone(model, batch, layout, eos_id=EOS_ID,
+                                            require_coverage=False)
+        seen.update(counts)
+    assert seen["units_with_images"] > 0 and seen["packed_rows"] > 0, seen

@@ -6,5 +6,7 @@
                    its header alone, and its pixels (PIL bicubic on uint8, then normalize)
     handle.py      LazyImage: a document's image, its cost known before decoding; pixels
                    decoded ahead of need on a small per-process thread pool
+    documents.py   records -> documents: markers, placeholder spans, fitting a row (oversize)
+    rope.py        Qwen2-VL M-RoPE positions of one document, as the model computes them
     layouts.py     the qwen2_vl and llava batch layouts (keys, M-RoPE positions, pixels)
 """

@@ -1,0 +1,277 @@
+"""Tiny random-weight vision-language models, and the oracle that packed rows train like
+documents alone.
+
+`assert_packed_equals_alone` knows nothing of how a batch was made: it reads the units of each
+row from `position_ids` (row 0 for qwen2_vl) and `source_ids`, hands each unit's images to it by
+counting placeholders in order, and compares the packed batch's logits with those of each unit
+run alone, the model computing that unit's positions itself (Qwen2-VL's own `get_rope_index`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import (
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+)
+
+# Weights wider than transformers' default (std 0.02) so that attention is far from uniform
+# and a wrong position or a leaked token moves the logits by much more than the tolerance.
+INIT_STD = 0.3
+
+
+def _finish(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim >= 2:  # matrices and convolutions; norms keep their ones and zeros
+                param.copy_(torch.randn(param.shape, generator=generator) * INIT_STD)
+            elif name.endswith("bias"):
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    return model.eval()
+
+
+def tiny_qwen2_vl(vocab_size: int, image_pad_id: int, vision_start_id: int, vision_end_id: int,
+                  *, hidden_size: int = 32, num_layers: int = 1, num_heads: int = 2,
+                  patch_size: int = 14, temporal_patch_size: int = 2,
+                  spatial_merge_size: int = 2, seed: int = 0
+                  ) -> Qwen2VLForConditionalGeneration:
+    """A random float32 Qwen2-VL (sdpa, no cache) whose vision tower has depth 1."""
+    head_dim = hidden_size // num_heads
+    if head_dim % 8:
+        raise ValueError("hidden_size // num_heads must be a multiple of 8 (M-RoPE sections)")
+    half = head_dim // 2
+    section = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]  # 16:24:24 like 7B
+    torch.manual_seed(seed)
+    config = Qwen2VLConfig(
+        text_config=dict(vocab_size=vocab_size, hidden_size=hidden_size,
+                         intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+                         num_attention_heads=num_heads, num_key_value_heads=num_heads,
+                         max_position_embeddings=1 << 16, use_cache=False,
+                         bos_token_id=None, eos_token_id=None,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                          "mrope_section": section}),
+        vision_config=dict(depth=1, embed_dim=hidden_size, hidden_size=hidden_size,
+                           num_heads=num_heads, mlp_ratio=2, patch_size=patch_size,
+                           temporal_patch_size=temporal_patch_size,
+                           spatial_merge_size=spatial_merge_size),
+        image_token_id=image_pad_id, vision_start_token_id=vision_start_id,
+        vision_end_token_id=vision_end_id, video_token_id=vocab_size + 1)
+    model = Qwen2VLForConditionalGeneration._from_config(config, attn_implementation="sdpa",
+                                                         dtype=torch.float32)
+    return _finish(model, seed)
+
+
+def tiny_llava(vocab_size: int, image_token_id: int, image_size: int, patch_size: int,
+               *, hidden_size: int = 32, num_layers: int = 1, num_heads: int = 2,
+               seed: int = 0) -> LlavaForConditionalGeneration:
+    """A random float32 LLaVA (CLIP tower of 2 layers, Llama of `num_layers`; sdpa, no cache).
+
+    LLaVA's defaults: features of the vision tower's second-to-last layer, CLS dropped, so an
+    image stands for (image_size / patch_size)² `image_token_id` tokens.
+    """
+    torch.manual_seed(seed)
+    vision = CLIPVisionConfig(hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                              num_hidden_layers=2, num_attention_heads=num_heads,
+                              image_size=image_size, patch_size=patch_size,
+                              projection_dim=hidden_size)
+    text = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size,
+                       intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+                       num_attention_heads=num_heads, num_key_value_heads=num_heads,
+                       max_position_embeddings=1 << 16, use_cache=False,
+                       bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=image_token_id,
+                         image_seq_length=(image_size // patch_size) ** 2,
+                         vision_feature_select_strategy="default", vision_feature_layer=-2)
+    model = LlavaForConditionalGeneration._from_config(config, attn_implementation="sdpa",
+                                                       dtype=torch.float32)
+    return _finish(model, seed)
+
+
+@dataclass
+class Unit:
+    """A 0-start run of real tokens in one row, and the images its placeholders stand for."""
+
+    row: int
+    start: int
+    end: int
+    images: list[int]  # indices into the batch's images, in placeholder order
+
+
+def _units(batch: dict[str, torch.Tensor], layout: str) -> list[Unit]:
+    positions = batch["position_ids"]
+    text_positions = positions[0] if layout == "qwen2_vl" else positions
+    units = []
+    for row, (reals, starts) in enumerate(zip((batch["source_ids"] >= 0).tolist(),
+                                              (text_positions == 0).tolist())):
+        start = None
+        for index, (is_real, at_zero) in enumerate(zip(reals, starts)):
+            begins = is_real and (start is None or at_zero)
+            if start is not None and (begins or not is_real):
+                units.append(Unit(row, start, index, []))
+                start = None
+            if begins:
+                start = index
+        if start is not None:
+            units.append(Unit(row, start, len(reals), []))
+    return units
+
+
+def _assign_images(units: list[Unit], batch: dict[str, torch.Tensor], model, layout: str) -> int:
+    """Hand each unit its images by counting placeholders in order; returns how many images."""
+    ids = batch["input_ids"]
+    if layout == "qwen2_vl":
+        grids = batch["image_grid_thw"].tolist()
+        merge = model.config.vision_config.spatial_merge_size
+        pad = model.config.image_token_id
+        sizes = [t * h * w // merge ** 2 for t, h, w in grids]
+    else:
+        vision = model.config.vision_config
+        pad = model.config.image_token_id
+        sizes = [(vision.image_size // vision.patch_size) ** 2] * batch["pixel_values"].shape[0]
+    image = 0
+    for unit in units:
+        is_pad = (ids[unit.row, unit.start:unit.end] == pad).tolist()
+        index = 0
+        while index < len(is_pad):
+            if not is_pad[index]:
+                index += 1
+                continue
+            assert image < len(sizes), (f"row {unit.row}: more image placeholders than images "
+                                        f"({len(sizes)}) in the batch")
+            count = sizes[image]
+            if layout == "qwen2_vl":  # one run of pads is one image (llava's may touch)
+                count = next((i for i in range(index, len(is_pad)) if not is_pad[i]),
+                             len(is_pad)) - index
+            assert count == sizes[image] and all(is_pad[index:index + count]), (
+                f"row {unit.row}, token {unit.start + index}: image {image} needs {sizes[image]} "
+                f"placeholders inside one unit")
+            unit.images.append(image)
+            image += 1
+            index += count
+    assert image == len(sizes), f"{len(sizes)} images in the batch, {image} placeholder groups"
+    return image
+
+
+def _inputs(batch: dict[str, torch.Tensor], layout: str, images: list[int], row: int,
+            start: int, end: int, pixel_offsets: list[int]) -> dict[str, torch.Tensor]:
+    """The model inputs of tokens [start, end) of a row, run alone (positions left to the
+    model), with the given images."""
+    ids = batch["input_ids"][row:row + 1, start:end]
+    inputs = {"input_ids": ids}
+    if not images:
+        return inputs
+    if layout == "qwen2_vl":
+        pixels = [batch["pixel_values"][pixel_offsets[i]:pixel_offsets[i + 1]] for i in images]
+        inputs["pixel_values"] = torch.cat(pixels)
+        inputs["image_grid_thw"] = batch["image_grid_thw"][images]
+    else:
+        inputs["pixel_values"] = batch["pixel_values"][images]
+    return inputs
+
+
+def _forward(model, layout: str, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    if layout == "qwen2_vl":
+        # The model needs mm_token_type_ids to compute M-RoPE itself (1 on image pads).
+        inputs = dict(inputs)
+        inputs.setdefault("mm_token_type_ids",
+                          (inputs["input_ids"] == model.config.image_token_id).long())
+    with torch.no_grad():
+        return model(**inputs, use_cache=False).logits
+
+
+def _packed_inputs(batch: dict[str, torch.Tensor], layout: str,
+                   n_images: int) -> dict[str, torch.Tensor]:
+    keys = ["input_ids", "position_ids"]
+    if layout == "qwen2_vl":
+        keys.append("mm_token_type_ids")
+    if n_images:
+        keys += ["pixel_values", "image_grid_thw"] if layout == "qwen2_vl" else ["pixel_values"]
+    return {key: batch[key] for key in keys if key in batch}
+
+
+def assert_packed_equals_alone(model, batch: dict[str, torch.Tensor], layout: str,
+                               atol: float = 1e-4, *, check_positions: bool = True,
+                               eos_id: int | None = None,
+                               require_coverage: bool = True) -> dict[str, int]:
+    """Every document of a packed batch has the logits it has when run alone (≤ atol).
+
+    A unit is a run of real tokens (`source_ids >= 0`) starting where the text positions
+    (`position_ids`, row 0 of qwen2_vl's four) are 0: a document, or the piece of one that
+    continues at a row start. The batch runs once as given (no attention mask: the model derives
+    the block-diagonal mask from the positions); each unit then runs alone with its images and
+    positions computed by the model itself. With `check_positions` the batch's positions of each
+    unit must also equal, exactly, those the model computes for it alone (row 0: 0, 1, ...;
+    qwen2_vl rows 1-3: `get_rope_index`): a constant shift of M-RoPE rows within a document
+    leaves the logits equal (RoPE is relative), so only this check sees it. With `eos_id`, no
+    unit may hold that token before its last position (two documents merged into one unit).
+    Unless `require_coverage` is False, at least one compared unit has images and one row holds
+    two or more units, so the check cannot pass vacuously. Returns the counts it saw.
+    """
+    if layout not in ("qwen2_vl", "llava"):
+        raise ValueError(f"unknown layout {layout!r}")
+    rows, length = batch["input_ids"].shape
+    want = (4, rows, length) if layout == "qwen2_vl" else (rows, length)
+    assert tuple(batch["position_ids"].shape) == want, (
+        f"position_ids has shape {tuple(batch['position_ids'].shape)}, {layout} needs {want}")
+    units = _units(batch, layout)
+    n_images = _assign_images(units, batch, model, layout)
+    offsets = [0]
+    if layout == "qwen2_vl":
+        for t, h, w in batch["image_grid_thw"].tolist():
+            offsets.append(offsets[-1] + t * h * w)
+        assert offsets[-1] == batch["pixel_values"].shape[0], (
+            f"pixel_values has {batch['pixel_values'].shape[0]} rows, the grids need "
+            f"{offsets[-1]}")
+    packed = _forward(model, layout, _packed_inputs(batch, layout, n_images))
+    for unit in units:
+        where = f"row {unit.row}, tokens {unit.start}:{unit.end}"
+        ids = batch["input_ids"][unit.row, unit.start:unit.end]
+        if eos_id is not None:
+            assert not bool((ids[:-1] == eos_id).any()), (
+                f"{where}: an EOS inside the unit (a document does not restart its positions)")
+        inputs = _inputs(batch, layout, unit.images, unit.row, unit.start, unit.end, offsets)
+        if check_positions:
+            _check_positions(model, batch, layout, unit, inputs, where)
+        alone = _forward(model, layout, inputs)[0]
+        diff = (packed[unit.row, unit.start:unit.end] - alone).abs().max().item()
+        assert diff <= atol, (f"{where} (images {unit.images}): packed logits differ from the "
+                              f"unit alone by {diff:.3g} > {atol}")
+    units_per_row = [sum(u.row == row for u in units) for row in range(batch["input_ids"].shape[0])]
+    seen = {"units": len(units), "units_with_images": sum(bool(u.images) for u in units),
+            "images": n_images, "packed_rows": sum(n >= 2 for n in units_per_row)}
+    if require_coverage:
+        assert seen["units_with_images"] >= 1, f"no unit with images was compared: {seen}"
+        assert seen["packed_rows"] >= 1, f"no row holds two or more documents: {seen}"
+    return seen
+
+
+def _check_positions(model, batch, layout: str, unit: Unit, inputs, where: str) -> None:
+    positions = batch["position_ids"]
+    length = unit.end - unit.start
+    text = torch.arange(length)
+    if layout == "llava":
+        got = positions[unit.row, unit.start:unit.end]
+        assert torch.equal(got, text), f"{where}: positions {got.tolist()} are not 0, 1, ..."
+        return
+    got = positions[:, unit.row, unit.start:unit.end]
+    assert torch.equal(got[0], text), f"{where}: text positions {got[0].tolist()}"
+    mm = (inputs["input_ids"] == model.config.image_token_id).long()
+    if "mm_token_type_ids" in batch:
+        assert torch.equal(batch["mm_token_type_ids"][unit.row, unit.start:unit.end], mm[0]), (
+            f"{where}: mm_token_type_ids is not 1 exactly on <|image_pad|>")
+    if "image_grid_thw" in inputs:
+        want, _ = model.model.get_rope_index(inputs["input_ids"], mm,
+                                             image_grid_thw=inputs["image_grid_thw"])
+        want = want[:, 0]
+    else:  # text alone: the model's positions are 0, 1, ... in all three rows
+        want = text.expand(3, -1)
+    assert torch.equal(got[1:], want), (
+        f"{where}: M-RoPE rows differ from the model's get_rope_index of the unit alone:\n"
+        f"got  {got[1:].tolist()}\nwant {want.tolist()}")
