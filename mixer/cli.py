@@ -77,8 +77,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def _print_images(report: dict[str, Any]) -> None:
     """The image table of `inspect` under an image layout."""
-    print(f"\nimages under the {report['layout']} layout (~tokens above include them; "
-          "sampled from each source's first split, sizes read from headers):")
+    print(f"\nimages under the {report['layout']} layout (sampled from each source's first "
+          "split; sizes from image headers,\nnothing decoded; image tokens are placeholder "
+          "tokens; ~tokens above include them):")
     print(format_table(report["sources"], [
         ("name", "source"), ("sampled_documents", "sampled docs"),
         ("images_per_doc", "images/doc"), ("image_tokens_per_doc", "image tok/doc"),

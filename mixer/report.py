@@ -24,8 +24,9 @@ _CHUNK = 64
 
 def _build(layout: BatchLayout, encoder: Encoder, source: str, texts: list[str],
            images: list, files: list[str]) -> dict[str, float]:
-    """Sequence tokens, images and image tokens of sampled records under an image layout,
-    and how many became no document (oversize, or rejected as bad input)."""
+    """Sequence tokens, images and image tokens (the placeholders, as `preview` shows them:
+    qwen2_vl's `<|vision_start|>`/`<|vision_end|>` count only as sequence tokens) of sampled
+    records under an image layout, and how many became no document (oversize, or bad)."""
     builder = layout.document_builder(encoder, source)
     assert builder is not None
     out = {"tokens": 0, "images": 0, "image_tokens": 0, "oversize": 0, "rejected": 0}
@@ -37,7 +38,7 @@ def _build(layout: BatchLayout, encoder: Encoder, source: str, texts: list[str],
                 continue
             out["tokens"] += doc.cost
             out["images"] += len(doc.images)
-            out["image_tokens"] += sum(p.length for p in doc.images)
+            out["image_tokens"] += sum(p.image.plan.tokens for p in doc.images)
     return out
 
 
