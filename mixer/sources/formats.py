@@ -18,6 +18,7 @@ from mixer.sources.jsonl import read_jsonl, read_jsonl_gz, read_jsonl_zst
 from mixer.sources.parquet import read_parquet, row_groups
 from mixer.sources.storage import Storage
 from mixer.sources.text import read_text
+from mixer.sources.webdataset import read_webdataset
 from mixer.sources.zstd_frames import group_frames, scan_frames
 
 
@@ -89,6 +90,10 @@ def _one_document(req: SplitRequest) -> list[Split]:
     return [Split(req.index, 0, req.entry.size, 1)]
 
 
+def _one_tar(req: SplitRequest) -> list[Split]:
+    return [Split(req.index, 0, req.entry.size)]   # sample count unknown; seekable by offset
+
+
 def _row_groups(req: SplitRequest) -> list[Split]:
     return [Split(req.index, g, g, rows)
             for g, rows in enumerate(row_groups(req.storage, req.entry)) if rows]
@@ -125,6 +130,7 @@ register(Format("jsonl.zst", (".jsonl.zst", ".json.zst", ".jsonl.zstd"), read_js
                 _zstd_frames, compression="zstd", offset_unit="decompressed byte offset"))
 register(Format("parquet", (".parquet", ".pq"), read_parquet, _row_groups, offset_unit="row"))
 register(Format("text", (".txt", ".text", ".md"), read_text, _one_document))
+register(Format("webdataset", (".tar",), read_webdataset, _one_tar, default_text_field="txt"))
 
 
 def infer_format(name: str) -> str | None:
