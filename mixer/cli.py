@@ -1,4 +1,8 @@
-"""`mixer` command line: validate, inspect, preview and bench a recipe."""
+"""`mixer` command line: validate, index, inspect, preview and bench a recipe.
+
+What `inspect` reports is computed in `report.py`; how `preview` shows image batches
+(placeholders, images rebuilt from `pixel_values`) in `preview.py`.
+"""
 
 from __future__ import annotations
 
