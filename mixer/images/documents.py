@@ -109,10 +109,17 @@ class ImageDocuments:
         sizes = []
         for image in imgs:
             try:
-                sizes.append(probe(image, source=self.source, file=file,
-                                   max_source_pixels=self.settings.max_source_pixels))
+                size = probe(image, source=self.source, file=file,
+                             max_source_pixels=self.settings.max_source_pixels)
+                self.processing.plan(*size)
             except DataError as exc:
                 return Rejected(exc)
+            except ValueError as exc:   # a shape the layout cannot plan (aspect ratio)
+                return Rejected(DataError(f"image of {size[0]}x{size[1]}: {exc}",
+                                          source=self.source, file=file,
+                                          location=f"member {image.member} at byte offset "
+                                          f"{image.offset}"))
+            sizes.append(size)
         return self._fit(pieces, imgs, sizes, file)
 
     def _plans(self, sizes: list[tuple[int, int]]) -> Callable[[], list[ImagePlan] | None]:

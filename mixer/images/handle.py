@@ -94,6 +94,11 @@ class LazyImage:
         """Sequence tokens of the image: its placeholders and the layout's wrapping tokens."""
         return self.plan.tokens + self.extra_tokens
 
+    @property
+    def rows(self) -> int:
+        """Rows the image adds to the batch's `pixel_values`."""
+        return self.plan.rows
+
     def replan(self, plan: ImagePlan) -> LazyImage:
         """The same image under another plan (e.g. one of `processing.lower_plans`)."""
         return LazyImage(self.encoded, self._size, plan, self.processing,
