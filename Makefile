@@ -1,4 +1,5 @@
-# `make demo`: set up from scratch and run the demo; `make test`: set up and run every test.
+# `make demo`: set up from scratch and run the demos (text, then image+text);
+# `make test`: set up and run every test.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -20,6 +21,13 @@ demo: setup
 	$(VENV)/bin/mixer inspect recipes/demo.yaml
 	$(VENV)/bin/mixer preview recipes/demo.yaml -n 3 --chars 300
 	$(VENV)/bin/mixer bench recipes/demo.yaml --batches 300 --num-workers 2 --no-progress
+	# image+text: generated picture captions mixed with two text sources (qwen2_vl batches)
+	$(VENV)/bin/mixer validate recipes/multimodal_demo.yaml
+	$(VENV)/bin/mixer inspect recipes/multimodal_demo.yaml
+	$(VENV)/bin/mixer preview recipes/multimodal_demo.yaml -n 2 --chars 600 \
+		--save-images out/demo-images
+	$(VENV)/bin/mixer bench recipes/multimodal_demo.yaml --batches 100 --num-workers 2 \
+		--no-progress
 
 lint: setup
 	$(VENV)/bin/ruff check mixer tests benchmarks examples

@@ -1,7 +1,9 @@
 """Rebuild the bundled sample corpus and tokenizer from text found on a Debian/Python machine.
 
 Run from the repo root: `python data/make_sample.py`. The outputs are committed, so users never
-need to run this; it documents where the sample data came from.
+need to run this; it documents where the sample data came from. It ends by running
+`make_image_sample.py` (the generated image+text shards and `tokenizer_vlm.json`, which
+extends the tokenizer trained here).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
+from make_image_sample import main as make_image_sample
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 OUT = Path(__file__).parent / "sample"
@@ -85,7 +88,8 @@ def main() -> None:
     tok.save(str(Path(__file__).parent / "tokenizer.json"))
     print({k: len(v) for k, v in [("prose", prose), ("code", code), ("changelog", changes),
                                   ("licenses", licenses)]})
-    os.system(f"du -sh {OUT}/* {Path(__file__).parent / 'tokenizer.json'}")
+    make_image_sample()
+    os.system(f"du -sh {OUT}/* {Path(__file__).parent / 'tokenizer*.json'}")
 
 
 if __name__ == "__main__":

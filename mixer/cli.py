@@ -1,4 +1,8 @@
-"""`mixer` command line: validate, inspect, preview and bench a recipe."""
+"""`mixer` command line: validate, index, inspect, preview and bench a recipe.
+
+What `inspect` reports is computed in `report.py`; how `preview` shows image batches
+(placeholders, images rebuilt from `pixel_values`) in `preview.py`.
+"""
 
 from __future__ import annotations
 
@@ -70,7 +74,32 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if row["worst_resume_bytes"]:
             print(f"note: source {row['name']!r} has compressed splits; resuming "
                   f"inside one decompresses up to {row['worst_resume_bytes']:,} stored bytes")
+    if report["layout"] != "text":
+        _print_images(report)
     return 0
+
+
+def _print_images(report: dict[str, Any]) -> None:
+    """The image table of `inspect` under an image layout."""
+    print(f"\nimages under the {report['layout']} layout (sampled from each source's first "
+          "split; sizes from image headers,\nnothing decoded; image tokens are placeholder "
+          "tokens; ~tokens above include them):")
+    print(format_table(report["sources"], [
+        ("name", "source"), ("sampled_documents", "sampled docs"),
+        ("images_per_doc", "images/doc"), ("image_tokens_per_doc", "image tok/doc"),
+        ("est_images", "~images"), ("est_image_tokens", "~image tokens"),
+        ("image_token_share", "image tok share"), ("sampled_oversize", "oversize"),
+        ("sampled_rejected", "rejected")]))
+    for row in report["sources"]:
+        if row["sampled_oversize"]:
+            print(f"note: source {row['name']!r}: {row['sampled_oversize']} of "
+                  f"{row['sampled_documents']} sampled documents do not fit seq_len "
+                  f"{report['seq_len']} even at the lowest resolution (or the per-batch image "
+                  "caps); they are skipped and counted in metrics()['oversize']")
+        if row["sampled_rejected"]:
+            print(f"note: source {row['name']!r}: {row['sampled_rejected']} of "
+                  f"{row['sampled_documents']} sampled documents are bad input (errors, or "
+                  "skipped with on_error: skip)")
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -93,27 +122,41 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from mixer.loader import build_loader
+    from mixer.preview import RowRenderer, batch_images, join, save_images
     from mixer.tokenize import Encoder
 
     recipe = _load(args.recipe)
     loader = build_loader(recipe, num_workers=0)
     encoder = Encoder(loader.tokenizer)
     names = [s.name for s in recipe.sources]
-    shown = 0
+    folder = Path(args.save_images) if args.save_images else None
+    shown = saved = 0
     with loader:
-        for batch in loader:
-            for ids, sources in zip(batch["input_ids"].tolist(), batch["source_ids"].tolist()):
+        for b, batch in enumerate(loader):
+            renderer = RowRenderer(loader.layout, encoder, batch)
+            images = batch_images(batch, loader.layout) if folder is not None else []
+            for r, (ids, sources) in enumerate(zip(batch["input_ids"].tolist(),
+                                                   batch["source_ids"].tolist())):
                 if shown >= args.n:
-                    return 0
+                    break
                 real = [i for i, s in zip(ids, sources) if s >= 0]
                 label = names[max(sources)] if real else "padding"
-                text = encoder.decode(real)
-                if args.chars and len(text) > args.chars:
-                    text = text[:args.chars] + " …"
-                print(f"--- sequence {shown} [{label}] {len(real)} tokens")
-                print(text)
+                pieces, image_tokens = renderer.render(real)
+                refs = [p for p in pieces if not isinstance(p, str)]
+                extra = (f", {len(refs)} image(s) of {image_tokens} tokens" if refs else "")
+                print(f"--- sequence {shown} [{label}] {len(real)} tokens{extra}")
+                print(join(pieces, args.chars))
+                if folder is not None and refs:
+                    saved += len(save_images(images, refs, folder, batch=b, row=r,
+                                             source=label))
                 shown += 1
+            if shown >= args.n:
+                break
+    if folder is not None:
+        print(f"saved {saved} image(s) to {folder}")
     return 0
 
 
@@ -135,13 +178,15 @@ def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool) ->
     start = time.perf_counter()
     loader = build_loader(recipe, num_workers=num_workers)
     first = None
-    got = 0
+    got = images = 0
     with loader, tqdm(total=batches, disable=not progress, unit="batch",
                       file=sys.stderr) as bar:
         for batch in loader:
             if first is None:
                 first = time.perf_counter() - start
             ids = batch["source_ids"].flatten()
+            if "pixel_values" in batch:   # one grid row per image (qwen2_vl), else one crop
+                images += len(batch.get("image_grid_thw", batch["pixel_values"]))
             for i, name in enumerate(names):
                 counts[name] += int((ids == i).sum())
             got += 1
@@ -151,11 +196,15 @@ def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool) ->
         metrics = loader.metrics()
     elapsed = time.perf_counter() - start
     total = sum(counts.values())
-    return {"batches": got, "num_workers": num_workers, "tokens": total,
-            "seconds": elapsed, "tokens_per_s": total / elapsed if elapsed else 0.0,
-            "time_to_first_batch_s": first, "peak_rss_mb": peak_rss_mb(),
-            "share": {n: (counts[n] / total if total else 0.0) for n in names},
-            "weight": dict(zip(names, recipe.weights)), "skipped": metrics["skipped"]}
+    result = {"batches": got, "num_workers": num_workers, "tokens": total,
+              "seconds": elapsed, "tokens_per_s": total / elapsed if elapsed else 0.0,
+              "time_to_first_batch_s": first, "peak_rss_mb": peak_rss_mb(),
+              "share": {n: (counts[n] / total if total else 0.0) for n in names},
+              "weight": dict(zip(names, recipe.weights)), "skipped": metrics["skipped"]}
+    if recipe.images is not None:
+        result.update(images=images, images_per_s=images / elapsed if elapsed else 0.0,
+                      oversize=metrics.get("oversize", {}))
+    return result
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -168,10 +217,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
           f"tokens {result['tokens']:,}  in {result['seconds']:.2f} s")
     print(f"throughput {result['tokens_per_s']:,.0f} tokens/s   time to first batch "
           f"{result['time_to_first_batch_s'] or 0:.3f} s   peak RSS {result['peak_rss_mb']:.0f} MB")
+    columns = [("source", "source"), ("weight", "weight"), ("share", "realized share"),
+               ("skipped", "skipped")]
+    if "images" in result:
+        print(f"images {result['images']:,} ({result['images_per_s']:,.0f} images/s)")
+        columns.append(("oversize", "oversize"))
     rows = [{"source": n, "weight": result["weight"][n], "share": result["share"][n],
-             "skipped": result["skipped"].get(n, 0)} for n in result["share"]]
-    print(format_table(rows, [("source", "source"), ("weight", "weight"),
-                              ("share", "realized share"), ("skipped", "skipped")]))
+             "skipped": result["skipped"].get(n, 0),
+             "oversize": result.get("oversize", {}).get(n, 0)} for n in result["share"]]
+    print(format_table(rows, columns))
     return 0
 
 
@@ -183,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "naming the bad field")
     p.add_argument("recipe")
     p.set_defaults(func=cmd_validate)
-    p = sub.add_parser("inspect", help="per-source files, splits, sizes, estimates, repeats")
+    p = sub.add_parser("inspect", help="per-source files, splits, sizes, estimates, repeats; "
+                       "under an image layout also images and image tokens per document")
     p.add_argument("recipe")
     p.add_argument("--tokens", type=float, default=1e9,
                    help="training tokens for the repeats column (default 1e9)")
@@ -194,12 +249,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="manifest path (default: the recipe's `manifest`, "
                    "else RECIPE.manifest.json)")
     p.set_defaults(func=cmd_index)
-    p = sub.add_parser("preview", help="print the first sequences, decoded, with sources")
+    p = sub.add_parser("preview", help="print the first sequences, decoded, with sources; "
+                       "images as <image WxH → N tokens>")
     p.add_argument("recipe")
     p.add_argument("-n", type=int, default=4, help="number of sequences (default 4)")
     p.add_argument("--chars", type=int, default=400, help="cut each text here (0: no cut)")
+    p.add_argument("--save-images", metavar="DIR",
+                   help="write the images of the shown sequences to DIR as PNG "
+                   "(batchB-rowR-imageI-SOURCE.png; I: index in the batch's pixel_values), "
+                   "rebuilt from pixel_values: what the model sees, after resizing")
     p.set_defaults(func=cmd_preview)
-    p = sub.add_parser("bench", help="throughput, time to first batch, peak RSS, shares")
+    p = sub.add_parser("bench", help="throughput, time to first batch, peak RSS, shares "
+                       "(and images/s, oversize documents under an image layout)")
     p.add_argument("recipe")
     p.add_argument("--batches", type=int, default=100, help="batches to time (default 100)")
     p.add_argument("--num-workers", type=int, default=0,
