@@ -21,7 +21,7 @@ from mixer.document import Document
 from mixer.errors import DataError, StateError
 from mixer.rng import derive_key, permutation
 from mixer.slices import SliceItem, lane_slice
-from mixer.sources import EncodedImage, SourceTable, Storage, read_split
+from mixer.sources import EncodedImage, Record, SourceTable, Storage, read_split
 
 STATE_KEYS = ("epoch", "window", "slot", "index", "offset", "pos", "skipped", "done")
 _TOKENIZE_CHUNK = 64
@@ -198,6 +198,10 @@ class SourceStream:
                     self._live = ((self.epoch, slot, index, offset), records, record)
                     full = True
                     break
+                if record.error is None and record.images and not building:
+                    record = self._images_without_layout(record, item)
+                    if self.on_error == "raise":
+                        raise record.error
                 if record.error is not None:
                     skipped += 1
                     continue
@@ -220,6 +224,17 @@ class SourceStream:
             window.images = [images[i] for i in order]
             window.files = [files[i] for i in order]
         return window
+
+    def _images_without_layout(self, record: Record, item: SliceItem) -> Record:
+        """A record with images in a text-only recipe: an error, never a silent text-only
+        document."""
+        image = record.images[0]
+        error = DataError(f"the sample has {len(record.images)} image(s) but the recipe has no "
+                          "`images:` block (add one to train on them, or use text-only "
+                          "samples)", source=self.table.name,
+                          file=self.table.files[self._splits[item.split].file].url,
+                          location=f"member {image.member} at byte offset {image.offset}")
+        return Record(record.index, record.offset, None, error)
 
     def _advance_window(self) -> None:
         """Move the cursor past the current (fully consumed) window."""

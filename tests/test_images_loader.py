@@ -327,3 +327,17 @@ def test_loader_batches_train_like_their_documents_alone(corpus, layout):
                                             require_coverage=False)
         seen.update(counts)
     assert seen["units_with_images"] > 0 and seen["packed_rows"] > 0, seen
+
+
+def test_images_in_a_recipe_without_an_images_block_are_never_dropped_silently(corpus):
+    recipe = recipe_of(corpus, epochs=1)
+    del recipe["images"]
+    recipe["sources"] = recipe["sources"][:1]
+    with pytest.raises(mixer.DataError, match="no `images:` block") as err:
+        take(mixer.build_loader(recipe, num_workers=1), None)
+    assert err.value.source == "pics" and err.value.file.endswith(".tar")
+    recipe["sources"][0]["on_error"] = "skip"
+    loader = mixer.build_loader(recipe)
+    take(loader, None)
+    _, _, samples, _ = corpus
+    assert loader.metrics()["skipped"]["pics"] == sum(bool(s.sizes) for s in samples)
