@@ -163,22 +163,132 @@ COLUMNS = [("layout", "layout"), ("input", "input"), ("path", "path"),
            ("speedup", "vs transformers")]
 
 
+# -- batch latency on a skewed mix ---------------------------------------------------------------
+
+def clipart(rng: np.random.Generator, side: int) -> bytes:
+    """A small transparent PNG icon: a few translucent ellipses."""
+    img = Image.new("RGBA", (side, side), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(img)
+    for _ in range(3):
+        x0, x1 = sorted(rng.integers(0, side, 2).tolist())
+        y0, y1 = sorted(rng.integers(0, side, 2).tolist())
+        draw.ellipse((x0, y0, x1, y1), fill=tuple(int(v) for v in rng.integers(0, 256, 4)))
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def skewed_corpus(root: Path, *, samples: int, big_share: float, seed: int) -> Path:
+    """WebDataset shards of clip art (64-256 px PNG) with a `big_share` of 4K JPEG photos."""
+    import tarfile
+
+    rng = np.random.default_rng(seed)
+    photos = []
+    for _ in range(4):
+        buf = io.BytesIO()
+        photo(rng, 3840, 2160).save(buf, "JPEG", quality=85)
+        photos.append(buf.getvalue())
+    root.mkdir(parents=True, exist_ok=True)
+
+    def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+    per_shard = max(samples // 8, 1)
+    for shard in range(8):
+        with tarfile.open(root / f"shard-{shard}.tar", "w") as tar:
+            for i in range(per_shard):
+                key = f"{shard:02d}{i:06d}"
+                if rng.random() < big_share:
+                    add(tar, key + ".jpg", photos[int(rng.integers(len(photos)))])
+                else:
+                    add(tar, key + ".png", clipart(rng, int(rng.integers(64, 257))))
+                words = " ".join(f"w{int(w)}" for w in rng.integers(0, 500, int(rng.integers(20, 200))))
+                add(tar, key + ".txt", words.encode())
+    return root
+
+
+def latency_rows(args: argparse.Namespace) -> list[dict]:
+    """p50/p99 of the time between batches, for num_workers 0 and 2, the loader flat out."""
+    import tempfile
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    import mixer
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = skewed_corpus(Path(tmp) / "shards", samples=args.samples,
+                             big_share=args.big_share, seed=args.seed)
+        vocab = {"<|endoftext|>": 0, "<pad>": 1, **{f"w{i}": i + 2 for i in range(500)}}
+        for token in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"):
+            vocab[token] = len(vocab)
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tok.add_special_tokens(list(vocab)[:2] + list(vocab)[-3:])
+        tok.save(str(Path(tmp) / "tokenizer.json"))
+        recipe = {"tokenizer": str(Path(tmp) / "tokenizer.json"), "seq_len": args.seq_len,
+                  "batch_size": args.batch_size, "lanes": 8, "images": {"layout": "qwen2_vl"},
+                  "sources": [{"name": "skewed", "path": str(root / "*.tar"), "weight": 1}]}
+        for workers in (0, 2):
+            loader = mixer.build_loader(recipe, num_workers=workers)
+            gaps, images, first = [], 0, 0.0
+            start = last = time.perf_counter()
+            for step, batch in enumerate(loader):
+                now = time.perf_counter()
+                if step == 0:
+                    first = now - start
+                elif step > args.warmup:
+                    gaps.append(now - last)
+                    images += batch["image_grid_thw"].shape[0]
+                last = now
+                if step == args.warmup + args.batches:
+                    break
+            loader.close()
+            ms = np.array(gaps) * 1000
+            rows.append({"workers": workers, "first": first * 1000,
+                         "p50": np.percentile(ms, 50), "p99": np.percentile(ms, 99),
+                         "max": ms.max(), "ratio": np.percentile(ms, 99) / np.percentile(ms, 50),
+                         "images": images / (ms.sum() / 1000)})
+    return rows
+
+
+LATENCY_COLUMNS = [("workers", "num_workers"), ("first", "first batch ms"), ("p50", "p50 ms"),
+                   ("p99", "p99 ms"), ("max", "max ms"), ("ratio", "p99/p50"),
+                   ("images", "images/s")]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", choices=sorted(MEASUREMENTS), action="append",
+    parser.add_argument("--only", choices=sorted(MEASUREMENTS) + ["latency"], action="append",
                         help="run only these measurements (repeatable)")
+    parser.add_argument("--samples", type=int, default=2000, help="latency: samples")
+    parser.add_argument("--big-share", type=float, default=0.01,
+                        help="latency: share of 4K photos among the samples")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batches", type=int, default=150, help="latency: batches timed")
+    parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args(argv)
+    if args.only == ["latency"]:
+        print(format_table(latency_rows(args), LATENCY_COLUMNS))
+        return
     jpegs = make_jpegs(args.images, args.seed)
     megapixels = sum(np.prod(Image.open(io.BytesIO(d)).size) for d in jpegs) / len(jpegs) / 1e6
     print(f"{len(jpegs)} JPEGs, {megapixels:.2f} Mpx and "
           f"{sum(map(len, jpegs)) / len(jpegs) / 1024:.0f} KiB on average\n")
     rows = []
     for name in args.only or list(MEASUREMENTS):
-        rows += MEASUREMENTS[name](jpegs, args.repeat)
+        if name in MEASUREMENTS:
+            rows += MEASUREMENTS[name](jpegs, args.repeat)
     print(format_table(rows, COLUMNS))
+    if not args.only or "latency" in args.only:
+        print("\nbatch latency (time between batches, loader flat out), qwen2_vl, skewed mix:")
+        print(format_table(latency_rows(args), LATENCY_COLUMNS))
 
 
 if __name__ == "__main__":

@@ -131,9 +131,11 @@ class LazyImage:
         makes it here. Raises the `DataError` of bytes that do not decode."""
         if self._pixels is None:
             pending, self._future = self._future, None
-            if pending is not None and pending[0] == os.getpid():
-                self._pixels = pending[1].result()
-            else:      # not prefetched, or prefetched by a parent before fork (never done)
+            if pending is not None and pending[0] == os.getpid() and not pending[1].cancel():
+                self._pixels = pending[1].result()   # running or done: wait for it
+            else:
+                # Not prefetched, still queued behind work needed later (taken back and made
+                # here rather than waited for), or prefetched by a parent before fork.
                 self._pixels = self._compute()
         return self._pixels
 
