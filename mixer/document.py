@@ -31,8 +31,8 @@ class ImageHandle(Protocol):
         """Rows the image adds to the batch's `pixel_values`."""
         ...
 
-    def prefetch(self) -> None:
-        """Start decoding in the background (no-op once started)."""
+    def prefetch(self, priority: int = 0) -> None:
+        """Start decoding in the background (no-op once started); lower priority first."""
         ...
 
     def pixels(self) -> Any:

@@ -40,12 +40,18 @@ class Lane:
                 max_document_bytes=recipe.max_document_bytes, encode=encoder,
                 block_size=block_size,
                 documents=self.layout.document_builder(encoder, src.name),
-                prefetch_tokens=2 * recipe.batch_size * recipe.seq_len)
+                prefetch_tokens=2 * recipe.batch_size * recipe.seq_len,
+                clock=self._global_batch, batch_tokens=recipe.batch_size * recipe.seq_len,
+                lanes_per_batch=recipe.lanes)
             self.packers.append(make_packer(
                 recipe.packing, stream, seq_len=recipe.seq_len, pad_id=self.pad_id,
                 mask_document_boundaries=recipe.mask_document_boundaries,
                 window=recipe.pack_window, caps=self.layout.budget()))
         self.load_state_dict(state)
+
+    def _global_batch(self) -> int:
+        """The global index of the batch this lane makes next."""
+        return self.batches * self.recipe.lanes + self.lane
 
     def _weights_key(self) -> dict[str, float]:
         return {name: round(w, 9) for name, w in zip(self.names, self.weights)}

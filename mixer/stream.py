@@ -97,7 +97,8 @@ class SourceStream:
                  storage_options: dict[str, Any], window_docs: int, window_bytes: int,
                  max_document_bytes: int, encode: Callable[[list[str]], list[np.ndarray]],
                  block_size: int = 8 << 20, documents: DocumentBuilder | None = None,
-                 prefetch_tokens: int = 0) -> None:
+                 prefetch_tokens: int = 0, clock: Callable[[], int] | None = None,
+                 batch_tokens: int = 1, lanes_per_batch: int = 1) -> None:
         self.table = table
         self.name = table.name
         self.lane = lane
@@ -113,6 +114,11 @@ class SourceStream:
         self.encode = encode
         self.documents = documents
         self.prefetch_tokens = prefetch_tokens   # decode images this many tokens ahead
+        # When is a document needed? `clock()` is the global batch the lane makes next; a
+        # document `batch_tokens` further on is needed `lanes_per_batch` global batches later.
+        self.clock = clock or (lambda: 0)
+        self.batch_tokens = max(batch_tokens, 1)
+        self.lanes_per_batch = lanes_per_batch
         self._splits = tuple(table.splits)
         self._slice_epoch = -1
         self._slice: tuple[SliceItem, ...] = ()
@@ -308,8 +314,11 @@ class SourceStream:
             if document is None:
                 break
             if isinstance(document, Document):
-                for placement in document.images:
-                    placement.image.prefetch()
+                if document.images:
+                    need = self.clock() + (
+                        win.prefetch_tokens // self.batch_tokens) * self.lanes_per_batch
+                    for placement in document.images:
+                        placement.image.prefetch(need)
                 win.prefetch_tokens += len(document)
             win.prefetch_end += 1
 
@@ -328,7 +337,7 @@ class SourceStream:
             return None
         try:
             for placement in item.images:
-                placement.image.prefetch()
+                placement.image.prefetch(self.clock())
             for placement in item.images:
                 placement.image.pixels()   # decoded now: a corrupt image is this record's error
         except DataError as exc:

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
 from mixer.errors import DataError
 from mixer.images.decode import decode_rgb, probe, where
+from mixer.images.pool import PriorityPool
 from mixer.images.processing import ImagePlan, Processing
 from mixer.sources.base import EncodedImage
 
 _lock = threading.Lock()
 _threads = min(4, os.cpu_count() or 1)
-_pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool: tuple[int, PriorityPool] | None = None
 
 
 def set_decode_threads(threads: int) -> None:
@@ -35,7 +36,7 @@ def set_decode_threads(threads: int) -> None:
     with _lock:
         _threads = threads
         if _pool is not None and _pool[0] == os.getpid():
-            _pool[1].shutdown(wait=False)
+            _pool[1].shutdown()
         _pool = None
 
 
@@ -44,11 +45,11 @@ def decode_threads() -> int:
     return _threads
 
 
-def _decode_pool() -> ThreadPoolExecutor:
+def _decode_pool() -> PriorityPool:
     global _pool
     with _lock:
         if _pool is None or _pool[0] != os.getpid():   # never reuse a pool across fork
-            _pool = (os.getpid(), ThreadPoolExecutor(_threads, thread_name_prefix="mixer-image"))
+            _pool = (os.getpid(), PriorityPool(_threads))
         return _pool[1]
 
 
@@ -121,10 +122,11 @@ class LazyImage:
                            max_source_pixels=self.max_source_pixels)
         return self.processing.pixels(image, self.plan)
 
-    def prefetch(self) -> None:
-        """Start making the pixels on the process's image pool (no-op if started or made)."""
+    def prefetch(self, priority: int = 0) -> None:
+        """Start making the pixels on the process's image pool (no-op if started or made).
+        `priority`: when they are needed (e.g. a global batch index); lower runs first."""
         if self._future is None and self._pixels is None:
-            self._future = (os.getpid(), _decode_pool().submit(self._compute))
+            self._future = (os.getpid(), _decode_pool().submit(priority, self._compute))
 
     def pixels(self) -> np.ndarray:
         """The model's input for the image (see `processing`): waits for the prefetch, or
