@@ -31,12 +31,21 @@ class ImageHandle(Protocol):
         """Rows the image adds to the batch's `pixel_values`."""
         ...
 
-    def prefetch(self, priority: int = 0) -> None:
-        """Start decoding in the background (no-op once started); lower priority first."""
+    def prefetch(self, priority: int = 0, *, needed: bool = False) -> None:
+        """Start decoding in the background (no-op once started); lower priority first.
+        Ahead of need (not `needed`) only within the process's pixel budget."""
+        ...
+
+    def check(self) -> None:
+        """Raise the image's `DataError` now if it does not decode."""
         ...
 
     def pixels(self) -> Any:
         """The model's input for this image (decoded, resized, normalized)."""
+        ...
+
+    def release(self) -> None:
+        """Drop the pixels made so far."""
         ...
 
 

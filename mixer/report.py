@@ -32,7 +32,8 @@ def _build(layout: BatchLayout, encoder: Encoder, source: str, texts: list[str],
     out = {"tokens": 0, "images": 0, "image_tokens": 0, "oversize": 0, "rejected": 0}
     for at in range(0, len(texts), _CHUNK):
         stop = at + _CHUNK
-        for doc in builder.build(texts[at:stop], images[at:stop], files[at:stop]):
+        where = [f"{file} (sampled by inspect)" for file in files[at:stop]]
+        for doc in builder.build(texts[at:stop], images[at:stop], files[at:stop], where):
             if not isinstance(doc, Document):
                 out["oversize" if doc.oversize else "rejected"] += 1
                 continue

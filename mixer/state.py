@@ -53,13 +53,25 @@ def _versions(table: SourceTable) -> list[str]:
     return ["+".join(kinds), digest.hexdigest()[:16]]
 
 
+def _changes(was: dict, now: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(path, old, new) of each changed setting; a block present on both sides (`images`)
+    is compared field by field, so its paths read `images.max_pixels`."""
+    out = []
+    for key in sorted(set(was) | set(now)):
+        old, new = was.get(key), now.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            out += _changes(old, new, f"{prefix}{key}.")
+        elif old != new:
+            out.append((f"{prefix}{key}", old, new))
+    return out
+
+
 def check_fingerprint(saved: dict, current: dict) -> None:
-    """Refuse a state written for a different stream, naming what changed."""
-    changed = [k for k in sorted(set(saved["stream"]) | set(current["stream"]))
-               if saved["stream"].get(k) != current["stream"].get(k)]
+    """Refuse a state written for a different stream, naming what changed (each field of a
+    block such as `images` by its own path)."""
+    changed = _changes(saved["stream"], current["stream"])
     if changed:
-        details = ", ".join(f"{k}: {saved['stream'].get(k)!r} -> {current['stream'].get(k)!r}"
-                            for k in changed)
+        details = ", ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changed)
         raise StateError(f"cannot resume after changing {details}")
     for name, was in saved["sources"].items():
         now = current["sources"].get(name)

@@ -21,7 +21,7 @@ from mixer.document import Document
 from mixer.errors import DataError, StateError
 from mixer.rng import derive_key, permutation
 from mixer.slices import SliceItem, lane_slice
-from mixer.sources import EncodedImage, Record, SourceTable, Storage, read_split
+from mixer.sources import FORMATS, EncodedImage, Record, SourceTable, Storage, read_split
 
 STATE_KEYS = ("epoch", "window", "slot", "index", "offset", "pos", "skipped", "done")
 _TOKENIZE_CHUNK = 64
@@ -32,7 +32,9 @@ class DocumentBuilder(Protocol):
     """Turns records with images into documents (`mixer.images.documents`)."""
 
     def build(self, texts: list[str], images: list[tuple[EncodedImage, ...]],
-              files: list[str]) -> list[Document | Rejected]:
+              files: list[str], locations: list[str]) -> list[Document | Rejected]:
+        """Documents (or rejections) of records: their texts, stored images, files, and
+        where each record's text lies (what an error about the text names)."""
         ...
 
 
@@ -54,6 +56,7 @@ class _Window:
     ahead: tuple[int, Future] | None = None   # (start, tokens of the chunk being encoded)
     images: list[tuple[EncodedImage, ...]] | None = None   # per document, when building
     files: list[str] | None = None
+    locations: list[str] | None = None
     prefetch_end: int = 0       # documents before this one have their images decoding
     prefetch_tokens: int = 0    # tokens of the documents after `pos` and before that
 
@@ -76,16 +79,59 @@ def _tokenizer_thread() -> ThreadPoolExecutor:
 def source_has_documents(stream: SourceStream) -> bool:
     """Whether any split of the stream's source holds a readable document (read in split
     order up to the first one). Raises the first bad record's error unless the source skips
-    bad input. Only asked when a lane's whole slice of an epoch was empty."""
+    bad input. Only asked when a lane's whole slice of an epoch yielded no document.
+
+    With a document builder (image recipes) a record counts once it becomes a document whose
+    images decode: records that are all oversize, or all skipped, make no document."""
     for split in stream.table.splits:
-        for record in read_split(storage=stream.storage, entry=stream.table.files[split.file],
-                                 split=split, source=stream.table.name,
-                                 text_field=stream.text_field,
-                                 max_bytes=stream.max_document_bytes, index=0, offset=0):
-            if record.error is None:
+        entry = stream.table.files[split.file]
+        records = read_split(storage=stream.storage, entry=entry, split=split,
+                             source=stream.table.name, text_field=stream.text_field,
+                             max_bytes=stream.max_document_bytes, index=0, offset=0)
+        for chunk in _batched(records, _TOKENIZE_CHUNK):
+            good = []
+            for record in chunk:
+                if record.error is None:
+                    if record.images and stream.documents is None:
+                        continue   # images without an images block: an error, no document
+                    good.append(record)
+                elif stream.on_error == "raise":
+                    raise record.error
+            if good and stream.documents is None:
                 return True
+            if good and _builds_a_document(stream, good, entry.url, split):
+                return True
+    return False
+
+
+def _batched(items, size: int):
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def _builds_a_document(stream: SourceStream, records: list, url: str, split) -> bool:
+    assert stream.documents is not None
+    where = FORMATS[stream.table.files[split.file].format].describe_offset
+    built = stream.documents.build([r.text for r in records], [r.images for r in records],
+                                   [url] * len(records),
+                                   [r.location or where(split, r.offset) for r in records])
+    for item in built:
+        if isinstance(item, Rejected):
+            if not item.oversize and stream.on_error == "raise":
+                raise item.error
+            continue
+        try:
+            for placement in item.images:
+                placement.image.check()
+        except DataError:
             if stream.on_error == "raise":
-                raise record.error
+                raise
+            continue
+        finally:
+            for placement in item.images:
+                placement.image.release()
+        return True
     return False
 
 
@@ -152,6 +198,9 @@ class SourceStream:
         self.skipped_before = state["skipped"]
         self.oversize = state.get("oversize", 0)   # documents too long for a row, skipped
         self._empty_epochs = 0
+        # Whether this epoch has yielded a document yet. Loaded mid-epoch, unknown: taken as
+        # yes (the epoch does not count as empty), so a resumed lane never gives up early.
+        self._yielded = not (self.window_index == 0 and self.pos == 0)
         self._live = None
 
     @property
@@ -185,6 +234,7 @@ class SourceStream:
         building = self.documents is not None
         images: list[tuple[EncodedImage, ...]] = []
         files: list[str] = []
+        locations: list[str] = []
         size = skipped = 0
         slot, index, offset = self.start
         while slot < len(items) and len(texts) < self.window_docs and size < self.window_bytes:
@@ -214,8 +264,12 @@ class SourceStream:
                 texts.append(record.text)
                 size += len(record.text)
                 if building:
+                    split = self._splits[item.split]
+                    entry = self.table.files[split.file]
                     images.append(record.images)
-                    files.append(self.table.files[self._splits[item.split].file].url)
+                    files.append(entry.url)
+                    locations.append(record.location or FORMATS[entry.format].describe_offset(
+                        split, record.offset))
                     size += sum(len(image.data) for image in record.images)
             if full:
                 break
@@ -229,6 +283,7 @@ class SourceStream:
         if building:
             window.images = [images[i] for i in order]
             window.files = [files[i] for i in order]
+            window.locations = [locations[i] for i in order]
         return window
 
     def _images_without_layout(self, record: Record, item: SliceItem) -> Record:
@@ -248,17 +303,22 @@ class SourceStream:
         assert win is not None
         self.skipped_before += win.skipped
         if win.end_of_epoch:
-            empty = self.window_index == 0 and not win.texts
+            # Empty: the epoch yielded no document -- no records, or (image recipes) every
+            # record rejected as oversize or skipped -- not merely no records.
+            empty = not self._yielded
+            self._yielded = False
             if empty and self.epochs is None and self._has_documents is None:
                 self._has_documents = source_has_documents(self)
             if empty and self._has_documents is False:
                 files = ", ".join(f.url for f in self.table.files[:3])
                 more = f" and {len(self.table.files) - 3} more" if len(self.table.files) > 3 else ""
+                oversize = (", documents too long for seq_len at any image resolution"
+                            if self.documents is not None else "")
                 raise DataError(
                     f"the source yields no document at all (its {len(self.table.files)} "
-                    "file(s) hold only blank lines, empty content or skipped records), so an "
-                    "unlimited source cannot supply its weight", source=self.table.name,
-                    file=files + more)
+                    f"file(s) hold only blank lines, empty content{oversize} or skipped "
+                    "records), so an unlimited source cannot supply its weight",
+                    source=self.table.name, file=files + more)
             self._empty_epochs = self._empty_epochs + 1 if empty else 0
             self.epoch += 1
             self.window_index = 0
@@ -275,9 +335,9 @@ class SourceStream:
     def _encode(self, win: _Window, start: int, stop: int) -> list[Any]:
         if self.documents is None:
             return self.encode(win.texts[start:stop])
-        assert win.images is not None and win.files is not None
+        assert win.images is not None and win.files is not None and win.locations is not None
         return self.documents.build(win.texts[start:stop], win.images[start:stop],
-                                    win.files[start:stop])
+                                    win.files[start:stop], win.locations[start:stop])
 
     def _tokenize_from(self, win: _Window, start: int) -> None:
         """Tokens for the chunk at `start`, then start encoding the following chunk."""
@@ -323,8 +383,9 @@ class SourceStream:
             win.prefetch_end += 1
 
     def _built(self, win: _Window) -> Document | None:
-        """The built document at `pos` with its images decoded (decoding of the next ones
-        started), or None when it was rejected (counted, or raised)."""
+        """The built document at `pos` with its images checked to decode (their pixels kept
+        within the process's pixel budget; decoding of the next ones started within it too),
+        or None when it was rejected (counted, or raised)."""
         self._prefetch(win)
         item = win.tokens[self.pos]
         if isinstance(item, Rejected):
@@ -337,9 +398,9 @@ class SourceStream:
             return None
         try:
             for placement in item.images:
-                placement.image.prefetch(self.clock())
+                placement.image.prefetch(self.clock(), needed=True)
             for placement in item.images:
-                placement.image.pixels()   # decoded now: a corrupt image is this record's error
+                placement.image.check()   # decoded now: a corrupt image is this record's error
         except DataError as exc:
             if self.on_error == "raise":
                 raise
@@ -364,6 +425,7 @@ class SourceStream:
                 win.tokens[self.pos] = None
                 self.pos += 1
                 if document is not None:
+                    self._yielded = True
                     return document
                 continue
             self._advance_window()

@@ -6,6 +6,13 @@ processors apply to every PIL image): an image with an alpha band, or with trans
 to RGBA and composited on opaque white; any other mode is `convert("RGB")`. No JPEG draft mode
 and no EXIF rotation, as there.
 
+Only the formats an image member may hold are opened: JPEG (and its multi-picture variant),
+PNG (APNG included), WebP, and GIF and BMP (often found under a .jpg or .png name in crawled
+data). PIL knows some forty more, and some of them hand the bytes to other programs or to
+rarely used decoders (EPS runs Ghostscript on the PostScript it holds): bytes in any other
+format are "not an image", like random bytes. Animated images give their first frame, as
+transformers' processors do.
+
 PIL's own decompression-bomb check reads the global `PIL.Image.MAX_IMAGE_PIXELS`, warns past it
 and raises at twice it. We leave that global alone and open images the way `PIL.Image.open`
 does minus that check (`_open`), checking `max_source_pixels` from the recipe instead, so no
@@ -25,6 +32,8 @@ from PIL import Image, ImageFile
 from mixer.errors import DataError
 from mixer.sources.base import EncodedImage
 
+# PIL plugins (`Image.ID`) tried on an image member's bytes; no other format is opened.
+IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 # What a PIL plugin raises when the bytes are not its format (PIL.Image.open skips to the next).
 _NOT_THIS_FORMAT = (SyntaxError, IndexError, TypeError, struct.error)
 # What decoding bad bytes raises (truncated data: OSError "image file is truncated").
@@ -38,26 +47,24 @@ def where(encoded: EncodedImage) -> str:
 
 
 def _open(data: bytes) -> ImageFile.ImageFile | None:
-    """`PIL.Image.open(io.BytesIO(data))` without PIL's global bomb check; None when no
-    format accepts the bytes. Lazy: only the header is read."""
+    """`PIL.Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)` without PIL's global bomb
+    check; None when none of those formats accepts the bytes. Lazy: only the header is read."""
     fp = io.BytesIO(data)
     prefix = data[:16]
-    tried: set[str] = set()
-    for load_plugins in (Image.preinit, Image.init):   # common formats first, as PIL does
-        load_plugins()
-        for fmt in list(Image.ID):
-            if fmt in tried:
-                continue
-            tried.add(fmt)
-            factory, accept = Image.OPEN[fmt]
-            accepted = not accept or accept(prefix)
-            if not accepted or isinstance(accepted, str):   # a str: known but unsupported
-                continue
-            fp.seek(0)
-            try:
-                return factory(fp, "")
-            except _NOT_THIS_FORMAT:
-                continue
+    if any(fmt not in Image.OPEN for fmt in IMAGE_FORMATS):
+        Image.init()   # registers the plugins (WebP is not among PIL's preinit ones)
+    for fmt in IMAGE_FORMATS:
+        if fmt not in Image.OPEN:
+            continue   # a PIL built without it
+        factory, accept = Image.OPEN[fmt]
+        accepted = not accept or accept(prefix)
+        if not accepted or isinstance(accepted, str):   # a str: known but unsupported
+            continue
+        fp.seek(0)
+        try:
+            return factory(fp, "")
+        except _NOT_THIS_FORMAT:
+            continue
     return None
 
 
@@ -73,8 +80,9 @@ def _opened(encoded: EncodedImage, *, source: str, file: str,
     except _DECODE_ERRORS as exc:
         raise error(f"cannot read the image header: {exc}") from exc
     if image is None:
-        raise error(f"not an image in a format PIL reads ({len(encoded.data)} bytes, "
-                    f"starting {encoded.data[:8]!r})")
+        raise error(f"not an image in a format an image member may hold "
+                    f"({', '.join(IMAGE_FORMATS)}; {len(encoded.data)} bytes, starting "
+                    f"{encoded.data[:8]!r})")
     width, height = image.size
     if width <= 0 or height <= 0:
         raise error(f"image of size {width}x{height} has no pixels")

@@ -67,14 +67,23 @@ class ImageDocuments:
 
     # -- one chunk of records ------------------------------------------------------------------
     def build(self, texts: list[str], images: list[tuple[EncodedImage, ...]],
-              files: list[str]) -> list[Document | Rejected]:
+              files: list[str], locations: list[str]) -> list[Document | Rejected]:
+        """Documents of records (texts, stored images, files, where each text lies); a
+        record that cannot be one is `Rejected` with a `DataError` naming its text's place
+        (errors about the text) or its image member (errors about an image)."""
         marker = self.settings.marker
         parts: list[list[str] | Rejected] = []
-        for text, imgs, file in zip(texts, images, files):
+        for text, imgs, file, where in zip(texts, images, files, locations):
             count = text.count(marker)
-            if count and count != len(imgs):
-                parts.append(self._error(f"the text holds {count} image marker(s) {marker!r} "
-                                         f"but the sample has {len(imgs)} image(s)", file, imgs))
+            if count > len(imgs):
+                parts.append(self._error(
+                    f"sample without an image where one is required: the text holds {count} "
+                    f"image marker(s) {marker!r} but the sample has {len(imgs)} image(s)",
+                    file, where))
+            elif count and count != len(imgs):
+                parts.append(self._error(
+                    f"the text holds {count} image marker(s) {marker!r} but the sample has "
+                    f"{len(imgs)} image(s): each marker stands for one image", file, where))
             elif count:
                 parts.append(text.split(marker))
             else:
@@ -82,30 +91,26 @@ class ImageDocuments:
         flat = [piece for p in parts if not isinstance(p, Rejected) for piece in p]
         encoded = iter(self.encoder.encode_raw(flat) if flat else [])
         out: list[Document | Rejected] = []
-        for p, imgs, file in zip(parts, images, files):
+        for p, imgs, file, where in zip(parts, images, files, locations):
             if isinstance(p, Rejected):
                 out.append(p)
                 continue
             pieces = [next(encoded) for _ in p]
-            out.append(self._document(pieces, imgs, file))
+            out.append(self._document(pieces, imgs, file, where))
         return out
 
-    def _error(self, message: str, file: str, imgs: tuple[EncodedImage, ...],
-               member: EncodedImage | None = None) -> Rejected:
-        first = member or (imgs[0] if imgs else None)
-        where = (f"member {first.member} at byte offset {first.offset}" if first is not None
-                 else None)
+    def _error(self, message: str, file: str, where: str) -> Rejected:
         return Rejected(DataError(message, source=self.source, file=file, location=where))
 
     # -- one record ----------------------------------------------------------------------------
     def _document(self, pieces: list[list[int]], imgs: tuple[EncodedImage, ...],
-                  file: str) -> Document | Rejected:
+                  file: str, where: str) -> Document | Rejected:
         for piece in pieces:
             found = np.intersect1d(np.asarray(piece, dtype=np.int64), self._vision_ids)
             if found.size:
                 name = self.vision_names[int(found[0])]
                 return self._error(f"the text holds the image token {name!r} itself; only the "
-                                   "image marker may stand for an image", file, imgs)
+                                   "image marker may stand for an image", file, where)
         sizes = []
         for image in imgs:
             try:

@@ -5,12 +5,21 @@ when a batch needs them, or earlier on a small per-process thread pool after `pr
 decoding, resizing and the table lookup run in PIL's C code with the GIL released, so a few
 threads overlap them with the Python that packs. Pixels are a pure function of the bytes and
 the plan, so they are the same whichever thread made them, and however many threads run.
+
+Pixels made *ahead of need* -- prefetched for documents not yet packed, or kept after
+`check()` proved an image decodes -- share one budget per process (`set_pixel_budget`,
+default 256 MB): past it, prefetching stops and checked pixels are dropped, to be made again
+when their batch needs them. So a best_fit window of hundreds of documents, or many lanes per
+worker each looking ahead, never hold all their pixels at once. Only the batch being finished
+holds pixels outside the budget.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+import weakref
 from concurrent.futures import Future
 from typing import Any
 
@@ -25,6 +34,44 @@ from mixer.sources.base import EncodedImage
 _lock = threading.Lock()
 _threads = min(4, os.cpu_count() or 1)
 _pool: tuple[int, PriorityPool] | None = None
+_budget = 256 << 20                  # bytes of pixels a process may hold ahead of need
+_held = [os.getpid(), 0]             # [pid, bytes held ahead of need in that process]
+
+
+def set_pixel_budget(nbytes: int) -> None:
+    """Bytes of pixels each process may make and hold ahead of need (default 256 MB; see
+    the module docstring). Set it before building loaders: workers inherit it."""
+    global _budget
+    if nbytes < 0:
+        raise ValueError(f"the pixel budget must be at least 0, got {nbytes}")
+    _budget = nbytes
+
+
+def pixel_budget() -> int:
+    """Bytes of pixels each process may hold ahead of need."""
+    return _budget
+
+
+def held_ahead() -> int:
+    """Bytes of pixels this process holds ahead of need now (made or being made)."""
+    with _lock:
+        return _held[1] if _held[0] == os.getpid() else 0
+
+
+def _reserve(nbytes: int) -> bool:
+    with _lock:
+        if _held[0] != os.getpid():   # a forked child: the parent's holdings are not its own
+            _held[:] = [os.getpid(), 0]
+        if _held[1] + nbytes > _budget:
+            return False
+        _held[1] += nbytes
+        return True
+
+
+def _unreserve(pid: int, nbytes: int) -> None:
+    with _lock:
+        if _held[0] == pid:
+            _held[1] -= nbytes
 
 
 def set_decode_threads(threads: int) -> None:
@@ -58,6 +105,7 @@ def _after_fork_in_child() -> None:
     global _lock, _pool
     _lock = threading.Lock()
     _pool = None
+    _held[:] = [os.getpid(), 0]   # the parent's holdings are not this process's
 
 
 if hasattr(os, "register_at_fork"):
@@ -80,6 +128,7 @@ class LazyImage:
         self.max_source_pixels = max_source_pixels
         self._future: tuple[int, Future[np.ndarray]] | None = None   # (pid, pending pixels)
         self._pixels: np.ndarray | None = None
+        self._reserved: weakref.finalize | None = None   # its share of the budget, if held
 
     @classmethod
     def probe(cls, encoded: EncodedImage, processing: Processing, *, extra_tokens: int,
@@ -117,28 +166,57 @@ class LazyImage:
                          extra_tokens=self.extra_tokens, source=self.source, file=self.file,
                          max_source_pixels=self.max_source_pixels)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the image's pixels (known from the plan, before they are made)."""
+        return self.plan.rows * math.prod(self.processing.row_shape) * 4
+
     def _compute(self) -> np.ndarray:
         image = decode_rgb(self.encoded, source=self.source, file=self.file,
                            max_source_pixels=self.max_source_pixels)
         return self.processing.pixels(image, self.plan)
 
-    def prefetch(self, priority: int = 0) -> None:
+    def _reserve(self) -> bool:
+        """Count the pixels against the process's budget (True: within it)."""
+        if self._reserved is None:
+            if not _reserve(self.nbytes):
+                return False
+            # Given back when released, or when the handle is dropped without a release.
+            self._reserved = weakref.finalize(self, _unreserve, os.getpid(), self.nbytes)
+        return True
+
+    def prefetch(self, priority: int = 0, *, needed: bool = False) -> None:
         """Start making the pixels on the process's image pool (no-op if started or made).
-        `priority`: when they are needed (e.g. a global batch index); lower runs first."""
-        if self._future is None and self._pixels is None:
+        `priority`: when they are needed (e.g. a global batch index); lower runs first.
+
+        Ahead of need (the default) only while the process's pixel budget allows; `needed`:
+        the pixels are wanted now (a document being checked, a batch being finished), so
+        they are made whatever the budget."""
+        if self._future is None and self._pixels is None and (needed or self._reserve()):
             self._future = (os.getpid(), _decode_pool().submit(priority, self._compute))
+
+    def _made(self) -> np.ndarray:
+        pending, self._future = self._future, None
+        if pending is not None and pending[0] == os.getpid() and not pending[1].cancel():
+            return pending[1].result()   # running or done: wait for it
+        # Not prefetched, still queued behind work needed later (taken back and made here
+        # rather than waited for), or prefetched by a parent before fork.
+        return self._compute()
+
+    def check(self) -> None:
+        """Make sure the pixels can be made: raises the `DataError` of bytes that do not
+        decode. The pixels are kept for the batch only within the process's budget (else
+        `pixels()` makes them again then)."""
+        if self._pixels is None:
+            pixels = self._made()
+            if self._reserve():
+                self._pixels = pixels
 
     def pixels(self) -> np.ndarray:
         """The model's input for the image (see `processing`): waits for the prefetch, or
         makes it here. Raises the `DataError` of bytes that do not decode."""
         if self._pixels is None:
-            pending, self._future = self._future, None
-            if pending is not None and pending[0] == os.getpid() and not pending[1].cancel():
-                self._pixels = pending[1].result()   # running or done: wait for it
-            else:
-                # Not prefetched, still queued behind work needed later (taken back and made
-                # here rather than waited for), or prefetched by a parent before fork.
-                self._pixels = self._compute()
+            self._pixels = self._made()
         return self._pixels
 
     def release(self) -> None:
@@ -147,11 +225,14 @@ class LazyImage:
             self._future[1].cancel()
         self._future = None
         self._pixels = None
+        if self._reserved is not None:
+            self._reserved()   # gives its bytes back to the budget (once)
+            self._reserved = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled without pixels or pending work (a Future does not pickle); remade on need.
         state = self.__dict__.copy()
-        state["_future"] = state["_pixels"] = None
+        state["_future"] = state["_pixels"] = state["_reserved"] = None
         return state
 
     def __repr__(self) -> str:

@@ -75,13 +75,15 @@ class _ImageLayout(BatchLayout):
         arrays["position_ids"][index] = row.position_ids
 
     def _pixels(self, rows: list[Row | None]) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+        handles = [placement.image for row in rows if row is not None for piece in row.pieces
+                   for placement in piece.document.images]
+        for image in handles:   # those not made yet are made now, side by side on the pool
+            image.prefetch(needed=True)
         images, grids = [], []
-        for row in rows:
-            for piece in row.pieces if row is not None else ():
-                for placement in piece.document.images:
-                    images.append(placement.image.pixels())
-                    grids.append(placement.image.plan.grid_thw)
-                    placement.image.release()
+        for image in handles:
+            images.append(image.pixels())
+            grids.append(image.plan.grid_thw)
+            image.release()
         if not images:
             return self.processing.empty_pixels(), grids
         return np.concatenate([self._as_rows(p) for p in images]), grids

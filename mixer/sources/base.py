@@ -68,7 +68,9 @@ class Record:
     `index` counts records from the start of the split, `offset` is the byte offset of the
     record in the file (decompressed bytes for compressed files; row number for parquet).
     `images` are the document's images in order; `text` places them where it holds the
-    recipe's image marker, else they come before it.
+    recipe's image marker, else they come before it. `location` says where the text lies in
+    words, for errors found after reading (e.g. a webdataset sample's text member); None:
+    the format's description of `offset`.
     """
 
     index: int
@@ -76,6 +78,7 @@ class Record:
     text: str | None
     error: DataError | None = None
     images: tuple[EncodedImage, ...] = ()
+    location: str | None = None
 
 
 class Reader(Protocol):

@@ -17,9 +17,10 @@ are seeked past. A record's offset is the byte offset of its sample's first head
 pax extension header included), so a cursor seeks straight to its sample.
 
 A bad sample (empty or oversized image, no text, text that is not UTF-8, malformed json,
-oversized text, a repeated member) is an error record and reading goes on with the next one; a
-corrupt or truncated header, or a member running past the end of the file, is an error record
-in place of the sample being assembled (it may be incomplete) and ends the split.
+oversized text, members adding up to more than `max_document_bytes`, a repeated member) is an
+error record and reading goes on with the next one; a corrupt or truncated header, or a member
+running past the end of the file, is an error record in place of the sample being assembled
+(it may be incomplete) and ends the split.
 """
 
 from __future__ import annotations
@@ -185,7 +186,8 @@ def _header_name(buf: bytes) -> str:
 class _Sample:
     """The members of one sample read so far."""
 
-    __slots__ = ("error", "first", "images", "index", "key", "offset", "suffixes", "texts")
+    __slots__ = ("error", "first", "images", "index", "key", "offset", "size", "suffixes",
+                 "text_from", "texts")
 
     def __init__(self, key: str, index: int, offset: int, first: str) -> None:
         self.key, self.index, self.offset, self.first = key, index, offset, first
@@ -193,6 +195,8 @@ class _Sample:
         self.images: list[tuple[int, EncodedImage]] = []
         self.texts: dict[str, tuple[str, int, bytes | None]] = {}  # suffix -> name, offset, data
         self.error: tuple[str, str, int] | None = None   # message, member, offset
+        self.text_from: str | None = None   # the suffix of the member the text came from
+        self.size = 0   # bytes of the members read into memory (images and text candidates)
 
     def fail(self, message: str, member: str, offset: int) -> None:
         if self.error is None:
@@ -262,6 +266,7 @@ def _text(sample: _Sample, text_field: str, max_bytes: int) -> str | None:
             member, offset, _ = sample.texts[suffix]
             sample.fail(f"text longer than max_document_bytes ({max_bytes})", member, offset)
             return None
+        sample.text_from = suffix
         return text
     wanted = (f"no txt member and no {text_field!r} key in a json member" if text_field == "txt"
               else f"no {text_field!r} key in a json member and no {text_field} member")
@@ -278,7 +283,10 @@ def _record(sample: _Sample, *, entry: FileEntry, source: str, text_field: str,
                         location=_where(sample.key, member, offset))
         return Record(sample.index, sample.offset, None, err)
     images = tuple(image for _, image in sorted(sample.images, key=lambda item: item[0]))
-    return Record(sample.index, sample.offset, text, images=images)
+    assert sample.text_from is not None
+    member, offset, _ = sample.texts[sample.text_from]
+    return Record(sample.index, sample.offset, text, images=images,
+                  location=_where(sample.key, member, offset))
 
 
 def read_webdataset(*, storage, entry: FileEntry, split: Split, source: str, text_field: str,
@@ -314,13 +322,15 @@ def read_webdataset(*, storage, entry: FileEntry, split: Split, source: str, tex
                     elif size > max_bytes:
                         sample.fail(f"image member of {size} bytes, longer than "
                                     f"max_document_bytes ({max_bytes})", name, at)
-                    else:
+                    elif _within(sample, size, max_bytes, name, at):
                         order = int(image.group(1)) if image.group(1) else -1
                         sample.images.append((order, EncodedImage(_read(f, size, name, at),
                                                                   name, at)))
                 elif suffix in wanted:
-                    data = _read(f, size, name, at) if size <= max_bytes else None
-                    sample.texts[suffix] = (name, at, data)
+                    if size > max_bytes:
+                        sample.texts[suffix] = (name, at, None)
+                    elif _within(sample, size, max_bytes, name, at):
+                        sample.texts[suffix] = (name, at, _read(f, size, name, at))
         except _Broken as exc:
             yield from _broken(exc, sample, entry=entry, source=source,
                                text_field=text_field, max_bytes=max_bytes, index=index)
@@ -328,6 +338,17 @@ def read_webdataset(*, storage, entry: FileEntry, split: Split, source: str, tex
     if sample is not None:
         yield _record(sample, entry=entry, source=source, text_field=text_field,
                       max_bytes=max_bytes)
+
+
+def _within(sample: _Sample, size: int, max_bytes: int, name: str, at: int) -> bool:
+    """Count a member about to be read against the sample's `max_document_bytes`: a sample
+    is one record, never held in memory past that limit however many members it has."""
+    if sample.size + size > max_bytes:
+        sample.fail(f"sample larger than max_document_bytes ({max_bytes}): its images and "
+                    f"text add up to {sample.size + size} bytes with this member", name, at)
+        return False
+    sample.size += size
+    return True
 
 
 def _read(f: IO[bytes], size: int, name: str, at: int) -> bytes:
