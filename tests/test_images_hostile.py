@@ -182,6 +182,7 @@ def _bad_members() -> dict[str, tuple[list[tuple[str, bytes]], str, str]]:
         "not an image": ([("s2.jpg", b"plain text, no image at all")], "s2.jpg", "not an image"),
         "empty member": ([("s2.png", b"")], "s2.png", "empty"),
         "bomb": ([("s2.png", bomb.getvalue())], "s2.png", "max_source_pixels"),
+        "aspect ratio": ([("s2.png", png(2, (201, 1)))], "s2.png", "aspect ratio"),
         # PostScript in an image member: PIL would hand it to Ghostscript to decode
         "postscript": ([("s2.png", eps)], "s2.png", "not an image"),
     }
@@ -411,3 +412,58 @@ def test_a_sample_larger_than_max_document_bytes_in_all_is_refused_before_it_is_
                                            max_document_bytes=limit))
     assert sum(b["image_grid_thw"].shape[0] for b in loader) == 2
     assert loader.metrics()["skipped"]["src"] == 1
+
+
+def test_a_tar_on_s3_gives_the_local_batches_and_resumes_on_the_local_copy(tmp_path, tokenizer,
+                                                                          s3_endpoint):
+    import boto3
+    from conftest import s3_options
+
+    write_tar(tmp_path / "a.tar", [Sample(d, 3, [(28, 28)] * (d % 3), fmt="jpg")
+                                   for d in range(12)])
+    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
+                          aws_access_key_id="x", aws_secret_access_key="x")
+    client.create_bucket(Bucket="pics")
+    client.put_object(Bucket="pics", Key="shards/a.tar", Body=(tmp_path / "a.tar").read_bytes())
+
+    def recipe(path: str, **storage) -> dict:
+        out = one_source(tokenizer, path, lanes=2, seq_len=16, read_ahead_bytes=1 << 16)
+        out["sources"][0].update(storage)
+        return out
+
+    local = take(mixer.build_loader(recipe(str(tmp_path / "a.tar"))))
+    remote = recipe("s3://pics/shards/*.tar", storage_options=s3_options(s3_endpoint))
+    assert take(mixer.build_loader(remote, num_workers=2)) == local
+    loader = mixer.build_loader(remote, num_workers=2)
+    head = take(loader, 3)
+    state = loader.state_dict()
+    loader.close()
+    resumed = mixer.build_loader(recipe(str(tmp_path / "a.tar")))
+    resumed.load_state_dict(state)
+    assert head + take(resumed) == local
+
+
+# -- lowering the resolution of a long document -------------------------------------------
+
+def _grids(recipe) -> list[list[int]]:
+    return [g for b in mixer.build_loader(recipe) for g in b["image_grid_thw"].tolist()]
+
+
+def test_a_long_document_gets_the_largest_resolution_that_fits(tmp_path, tokenizer):
+    # 300x200 has plans of 40, 35, 28, 24, ... tokens; 2 words + EOS + 28 + 2 = 33 tokens
+    # fit exactly. Fixed steps of the budget (x0.75) used to jump from 35 to 24 tokens.
+    write_tar(tmp_path / "a.tar", [Sample(1, 2, [(300, 200)])])
+    recipe = one_source(tokenizer, tmp_path / "a.tar", seq_len=33,
+                        images={**QWEN, "min_pixels": 3136, "max_pixels": 200 * 200})
+    assert _grids(recipe) == [[1, 8, 14]]   # 28 tokens: 196x112
+
+
+def test_a_lowered_image_never_has_fewer_than_min_pixels(tmp_path, tokenizer):
+    # 48x75 at min_pixels 3136: 56x84 (4704 pixels), and below it only 28x84 and 28x56,
+    # both under min_pixels. The document (12 tokens) does not fit 8: its text is cut
+    # after the image instead of the image going under min_pixels.
+    write_tar(tmp_path / "a.tar", [Sample(1, 3, [(48, 75)])])
+    for packing in ("concat", "best_fit", "pad"):
+        recipe = one_source(tokenizer, tmp_path / "a.tar", seq_len=8, packing=packing,
+                            images={**QWEN, "min_pixels": 3136, "max_pixels": 3136 * 4})
+        assert _grids(recipe) == [[1, 6, 4]]

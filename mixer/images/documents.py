@@ -3,15 +3,18 @@
 For each record: the text is cut at the recipe's image marker (each marker is the next image;
 without a marker, all images come first), the pieces are tokenized in one batch, each image's
 header is probed and planned (resized size, grid, tokens) without decoding, and the layout's
-placeholder span goes where the image belongs. A document longer than `seq_len` gets a lower
-image resolution (never below `min_pixels`), then loses the text after its last image; if it
-still does not fit it is rejected as oversize (counted, never an error). A document whose
-images alone exceed the per-batch caps is oversize too.
+placeholder span goes where the image belongs. A document longer than `seq_len` (or over the
+per-batch caps) gets the largest lower image resolution that fits (never below `min_pixels`),
+else, at the lowest, loses the text after its last image; if it still does not fit it is
+rejected as oversize (counted, never an error). A document whose images alone exceed the
+per-batch caps is oversize too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import heapq
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,8 +28,6 @@ from mixer.recipe import ImageSettings
 from mixer.sources import EncodedImage
 from mixer.stream import Rejected
 from mixer.tokenize import Encoder
-
-_SHRINK = 0.75   # each resolution step keeps this share of the previous max_pixels
 
 
 @dataclass(frozen=True)
@@ -127,23 +128,29 @@ class ImageDocuments:
             sizes.append(size)
         return self._fit(pieces, imgs, sizes, file)
 
-    def _plans(self, sizes: list[tuple[int, int]]) -> Callable[[], list[ImagePlan] | None]:
-        """Successively smaller plans for all images at once (the same share each step)."""
-        settings = self.settings
-        budgets = [None]
-        if settings.layout == "qwen2_vl" and sizes:
-            budget = float(settings.max_pixels)
-            while budget > settings.min_pixels:
-                budget = max(budget * _SHRINK, settings.min_pixels)
-                budgets.append(int(budget))
-        steps = iter(budgets)
-
-        def next_plans() -> list[ImagePlan] | None:
-            for cap in steps:
-                return [self.processing.plan(w, h, max_pixels=cap) for w, h in sizes]
-            return None
-
-        return next_plans
+    def _plans(self, sizes: list[tuple[int, int]]) -> Iterator[list[ImagePlan]]:
+        """Plans for all images at once, largest first: the recipe's, then at each common
+        pixel budget (from max_pixels down to min_pixels) where some image's plan shrinks,
+        every image's plan at that budget -- each distinct combination once, so the first
+        that fits is the largest resolution that fits. An image never goes below
+        min_pixels (nor below its recipe plan, when smart_resize already put that under
+        min_pixels): past that it keeps its smallest plan at or above it."""
+        base = [self.processing.plan(w, h) for w, h in sizes]
+        yield base
+        if self.settings.layout != "qwen2_vl" or not sizes:
+            return   # llava: one resolution
+        floors = [min(self.settings.min_pixels, plan.width * plan.height) for plan in base]
+        steps = [((-budget, i, plan) for budget, plan in
+                  itertools.islice(self.processing.iter_budgeted_plans(w, h), 1, None))
+                 for i, (w, h) in enumerate(sizes)]
+        current = list(base)
+        for _, group in itertools.groupby(heapq.merge(*steps), key=lambda step: step[0]):
+            changed = False
+            for _, i, plan in group:
+                if plan.width * plan.height >= floors[i]:
+                    current[i], changed = plan, True
+            if changed:
+                yield list(current)
 
     def _fits_caps(self, plans: list[ImagePlan]) -> bool:
         caps = self.settings
@@ -159,15 +166,12 @@ class ImageDocuments:
         if not imgs:   # text only: packers may cut it like any text document
             return self._assemble(head, pieces, imgs, sizes, [], file, eos)
         text_tokens = sum(len(p) for p in pieces) + len(head) + 1
-        next_plans = self._plans(sizes)
-        plans = next_plans()
         last: list[ImagePlan] = []
-        while plans is not None:
+        for plans in self._plans(sizes):
             last = plans
             image_tokens = sum(p.tokens + self.vision.extra for p in plans)
             if self._fits_caps(plans) and text_tokens + image_tokens <= self.seq_len:
                 return self._assemble(head, pieces, imgs, sizes, plans, file, eos)
-            plans = next_plans()
         image_tokens = sum(p.tokens + self.vision.extra for p in last)
         through_last_image = text_tokens - len(pieces[-1]) - 1 + image_tokens
         if self._fits_caps(last) and through_last_image <= self.seq_len:

@@ -115,25 +115,32 @@ class Qwen2VLProcessing:
         then each time the largest budget in [min_pixels, previous budget) whose plan has fewer
         pixels, found by bisection, down to the plan at min_pixels. A plan only shrinks as its
         budget does (smart_resize is monotone, float operations included), so pixels and tokens
-        strictly decrease along the list and no plan any budget gives is skipped."""
+        strictly decrease along the list and no plan any budget gives is skipped. The plan of
+        any budget b is that of the smallest listed budget >= b."""
+        return list(self.iter_budgeted_plans(width, height))
+
+    def iter_budgeted_plans(self, width: int, height: int) -> Iterator[tuple[int, ImagePlan]]:
+        """`budgeted_plans`, made one at a time (a caller that stops early saves the rest)."""
         low = self.settings.min_pixels
         budget = self.settings.max_pixels
-        plans = [(budget, self.plan(width, height))]
+        plan = self.plan(width, height)
+        yield budget, plan
         while True:
-            pixels = plans[-1][1].width * plans[-1][1].height
+            pixels = plan.width * plan.height
 
             def smaller(b: int, pixels: int = pixels) -> bool:
-                plan = self.plan(width, height, b)
-                return plan.width * plan.height < pixels
+                candidate = self.plan(width, height, b)
+                return candidate.width * candidate.height < pixels
 
             if budget - 1 < low or not smaller(low):
-                return plans
+                return
             lo, hi = low, budget - 1          # smaller(lo) holds; find the largest such budget
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 lo, hi = (mid, hi) if smaller(mid) else (lo, mid - 1)
             budget = lo
-            plans.append((budget, self.plan(width, height, budget)))
+            plan = self.plan(width, height, budget)
+            yield budget, plan
 
     def empty_pixels(self) -> np.ndarray:
         """pixel_values with no image: (0, 3 · temporal_patch_size · patch_size²)."""
