@@ -25,8 +25,11 @@ def _load(path: str):
 def cmd_validate(args: argparse.Namespace) -> int:
     from mixer.tokenize import resolve_tokenizer
 
+    from mixer.batch import layout_for
+
     recipe = _load(args.recipe)
-    resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
+    info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
+    layout_for(recipe, info)   # an image layout checks that the tokenizer has its tokens
     print(f"ok: {len(recipe.sources)} source(s), seq_len {recipe.seq_len}, "
           f"batch_size {recipe.batch_size}, lanes {recipe.lanes}")
     return 0

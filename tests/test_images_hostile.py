@@ -467,3 +467,20 @@ def test_a_lowered_image_never_has_fewer_than_min_pixels(tmp_path, tokenizer):
         recipe = one_source(tokenizer, tmp_path / "a.tar", seq_len=8, packing=packing,
                             images={**QWEN, "min_pixels": 3136, "max_pixels": 3136 * 4})
         assert _grids(recipe) == [[1, 6, 4]]
+
+
+def test_validate_refuses_a_tokenizer_without_the_layouts_image_tokens(tmp_path, capsys):
+    from helpers import make_tokenizer
+
+    from mixer.cli import main as cli_main
+
+    plain = make_tokenizer(tmp_path / "plain.json")
+    write_tar(tmp_path / "a.tar", [Sample(1, 2, [(28, 28)])])
+    for layout, token in (("qwen2_vl", "<|vision_start|>"), ("llava", "<image>")):
+        recipe = one_source(plain, tmp_path / "a.tar", images={**QWEN, "layout": layout,
+                                                                 "image_size": 28})
+        (tmp_path / "r.json").write_text(json.dumps(recipe))
+        assert cli_main(["validate", str(tmp_path / "r.json")]) != 0
+        assert repr(token) in capsys.readouterr().err
+        with pytest.raises(mixer.RecipeError, match=token.replace("|", r"\|")):
+            mixer.build_loader(recipe)
