@@ -23,9 +23,8 @@ def _load(path: str):
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from mixer.tokenize import resolve_tokenizer
-
     from mixer.batch import layout_for
+    from mixer.tokenize import resolve_tokenizer
 
     recipe = _load(args.recipe)
     info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)

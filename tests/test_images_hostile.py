@@ -28,11 +28,16 @@ from mixer.images.handle import LazyImage
 QWEN = {"layout": "qwen2_vl", "min_pixels": 784, "max_pixels": 56 * 56}
 
 
+class Hang(BaseException):
+    """Raised by `deadline`; a BaseException, so no `except Exception` (or OSError, which
+    TimeoutError is) in the code under test swallows it."""
+
+
 @contextlib.contextmanager
 def deadline(seconds: int):
-    """Raise TimeoutError in the main thread after `seconds` (a hang fails, never blocks)."""
+    """Raise `Hang` in the main thread after `seconds` (a hang fails, never blocks)."""
     def fire(*_):
-        raise TimeoutError(f"no answer within {seconds} s: the loader hangs")
+        raise Hang(f"no answer within {seconds} s: the loader hangs")
 
     old = signal.signal(signal.SIGALRM, fire)
     signal.alarm(seconds)
