@@ -204,7 +204,8 @@ def skewed_corpus(root: Path, *, samples: int, big_share: float, seed: int) -> P
                     add(tar, key + ".jpg", photos[int(rng.integers(len(photos)))])
                 else:
                     add(tar, key + ".png", clipart(rng, int(rng.integers(64, 257))))
-                words = " ".join(f"w{int(w)}" for w in rng.integers(0, 500, int(rng.integers(20, 200))))
+                count = int(rng.integers(20, 200))
+                words = " ".join(f"w{int(w)}" for w in rng.integers(0, 500, count))
                 add(tar, key + ".txt", words.encode())
     return root
 
@@ -273,7 +274,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--batches", type=int, default=150, help="latency: batches timed")
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--pixel-budget-mb", type=int, default=None,
+                        help="latency: pixels each process may hold ahead of need "
+                        "(mixer.images.handle.set_pixel_budget; default 256)")
     args = parser.parse_args(argv)
+    if args.pixel_budget_mb is not None:
+        from mixer.images.handle import set_pixel_budget
+
+        set_pixel_budget(args.pixel_budget_mb << 20)
     if args.only == ["latency"]:
         print(format_table(latency_rows(args), LATENCY_COLUMNS))
         return
