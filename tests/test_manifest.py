@@ -14,6 +14,9 @@ import mixer
 from mixer.sources.manifest import list_sources, write_manifest
 
 EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "60"))
+# CI runs a fixed sequence of examples (a random one may, rarely, miss one of the outcomes the
+# tests assert they reach); MIXER_FUZZ_RANDOM=1 explores new ones.
+DERANDOMIZE = not os.environ.get("MIXER_FUZZ_RANDOM")
 
 
 @pytest.fixture
@@ -79,7 +82,7 @@ def read_or_refuse(recipe, path, text: str | bytes) -> None:
 def test_fuzz_structurally_edited_manifests(indexed):
     recipe, path, data = indexed
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
               suppress_health_check=[HealthCheck.too_slow])
     @given(structural_mutations(data))
     def run(mutated) -> None:
@@ -92,7 +95,7 @@ def test_fuzz_byte_mutated_manifests(indexed):
     recipe, path, _ = indexed
     original = path.read_bytes()
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
               suppress_health_check=[HealthCheck.too_slow])
     @given(byte_mutations(original, b'{}[]",:0123456789-'))
     def run(mutated: bytes) -> None:

@@ -16,6 +16,9 @@ import mixer
 from mixer.cli import main
 
 EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "60"))
+# CI runs a fixed sequence of examples (a random one may, rarely, miss one of the outcomes the
+# tests assert they reach); MIXER_FUZZ_RANDOM=1 explores new ones.
+DERANDOMIZE = not os.environ.get("MIXER_FUZZ_RANDOM")
 SLOW = 5.0   # seconds; a bounded reader answers any of these in well under one
 
 RECIPE = """\
@@ -86,7 +89,7 @@ def test_the_fuzzed_recipe_is_valid(recipe_text, tmp_path, capsys):
 def test_byte_mutated_recipe_files(recipe_text, tmp_path, capsys):
     path = tmp_path / "r.yaml"
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
               suppress_health_check=[HealthCheck.too_slow])
     @given(byte_mutations(recipe_text.encode(), YAML_BYTES))
     def run(data: bytes) -> None:
@@ -102,7 +105,7 @@ def test_structurally_mutated_recipe_files(recipe_text, tmp_path, capsys):
 
     outcomes: set[bool] = set()
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
               suppress_health_check=[HealthCheck.too_slow])
     @given(structural_mutations(data), st.lists(st.tuples(st.integers(0, 40),
                                                           st.sampled_from(SNIPPETS)),
@@ -124,7 +127,7 @@ def test_structurally_mutated_recipe_files(recipe_text, tmp_path, capsys):
 def test_mutated_dict_recipes(recipe_text):
     data = yaml.safe_load(recipe_text)
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None)
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE)
     @given(structural_mutations(data))
     def run(mutated) -> None:
         try:

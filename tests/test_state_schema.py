@@ -15,6 +15,9 @@ import mixer
 from mixer.state import pack
 
 EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "60"))
+# CI runs a fixed sequence of examples (a random one may, rarely, miss one of the outcomes the
+# tests assert they reach); MIXER_FUZZ_RANDOM=1 explores new ones.
+DERANDOMIZE = not os.environ.get("MIXER_FUZZ_RANDOM")
 
 
 def take(loader, n: int) -> None:
@@ -150,7 +153,7 @@ def test_fuzz_structurally_edited_states(saved):
 
     outcomes: set[str] = set()
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
               suppress_health_check=[HealthCheck.too_slow])
     @given(structural_mutations(payload))
     def run(mutated) -> None:
@@ -164,7 +167,7 @@ def test_fuzz_byte_mutated_and_reshaped_states(saved):
     loader, state, payload = saved
     outer = structural_mutations(state)
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
               suppress_health_check=[HealthCheck.too_slow])
     @given(st.one_of(byte_mutations(state["json"].encode(), b'{}[]",:0123456789-.eE')
                      .map(lambda b: with_json(b.decode("utf-8", "replace"))), outer))
