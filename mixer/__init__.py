@@ -3,10 +3,13 @@
 The data path, one module per stage::
 
     recipe.py        YAML/dict -> validated, frozen Recipe (recipe_input.py: bounded reading)
-    sources/         list each source once (listing.py) -> splits; one reader per format
+    sources/         list each source once (listing.py) -> splits; the format registry
+                     (formats.py) names each format's reader (jsonl, parquet, text, webdataset)
     slices.py        epoch e: permute splits, deal them to lanes (stripe when too few)
     stream.py        per (lane, source): read the slice, window-shuffle, tokenize in batches
     document.py      a document: token ids plus lazy image handles (cost known before decoding)
+    images/          image+text: header probe, transformers-exact pixels, the document builder
+                     (markers, placeholders, fitting a row), qwen2_vl / llava layouts
     tokenize/        tokenizer adapter (EOS/BOS) and the packer registry
                      (concat | pad | best_fit) -> rows
     mix.py           per lane: deficit rule picks the source of each row (token weights)

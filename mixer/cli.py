@@ -233,7 +233,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mixer", description="Deterministic, resumable data mixtures for LM training.")
+        prog="mixer", description="Deterministic, resumable data mixtures for language and "
+        "vision-language model training.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("validate", help="check a recipe and its tokenizer; exit non-zero "
                        "naming the bad field")
