@@ -185,15 +185,19 @@ class LazyImage:
             self._reserved = weakref.finalize(self, _unreserve, os.getpid(), self.nbytes)
         return True
 
-    def prefetch(self, priority: int = 0, *, needed: bool = False) -> None:
+    def prefetch(self, priority: int = 0, *, needed: bool = False) -> bool:
         """Start making the pixels on the process's image pool (no-op if started or made).
         `priority`: when they are needed (e.g. a global batch index); lower runs first.
 
         Ahead of need (the default) only while the process's pixel budget allows; `needed`:
         the pixels are wanted now (a document being checked, a batch being finished), so
-        they are made whatever the budget."""
-        if self._future is None and self._pixels is None and (needed or self._reserve()):
-            self._future = (os.getpid(), _decode_pool().submit(priority, self._compute))
+        they are made whatever the budget. False: refused by the budget (try again later)."""
+        if self._future is not None or self._pixels is not None:
+            return True
+        if not needed and not self._reserve():
+            return False
+        self._future = (os.getpid(), _decode_pool().submit(priority, self._compute))
+        return True
 
     def _made(self) -> np.ndarray:
         pending, self._future = self._future, None
