@@ -31,9 +31,10 @@ class ImageHandle(Protocol):
         """Rows the image adds to the batch's `pixel_values`."""
         ...
 
-    def prefetch(self, priority: int = 0, *, needed: bool = False) -> None:
+    def prefetch(self, priority: int = 0, *, needed: bool = False) -> bool:
         """Start decoding in the background (no-op once started); lower priority first.
-        Ahead of need (not `needed`) only within the process's pixel budget."""
+        Ahead of need (not `needed`) only within the process's pixel budget: False when
+        the budget refused it."""
         ...
 
     def check(self) -> None:

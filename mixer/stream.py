@@ -377,8 +377,9 @@ class SourceStream:
                 if document.images:
                     need = self.clock() + (
                         win.prefetch_tokens // self.batch_tokens) * self.lanes_per_batch
-                    for placement in document.images:
-                        placement.image.prefetch(need)
+                    started = [placement.image.prefetch(need) for placement in document.images]
+                    if not all(started):
+                        break   # the process's pixel budget is spent: try again next time
                 win.prefetch_tokens += len(document)
             win.prefetch_end += 1
 

@@ -489,3 +489,38 @@ def test_validate_refuses_a_tokenizer_without_the_layouts_image_tokens(tmp_path,
         assert repr(token) in capsys.readouterr().err
         with pytest.raises(mixer.RecipeError, match=token.replace("|", r"\|")):
             mixer.build_loader(recipe)
+
+
+def test_the_pixel_budget_is_given_back_by_release_and_by_dropped_handles():
+    from mixer.images.processing import processing_for
+    from mixer.recipe import ImageSettings
+    from mixer.sources.base import EncodedImage
+
+    processing = processing_for(ImageSettings(**QWEN))
+
+    def handle_of(doc: int) -> LazyImage:
+        return LazyImage.probe(EncodedImage(png(doc, (56, 56)), f"s{doc}.png", 0), processing,
+                               extra_tokens=2, source="src", file="a.tar",
+                               max_source_pixels=1 << 20)
+
+    old = handle.pixel_budget()
+    before = handle.held_ahead()
+    try:
+        images = [handle_of(d) for d in range(4)]
+        handle.set_pixel_budget(before + 2 * images[0].nbytes)
+        assert [image.prefetch() for image in images] == [True, True, False, False]
+        assert handle.held_ahead() == before + 2 * images[0].nbytes
+        assert images[2].prefetch(needed=True)       # wanted now: made whatever the budget
+        images[2].check()                            # decodes, but is not kept past the budget
+        assert images[2]._pixels is None and images[0].pixels() is not None
+        images[0].release()
+        assert handle.held_ahead() == before + images[0].nbytes
+        del images[1]                                # dropped without a release
+        gc.collect()
+        assert handle.held_ahead() == before
+        assert [image.prefetch() for image in images[1:]] == [True, True]
+        pixels = [image.pixels() for image in images]
+        assert all(np.array_equal(p, handle_of(d).pixels())
+                   for p, d in zip(pixels, (0, 2, 3)))
+    finally:
+        handle.set_pixel_budget(old)

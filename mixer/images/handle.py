@@ -36,6 +36,10 @@ _threads = min(4, os.cpu_count() or 1)
 _pool: tuple[int, PriorityPool] | None = None
 _budget = 256 << 20                  # bytes of pixels a process may hold ahead of need
 _held = [os.getpid(), 0]             # [pid, bytes held ahead of need in that process]
+# Re-entrant: a handle's finalizer (`_unreserve`) may run from the garbage collector while
+# this thread is inside `_reserve`; nothing between the read and the write of `_held[1]`
+# allocates, so the nested update is never lost.
+_budget_lock = threading.RLock()
 
 
 def set_pixel_budget(nbytes: int) -> None:
@@ -54,14 +58,15 @@ def pixel_budget() -> int:
 
 def held_ahead() -> int:
     """Bytes of pixels this process holds ahead of need now (made or being made)."""
-    with _lock:
+    with _budget_lock:
         return _held[1] if _held[0] == os.getpid() else 0
 
 
 def _reserve(nbytes: int) -> bool:
-    with _lock:
-        if _held[0] != os.getpid():   # a forked child: the parent's holdings are not its own
-            _held[:] = [os.getpid(), 0]
+    pid = os.getpid()
+    with _budget_lock:
+        if _held[0] != pid:   # a forked child: the parent's holdings are not its own
+            _held[0], _held[1] = pid, 0
         if _held[1] + nbytes > _budget:
             return False
         _held[1] += nbytes
@@ -69,7 +74,7 @@ def _reserve(nbytes: int) -> bool:
 
 
 def _unreserve(pid: int, nbytes: int) -> None:
-    with _lock:
+    with _budget_lock:
         if _held[0] == pid:
             _held[1] -= nbytes
 
@@ -102,10 +107,11 @@ def _decode_pool() -> PriorityPool:
 
 def _after_fork_in_child() -> None:
     # The parent's pool threads do not exist here, and its lock may have been held at fork.
-    global _lock, _pool
+    global _lock, _pool, _budget_lock
     _lock = threading.Lock()
     _pool = None
-    _held[:] = [os.getpid(), 0]   # the parent's holdings are not this process's
+    _budget_lock = threading.RLock()
+    _held[0], _held[1] = os.getpid(), 0   # the parent's holdings are not this process's
 
 
 if hasattr(os, "register_at_fork"):
@@ -183,17 +189,22 @@ class LazyImage:
                 return False
             # Given back when released, or when the handle is dropped without a release.
             self._reserved = weakref.finalize(self, _unreserve, os.getpid(), self.nbytes)
+            self._reserved.atexit = False
         return True
 
-    def prefetch(self, priority: int = 0, *, needed: bool = False) -> None:
+    def prefetch(self, priority: int = 0, *, needed: bool = False) -> bool:
         """Start making the pixels on the process's image pool (no-op if started or made).
         `priority`: when they are needed (e.g. a global batch index); lower runs first.
 
         Ahead of need (the default) only while the process's pixel budget allows; `needed`:
         the pixels are wanted now (a document being checked, a batch being finished), so
-        they are made whatever the budget."""
-        if self._future is None and self._pixels is None and (needed or self._reserve()):
-            self._future = (os.getpid(), _decode_pool().submit(priority, self._compute))
+        they are made whatever the budget. False: refused by the budget (try again later)."""
+        if self._future is not None or self._pixels is not None:
+            return True
+        if not needed and not self._reserve():
+            return False
+        self._future = (os.getpid(), _decode_pool().submit(priority, self._compute))
+        return True
 
     def _made(self) -> np.ndarray:
         pending, self._future = self._future, None
