@@ -55,9 +55,10 @@ class PriorityPool:
                 if not self._heap:
                     return
                 _, _, future, fn = heapq.heappop(self._heap)
-            if not future.set_running_or_notify_cancel():
-                continue   # taken back by its owner (see LazyImage.pixels)
-            try:
-                future.set_result(fn())
-            except BaseException as exc:   # handed to whoever waits on the future
-                future.set_exception(exc)
+            if future.set_running_or_notify_cancel():   # else taken back by its owner
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:   # handed to whoever waits on the future
+                    future.set_exception(exc)
+            # An idle thread must not keep its last job (and the image it holds) alive.
+            del future, fn
