@@ -14,6 +14,8 @@ import io
 import json
 import signal
 import tarfile
+import time
+import weakref
 
 import numpy as np
 import pytest
@@ -515,8 +517,13 @@ def test_the_pixel_budget_is_given_back_by_release_and_by_dropped_handles():
         assert images[2]._pixels is None and images[0].pixels() is not None
         images[0].release()
         assert handle.held_ahead() == before + images[0].nbytes
-        del images[1]                                # dropped without a release
-        gc.collect()
+        images[1]._future[1].result()                # made; then dropped without a release
+        del images[1]
+        for _ in range(100):                         # (the pool thread lets go of the job)
+            gc.collect()
+            if handle.held_ahead() == before:
+                break
+            time.sleep(0.01)
         assert handle.held_ahead() == before
         assert [image.prefetch() for image in images[1:]] == [True, True]
         pixels = [image.pixels() for image in images]
@@ -524,3 +531,29 @@ def test_the_pixel_budget_is_given_back_by_release_and_by_dropped_handles():
                    for p, d in zip(pixels, (0, 2, 3)))
     finally:
         handle.set_pixel_budget(old)
+
+
+def test_an_idle_pool_thread_keeps_no_reference_to_its_last_job():
+    # Each idle thread used to keep its last job's callable -- a bound method of an image
+    # handle with the stored bytes -- alive until its next job.
+    from mixer.images.pool import PriorityPool
+
+    class Job:
+        def run(self) -> int:
+            return 1
+
+    pool = PriorityPool(2)
+    try:
+        jobs = [Job() for _ in range(4)]
+        refs = [weakref.ref(job) for job in jobs]
+        futures = [pool.submit(i, job.run) for i, job in enumerate(jobs)]
+        assert [f.result(timeout=10) for f in futures] == [1] * 4
+        del jobs, futures
+        for _ in range(100):
+            gc.collect()
+            if all(ref() is None for ref in refs):
+                break
+            time.sleep(0.01)
+        assert all(ref() is None for ref in refs)
+    finally:
+        pool.shutdown()

@@ -55,10 +55,16 @@ class PriorityPool:
                 if not self._heap:
                     return
                 _, _, future, fn = heapq.heappop(self._heap)
-            if future.set_running_or_notify_cancel():   # else taken back by its owner
-                try:
-                    future.set_result(fn())
-                except BaseException as exc:   # handed to whoever waits on the future
-                    future.set_exception(exc)
-            # An idle thread must not keep its last job (and the image it holds) alive.
+            _run(future, fn)
+            # An idle thread keeps no reference to its last job: the callable (a bound
+            # method of an image handle, with its stored bytes) is freed with its owner.
             del future, fn
+
+
+def _run(future: Future, fn: Callable[[], Any]) -> None:
+    if not future.set_running_or_notify_cancel():
+        return   # taken back by its owner (see LazyImage.pixels)
+    try:
+        future.set_result(fn())
+    except BaseException as exc:   # handed to whoever waits on the future
+        future.set_exception(exc)
