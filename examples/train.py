@@ -16,18 +16,20 @@ import hashlib
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import mixer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import checkpoints  # noqa: E402  (examples/checkpoints.py, beside this script)
 
 
 def batch_hash(batch: dict[str, torch.Tensor]) -> str:
@@ -52,12 +54,6 @@ def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torc
     labels = batch["labels"][:, 1:]
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
                            ignore_index=-100, reduction="none").view_as(labels)
-
-
-def latest_checkpoint(folder: Path) -> Path | None:
-    done = sorted((p for p in folder.glob("step-*") if (p / ".metadata").exists()),
-                  key=lambda p: int(p.name.split("-")[1]))
-    return done[-1] if done else None
 
 
 def main() -> None:
@@ -85,15 +81,9 @@ def main() -> None:
 
     step = 0
     ckpt_dir = Path(args.ckpt_dir)
-    if args.resume and (found := latest_checkpoint(ckpt_dir)) is not None:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd, "data": loader,
-                 "step": torch.tensor(0)}
-        dcp.load(state, checkpoint_id=str(found))  # calls loader.load_state_dict
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
-        step = int(state["step"])
-        if rank == 0:
+    if args.resume:
+        step, found = checkpoints.load_latest(ckpt_dir, model, optimizer, loader)
+        if found is not None and rank == 0:
             print(f"resumed from {found} at step {step} on {world} rank(s)", flush=True)
 
     log = open(f"{args.step_log}.rank{rank}", "a") if args.step_log else None
@@ -134,10 +124,7 @@ def main() -> None:
             if rank == 0 and (step % 10 == 0 or step == args.steps):
                 print(f"step {step} loss {record['loss']} per source {per_source}", flush=True)
             if args.ckpt_every and step % args.ckpt_every == 0:
-                model_sd, optim_sd = get_state_dict(model, optimizer)
-                dcp.save({"model": model_sd, "optim": optim_sd, "data": loader,
-                          "step": torch.tensor(step)},
-                         checkpoint_id=str(ckpt_dir / f"step-{step}"))
+                checkpoints.save(ckpt_dir, step, model, optimizer, loader)
     if rank == 0:
         print(f"done: {step} steps in {time.perf_counter() - start:.1f}s", flush=True)
     if log:
