@@ -62,7 +62,9 @@ class SourceConfig(_Frozen):
 
     name: str = Field(min_length=1, description="Unique name; seeds derive from it.")
     path: str | list[str] = Field(description="Glob, or list of globs (local or fsspec URL).")
-    weight: Float = Field(gt=0, description="Share of training tokens (normalized over sources).")
+    weight: Float | None = Field(
+        default=None, gt=0, description="Share of training tokens (normalized over sources); "
+        "required unless the recipe has a `schedule`.")
     text_field: str = Field(
         default="text", min_length=1,
         description="Column/key with the text (webdataset: key in the json member; its "
@@ -163,6 +165,59 @@ class ImageSettings(_Frozen):
         return self
 
 
+MAX_SCHEDULE_POINTS = 1 << 14
+
+
+class SchedulePoint(_Frozen):
+    """One point of a schedule: from `at_tokens` global tokens on, these target weights."""
+
+    at_tokens: Float = Field(ge=0, le=1e18, description="Global tokens where the point is.")
+    weights: dict[str, Float] = Field(description="Weight per source name (others: 0).")
+
+    @field_validator("at_tokens")
+    @classmethod
+    def _whole_tokens(cls, value: float) -> float:
+        if value != int(value):
+            raise ValueError(f"at_tokens must be a whole number of tokens, got {value}")
+        return value
+
+
+class Schedule(_Frozen):
+    """Target weights that change over global tokens (docs/recipes.md#schedules)."""
+
+    interpolate: Literal["step", "linear"] = Field(
+        default="step", description="step: a point holds until the next; linear: weights "
+        "move linearly from each point to the next.")
+    points: list[SchedulePoint] = Field(min_length=1, max_length=MAX_SCHEDULE_POINTS)
+
+    def weights_at(self, names: list[str], tokens: int) -> list[float]:
+        """Normalized target weights of `names` at global position `tokens`."""
+        points = self.points
+        i = self.point_index(tokens)
+        raw = [points[i].weights.get(n, 0.0) for n in names]
+        if self.interpolate == "linear" and i + 1 < len(points):
+            a, b = points[i], points[i + 1]
+            t = (tokens - a.at_tokens) / (b.at_tokens - a.at_tokens)
+            raw = [normalize_or_zero(raw)[k] * (1 - t) + normalize_or_zero(
+                [b.weights.get(n, 0.0) for n in names])[k] * t for k in range(len(names))]
+        return normalize(raw)
+
+    def point_index(self, tokens: int) -> int:
+        """Index of the last point at or before `tokens`."""
+        lo, hi = 0, len(self.points) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.points[mid].at_tokens <= tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+def normalize_or_zero(weights: list[float]) -> list[float]:
+    return normalize(weights) if any(w > 0 for w in weights) else list(weights)
+
+
 class Recipe(_Frozen):
     """A validated mixture recipe. Build with `mixer.load_recipe`."""
 
@@ -195,6 +250,8 @@ class Recipe(_Frozen):
     images: ImageSettings | None = Field(default=None, description="Image+text batches "
                                          "(absent: text batches).")
     sources: list[SourceConfig] = Field(min_length=1)
+    schedule: Schedule | None = Field(default=None, description="Target weights over global "
+                                      "tokens; absent: the sources' `weight`.")
     base_dir: str = Field(default=".", description="Relative paths resolve against this folder.")
 
     @field_validator("packing")
@@ -225,7 +282,44 @@ class Recipe(_Frozen):
         return self
 
     @model_validator(mode="after")
+    def _schedule_names_sources(self) -> Recipe:
+        names = {s.name for s in self.sources}
+        if self.schedule is None:
+            for i, src in enumerate(self.sources):
+                if src.weight is None:
+                    raise ValueError(f"sources[{i}].weight: field required (a recipe without "
+                                     "`schedule` weighs each source)")
+            return self
+        points = self.schedule.points
+        if points[0].at_tokens != 0:
+            raise ValueError(f"schedule.points[0].at_tokens: the first point must be at 0 "
+                             f"tokens, got {points[0].at_tokens:g}")
+        for i, point in enumerate(points):
+            if i and point.at_tokens <= points[i - 1].at_tokens:
+                raise ValueError(f"schedule.points[{i}].at_tokens: {point.at_tokens:g} is not "
+                                 f"after points[{i - 1}].at_tokens ({points[i - 1].at_tokens:g})"
+                                 "; points must be strictly increasing")
+            if not any(w > 0 for w in point.weights.values()):
+                raise ValueError(f"schedule.points[{i}].weights: every weight is 0 (at least "
+                                 "one source must have a positive weight)")
+            for name, weight in point.weights.items():
+                if weight < 0:
+                    raise ValueError(f"schedule.points[{i}].weights.{name}: weight {weight:g} "
+                                     "is negative")
+                if name not in names:
+                    raise ValueError(f"schedule.points[{i}].weights.{name}: unknown source "
+                                     f"{name!r}; sources: {', '.join(sorted(names))}")
+            shares = normalize([point.weights.get(s.name, 0.0) for s in self.sources])
+            for name, share in zip([s.name for s in self.sources], shares):
+                if not math.isfinite(share) or (point.weights.get(name, 0) > 0 and share <= 0):
+                    raise ValueError(f"schedule.points[{i}].weights.{name}: its share rounds "
+                                     "to 0 next to the other weights")
+        return self
+
+    @model_validator(mode="after")
     def _weights_have_shares(self) -> Recipe:
+        if self.schedule is not None:
+            return self
         for i, share in enumerate(self.weights):
             if not (math.isfinite(share) and share > 0):
                 raise ValueError(f"sources[{i}].weight: {self.sources[i].weight} is too small "
@@ -233,9 +327,19 @@ class Recipe(_Frozen):
         return self
 
     @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.sources]
+
+    @property
     def weights(self) -> list[float]:
-        """Each source's share, summing to 1."""
-        return normalize([s.weight for s in self.sources])
+        """Each source's share at the start (token 0), summing to 1."""
+        return self.weights_at(0)
+
+    def weights_at(self, tokens: int) -> list[float]:
+        """Each source's target share at global position `tokens` (schedule, else weights)."""
+        if self.schedule is not None:
+            return self.schedule.weights_at(self.names, tokens)
+        return normalize([s.weight or 0.0 for s in self.sources])
 
     @property
     def finite(self) -> bool:

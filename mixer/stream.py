@@ -48,7 +48,7 @@ class Rejected:
 
 @dataclass
 class _Window:
-    texts: list[str]
+    texts: list[Any]            # str, or np.ndarray for a pre-tokenized record
     tokens: list[Any]           # np.ndarray (text path) or Document | Rejected (builder path)
     end: tuple[int, int, int]   # cursor (slot, index, offset) after the window
     end_of_epoch: bool
@@ -261,8 +261,8 @@ class SourceStream:
                 if record.error is not None:
                     skipped += 1
                     continue
-                texts.append(record.text)
-                size += len(record.text)
+                texts.append(record.text if record.tokens is None else record.tokens)
+                size += record.size
                 if building:
                     split = self._splits[item.split]
                     entry = self.table.files[split.file]
@@ -333,11 +333,24 @@ class SourceStream:
         self._win = None
 
     def _encode(self, win: _Window, start: int, stop: int) -> list[Any]:
+        """Tokens (or built documents) of window items [start, stop); pre-tokenized items
+        pass through as they are."""
+        todo = [i for i in range(start, stop) if isinstance(win.texts[i], str)]
+        out: list[Any] = [win.texts[i] if self.documents is None else Document(win.texts[i])
+                          for i in range(start, stop)]
+        if not todo:
+            return out
         if self.documents is None:
-            return self.encode(win.texts[start:stop])
-        assert win.images is not None and win.files is not None and win.locations is not None
-        return self.documents.build(win.texts[start:stop], win.images[start:stop],
-                                    win.files[start:stop], win.locations[start:stop])
+            encoded = self.encode([win.texts[i] for i in todo])
+        else:
+            assert win.images is not None and win.files is not None
+            assert win.locations is not None
+            encoded = self.documents.build(
+                [win.texts[i] for i in todo], [win.images[i] for i in todo],
+                [win.files[i] for i in todo], [win.locations[i] for i in todo])
+        for i, item in zip(todo, encoded):
+            out[i - start] = item
+        return out
 
     def _tokenize_from(self, win: _Window, start: int) -> None:
         """Tokens for the chunk at `start`, then start encoding the following chunk."""

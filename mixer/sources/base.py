@@ -71,6 +71,10 @@ class Record:
     recipe's image marker, else they come before it. `location` says where the text lies in
     words, for errors found after reading (e.g. a webdataset sample's text member); None:
     the format's description of `offset`.
+
+    A pre-tokenized record (`format: megatron`/`npy`, or a token-cache hit) has `tokens`
+    (the document's final ids, EOS included) instead of `text`, and `chars`: the size that
+    counts against the shuffle window's byte budget in place of the text's length.
     """
 
     index: int
@@ -79,6 +83,13 @@ class Record:
     error: DataError | None = None
     images: tuple[EncodedImage, ...] = ()
     location: str | None = None
+    tokens: Any = None       # np.ndarray of token ids, or None for a text record
+    chars: int = 0
+
+    @property
+    def size(self) -> int:
+        """What the record counts against the shuffle window's byte budget."""
+        return len(self.text) if self.text is not None else self.chars
 
 
 class Reader(Protocol):

@@ -44,7 +44,7 @@ def read_records(fmt: Format, *, storage: Any, entry: FileEntry, split: Split, s
                          text_field=text_field, max_bytes=max_bytes, index=index, offset=offset)
         for record in records:
             index, position = record.index + 1, record.offset
-            if record.error is None:
+            if record.error is None and record.tokens is None:
                 why = _invalid_text(record.text)
                 if why is not None:
                     err = DataError(why, source=source, file=entry.url,
