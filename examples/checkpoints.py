@@ -20,22 +20,28 @@ def latest_checkpoint(folder: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load_latest(folder: Path, model, optimizer, loader) -> tuple[int, Path | None]:
-    """Restore model, optimizer and loader from the newest checkpoint: (its step, its path),
-    or (0, None) when there is none."""
+def load_latest(folder: Path, model, optimizer, loader,
+                extra: dict[str, torch.Tensor] | None = None) -> tuple[int, Path | None]:
+    """Restore model, optimizer and loader (and the `extra` tensors, in place) from the
+    newest checkpoint: (its step, its path), or (0, None) when there is none."""
     found = latest_checkpoint(folder)
     if found is None:
         return 0, None
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "data": loader, "step": torch.tensor(0)}
+    if extra:
+        state["extra"] = extra
     dcp.load(state, checkpoint_id=str(found))  # calls loader.load_state_dict
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
     return int(state["step"]), found
 
 
-def save(folder: Path, step: int, model, optimizer, loader) -> None:
+def save(folder: Path, step: int, model, optimizer, loader,
+         extra: dict[str, torch.Tensor] | None = None) -> None:
     """Write `folder/step-{step}` (on every rank: the loader's state is a collective)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd, "data": loader, "step": torch.tensor(step)},
-             checkpoint_id=str(folder / f"step-{step}"))
+    state = {"model": model_sd, "optim": optim_sd, "data": loader, "step": torch.tensor(step)}
+    if extra:
+        state["extra"] = extra
+    dcp.save(state, checkpoint_id=str(folder / f"step-{step}"))

@@ -7,6 +7,15 @@ Model, optimizer and data loader go into one `torch.distributed.checkpoint` ever
 `--ckpt-every` steps; `--resume` continues from the newest complete checkpoint, on any number of
 ranks and workers that the recipe's lanes allow. With `--step-log FILE` every rank appends one JSON
 line per step: step, rank, global batch index, batch hash, loss and loss per source.
+
+`--metrics-out FILE` (rank 0) appends `{"step", **loader.metrics(all_ranks=True), "loss",
+"loss_by_source"}` every `--metrics-every` steps: the log `mixer report` plots.
+
+`--online-mixing` reweights the sources from the training loss every `--mix-every` steps: an
+exponentiated-gradient step on the per-source losses (summed over ranks from `source_ids`),
+w ← w · exp(η · loss), normalized and smoothed towards uniform, handed to
+`loader.set_weights` (a collective: every rank computes the same weights from the same
+all-reduced losses). The loader records it in its state, so a resume reproduces the stream.
 """
 
 from __future__ import annotations
@@ -56,6 +65,56 @@ def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torc
                            ignore_index=-100, reduction="none").view_as(labels)
 
 
+class OnlineMixing:
+    """Per-source losses summed over ranks, and an exponentiated-gradient weight update."""
+
+    def __init__(self, names: list[str], lr: float, smoothing: float) -> None:
+        self.names = names
+        self.lr = lr
+        self.smoothing = smoothing
+        self.weights = torch.full((len(names),), 1 / len(names), dtype=torch.float64)
+        self.sums = torch.zeros(len(names), dtype=torch.float64)
+        self.counts = torch.zeros(len(names), dtype=torch.float64)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint must hold so a resumed run makes the same updates (the losses
+        gathered since the last update); loaded in place."""
+        return {"weights": self.weights, "loss_sums": self.sums, "loss_counts": self.counts}
+
+    def accumulate(self, losses: torch.Tensor, mask: torch.Tensor,
+                   sources: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add this step's per-source loss sums and token counts (all ranks); returns this
+        step's all-reduced (sums, counts)."""
+        sums = torch.zeros(len(self.names), dtype=torch.float64)
+        counts = torch.zeros(len(self.names), dtype=torch.float64)
+        for index in range(len(self.names)):
+            chosen = mask & (sources == index)
+            sums[index] = losses[chosen].double().sum()
+            counts[index] = chosen.sum()
+        both = torch.cat([sums, counts])
+        dist.all_reduce(both)
+        sums, counts = both[:len(self.names)], both[len(self.names):]
+        self.sums += sums
+        self.counts += counts
+        return sums, counts
+
+    def mean_losses(self, sums: torch.Tensor, counts: torch.Tensor) -> dict[str, float]:
+        return {n: round(float(s / c), 4) for n, s, c in zip(self.names, sums, counts) if c > 0}
+
+    def update(self) -> dict[str, float]:
+        """w ← w · exp(lr · mean loss) over the sources seen since the last update,
+        normalized, then smoothed towards uniform (so no source starves)."""
+        seen = self.counts > 0
+        mean = torch.where(seen, self.sums / self.counts.clamp(min=1), torch.zeros(1).double())
+        logits = torch.log(self.weights) + self.lr * mean
+        logits[~seen] = torch.log(self.weights)[~seen]
+        new = torch.softmax(logits, 0)
+        self.weights.copy_((1 - self.smoothing) * new + self.smoothing / len(self.names))
+        self.sums.zero_()
+        self.counts.zero_()
+        return {n: float(w) for n, w in zip(self.names, self.weights)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", required=True)
@@ -66,6 +125,14 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--step-log", help="append per-step JSON lines here (one file per rank)")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--metrics-out", help="(rank 0) append loader metrics JSON lines here")
+    parser.add_argument("--metrics-every", type=int, default=1)
+    parser.add_argument("--online-mixing", action="store_true",
+                        help="reweight sources from per-source losses (exponentiated gradient)")
+    parser.add_argument("--mix-every", type=int, default=10)
+    parser.add_argument("--mix-lr", type=float, default=1.0, help="η of the weight update")
+    parser.add_argument("--mix-smoothing", type=float, default=0.1,
+                        help="share of uniform weight mixed into every update")
     parser.add_argument("--crash-at-step", type=int, default=-1,
                         help="(testing) rank 0 kills itself with SIGKILL at this step")
     args = parser.parse_args()
@@ -81,12 +148,15 @@ def main() -> None:
 
     step = 0
     ckpt_dir = Path(args.ckpt_dir)
+    mixing = OnlineMixing(names, args.mix_lr, args.mix_smoothing)
+    extra = mixing.tensors() if args.online_mixing else None
     if args.resume:
-        step, found = checkpoints.load_latest(ckpt_dir, model, optimizer, loader)
+        step, found = checkpoints.load_latest(ckpt_dir, model, optimizer, loader, extra)
         if found is not None and rank == 0:
             print(f"resumed from {found} at step {step} on {world} rank(s)", flush=True)
 
     log = open(f"{args.step_log}.rank{rank}", "a") if args.step_log else None
+    metrics_log = open(args.metrics_out, "a") if args.metrics_out and rank == 0 else None
     start = time.perf_counter()
     first_global = loader.next_global_batch
     with loader:
@@ -121,14 +191,30 @@ def main() -> None:
             if log:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
+            sums, counts = mixing.accumulate(losses, mask, target_sources)
+            if args.metrics_out and step % args.metrics_every == 0:
+                metrics = loader.metrics(all_ranks=True)   # a collective: every rank calls it
+                if metrics_log:
+                    line = {"step": step, **metrics, "loss": record["loss"],
+                            "loss_by_source": mixing.mean_losses(sums, counts)}
+                    metrics_log.write(json.dumps(line) + "\n")
+                    metrics_log.flush()
+            if args.online_mixing and step % args.mix_every == 0:
+                weights = mixing.update()
+                loader.set_weights(weights)   # same weights, same step, on every rank
+                if rank == 0:
+                    shown = {n: round(w, 3) for n, w in weights.items()}
+                    print(f"step {step} weights {shown}", flush=True)
             if rank == 0 and (step % 10 == 0 or step == args.steps):
                 print(f"step {step} loss {record['loss']} per source {per_source}", flush=True)
             if args.ckpt_every and step % args.ckpt_every == 0:
-                checkpoints.save(ckpt_dir, step, model, optimizer, loader)
+                checkpoints.save(ckpt_dir, step, model, optimizer, loader, extra)
     if rank == 0:
         print(f"done: {step} steps in {time.perf_counter() - start:.1f}s", flush=True)
     if log:
         log.close()
+    if metrics_log:
+        metrics_log.close()
     dist.barrier()
     dist.destroy_process_group()
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from mixer.batch import Batch, BatchLayout, layout_for
 from mixer.errors import StateError
-from mixer.mix import choose_source
+from mixer.mix import choose_source, grow_targets
 from mixer.recipe import Recipe
+from mixer.schedule import WeightPlan
 from mixer.sources import SourceTable
 from mixer.stream import SourceStream
 from mixer.tokenize import BLOCKED, Encoder, Row, make_packer
 
-LANE_STATE_VERSION = 1
+LANE_STATE_VERSION = 2
 
 
 class Lane:
@@ -23,11 +24,11 @@ class Lane:
 
     def __init__(self, lane: int, recipe: Recipe, tables: list[SourceTable], encoder: Encoder,
                  state: dict | None = None, *, block_size: int = 8 << 20,
-                 layout: BatchLayout | None = None) -> None:
+                 layout: BatchLayout | None = None, plan: WeightPlan | None = None) -> None:
         self.lane = lane
         self.recipe = recipe
         self.names = [s.name for s in recipe.sources]
-        self.weights = recipe.weights
+        self.plan = plan or WeightPlan(recipe)
         self.pad_id = encoder.info.pad_id
         self.layout = layout or layout_for(recipe, encoder.info)
         self.packers = []
@@ -53,14 +54,10 @@ class Lane:
         """The global index of the batch this lane makes next."""
         return self.batches * self.recipe.lanes + self.lane
 
-    def _weights_key(self) -> dict[str, float]:
-        return {name: round(w, 9) for name, w in zip(self.names, self.weights)}
-
     def fresh_state(self) -> dict:
-        return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": 0,
-                "weights": self._weights_key(),
-                "sources": {name: {"tokens": 0, "mix": 0, "packer": None}
-                            for name in self.names}}
+        return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": 0, "regime": "",
+                "sources": {name: {"tokens": 0, "mix": 0, "target": 0.0, "documents": 0,
+                                   "packer": None} for name in self.names}}
 
     def load_state_dict(self, state: dict | None) -> None:
         fresh = self.fresh_state()
@@ -69,31 +66,43 @@ class Lane:
             raise StateError(f"lane {self.lane}: state of version {state.get('v')} for lane "
                              f"{state.get('lane')} cannot be loaded")
         self.batches = state["batches"]
-        # New weights (or a source added since the checkpoint) apply from here on: the mixing
-        # counters restart instead of making up for the tokens drawn under the old weights.
-        same_weights = state.get("weights") == self._weights_key()
-        self.tokens, self.mix = [], []
+        # The mixing counters of the regime in force (mix.py): a regime the recipe no longer
+        # produces here (its weights were edited, or a source was added) restarts them.
+        self.regime = state["regime"]
+        self.tokens, self.mix, self.target, self.documents = [], [], [], []
         for name, packer in zip(self.names, self.packers):
-            entry = state["sources"].get(name, fresh["sources"][name])
+            entry = state["sources"].get(name)
+            if entry is None:
+                entry = fresh["sources"][name]
+                self.regime = ""
             self.tokens.append(entry["tokens"])
-            self.mix.append(entry["mix"] if same_weights else 0)
+            self.mix.append(entry["mix"])
+            self.target.append(float(entry["target"]))
+            self.documents.append(entry["documents"])
             packer.load_state_dict(entry["packer"])
 
     def state_dict(self) -> dict:
         """Plain data; `exhausted` and `skipped` are informational (derived on load)."""
         sources = {}
-        for name, tokens, mix, packer in zip(self.names, self.tokens, self.mix, self.packers):
-            sources[name] = {"tokens": tokens, "mix": mix, "skipped": packer.stream.skipped,
+        for i, (name, packer) in enumerate(zip(self.names, self.packers)):
+            stream = packer.stream
+            sources[name] = {"tokens": self.tokens[i], "mix": self.mix[i],
+                             "target": self.target[i], "documents": self.documents[i],
+                             "skipped": stream.skipped, "epochs": round(stream.progress(), 6),
                              "packer": packer.state_dict()}
+            reasons = stream.skipped_reasons
+            if reasons:
+                sources[name]["reasons"] = dict(sorted(reasons.items()))
             if self.recipe.images is not None:
-                sources[name]["oversize"] = packer.stream.oversize
+                sources[name]["oversize"] = stream.oversize
         return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": self.batches,
-                "exhausted": int(self.exhausted), "weights": self._weights_key(),
-                "sources": sources}
+                "exhausted": int(self.exhausted), "regime": self.regime, "sources": sources}
+
+    starved = False
 
     @property
     def exhausted(self) -> bool:
-        return all(p.exhausted for p in self.packers)
+        return self.starved or all(p.exhausted for p in self.packers)
 
     def next_batch(self, batch_size: int) -> Batch:
         """The lane's next batch; all padding once every source has run out.
@@ -103,6 +112,11 @@ class Lane:
         remaining rows are padding.
         """
         length = self.recipe.seq_len
+        regime, weights = self.plan.at(self._global_batch())
+        if regime != self.regime:   # a new stretch: its counters start from zero
+            self.regime = regime
+            self.mix = [0] * len(self.mix)
+            self.target = [0.0] * len(self.target)
         arrays = self.layout.new_rows(batch_size)
         rows: list[Row | None] = [None] * batch_size
         budget = self.layout.budget()
@@ -110,7 +124,7 @@ class Lane:
         for row_index in range(batch_size):
             while True:
                 active = [not (p.exhausted or b) for p, b in zip(self.packers, blocked)]
-                choice = choose_source(self.weights, self.mix, active, length)
+                choice = choose_source(weights, self.mix, self.target, active, length)
                 if choice is None:
                     break
                 row = self.packers[choice].next_row(budget)
@@ -126,8 +140,14 @@ class Lane:
                     budget.take(row.images, row.patches)
                 self.tokens[choice] += row.real
                 self.mix[choice] += row.real
+                self.documents[choice] += sum(1 for p in row.pieces if p.offset == 0)
+                grow_targets(self.target, weights, active, row.real)
                 break
             if choice is None:
                 break
+        if all(r is None for r in rows) and not self.exhausted and self.plan.final(
+                self._global_batch()):
+            # Only sources weighing 0 from here on are left: nothing will be drawn again.
+            self.starved = True
         self.batches += 1
         return self.layout.finish(arrays, rows, padding=all(r is None for r in rows))

@@ -8,6 +8,7 @@ however far the workers have prefetched.
 
 from __future__ import annotations
 
+import math
 import traceback
 import weakref
 from collections.abc import Iterator
@@ -19,9 +20,11 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mixer import dist, workers
 from mixer.batch import TEXT_KEYS, BatchLayout, Wire, layout_for
-from mixer.errors import DataError, MixerError, StateError, TopologyError
+from mixer.errors import DataError, MixerError, RecipeError, StateError, TopologyError
 from mixer.lanes import Lane
-from mixer.recipe import Recipe, load_recipe
+from mixer.metrics import loader_metrics, sum_metrics
+from mixer.recipe import Recipe, load_recipe, normalize
+from mixer.schedule import Override, WeightPlan, check_schedule, schedule_snapshot
 from mixer.sources import IO_STATS, SourceTable
 from mixer.sources.manifest import list_sources
 from mixer.state import check_fingerprint, fingerprint, merge_states, pack, unpack
@@ -63,8 +66,9 @@ class _LaneDataset(IterableDataset):
 
     def __init__(self, recipe: Recipe, tables: list[SourceTable], tokenizer: TokenizerInfo,
                  lane_states: dict[int, dict | None], start: int, rank: int,
-                 world_size: int) -> None:
+                 world_size: int, plan: WeightPlan) -> None:
         self.recipe = recipe
+        self.plan = plan
         self.tables = tables
         self.tokenizer = tokenizer
         self.lane_states = lane_states
@@ -89,7 +93,8 @@ class _LaneDataset(IterableDataset):
             lane = lanes.get(index)
             if lane is None:
                 lane = Lane(index, self.recipe, self.tables, encoder,
-                            self.lane_states.get(index), block_size=block, layout=layout)
+                            self.lane_states.get(index), block_size=block, layout=layout,
+                            plan=self.plan)
                 lanes[index] = lane
             try:
                 batch = lane.next_batch(self.recipe.batch_size)
@@ -143,6 +148,8 @@ class Loader:
         self._lane_states: dict[int, dict | None] = {}
         self._io: dict[int, dict[str, int]] = {}   # latest remote-read counters per worker
         self._gen: weakref.ref | None = None
+        self._plan = WeightPlan(recipe)
+        self._plan_version = 0   # bumped by set_weights: a running iteration restarts
 
     # -- ownership ---------------------------------------------------------------------------
     def own_lanes(self) -> list[int]:
@@ -158,13 +165,22 @@ class Loader:
         """Global index of the batch this rank receives next (rank r gets g0 + s·W + r)."""
         return self._next_global + self.rank
 
+    @property
+    def global_tokens(self) -> int:
+        """Global tokens before the batch this rank receives next (its schedule position)."""
+        return self._plan.tokens_at(self.next_global_batch)
+
     # -- state -------------------------------------------------------------------------------
     def _rank_payload(self) -> dict:
+        tokens = self._plan.tokens_at(self._next_global)
+        override = self._plan.override
         return {"kind": "global" if self.world_size == 1 else "rank",
                 "fingerprint": self._fingerprint, "next_global": self._next_global,
                 "world_size": self.world_size, "rank": self.rank,
                 "lanes": {str(i): self._lane_states.get(i) for i in self.own_lanes()},
-                "listing_skipped": {t.name: len(t.skipped) for t in self.tables}}
+                "listing_skipped": {t.name: len(t.skipped) for t in self.tables},
+                "global_tokens": tokens, "schedule": schedule_snapshot(self.recipe, tokens),
+                "override": override.to_dict(self._plan.names) if override else None}
 
     def state_dict(self) -> dict[str, Any]:
         """Fixed-shape, JSON-serialisable state (kilobytes).
@@ -194,29 +210,65 @@ class Loader:
         missing = [i for i in self._lanes_from(payload["next_global"]) if i not in lanes]
         if missing:
             raise StateError(f"the state lacks lanes {missing} that rank {self.rank} needs")
+        tokens = payload.get("global_tokens", 0)
+        check_schedule(payload.get("schedule"), self.recipe, tokens)
+        saved = payload.get("override")
+        override = Override.from_dict(saved, self.recipe.names) if saved else None
         self.close()
         self._next_global = payload["next_global"]
         self._lane_states = lanes
+        self._plan = WeightPlan(self.recipe, payload["next_global"], tokens, override)
 
-    def metrics(self) -> dict[str, Any]:
-        """Realized tokens, skipped records and oversize documents (too long for a row even at
-        the lowest image resolution; image recipes only) per source over this rank's lanes,
-        plus remote read counters (requests, retries, bytes) of the current iteration."""
-        names = [s.name for s in self.recipe.sources]
-        tokens = dict.fromkeys(names, 0)
-        skipped = {t.name: len(t.skipped) for t in self.tables}
-        oversize = dict.fromkeys(names, 0)
-        for lane in self.own_lanes():
-            for name, entry in (self._lane_states.get(lane) or {}).get("sources", {}).items():
-                tokens[name] = tokens.get(name, 0) + entry["tokens"]
-                skipped[name] = skipped.get(name, 0) + entry["skipped"]
-                oversize[name] = oversize.get(name, 0) + entry.get("oversize", 0)
-        io = {"requests": 0, "retries": 0, "bytes": 0}
-        for counters in self._io.values():
-            for key in io:
-                io[key] += counters[key]
-        return {"tokens": tokens, "skipped": skipped, "oversize": oversize,
-                "next_global": self._next_global, "io": io}
+    # -- mixture -----------------------------------------------------------------------------
+    def set_weights(self, weights: dict[str, float]) -> None:
+        """Target these weights (source name → weight, normalized; unnamed sources weigh 0)
+        for every batch handed out after this call, overriding the schedule until the next
+        call. Recorded in the state. Batches the workers prefetched are produced again.
+
+        Inside a torch.distributed job this is a collective: every rank must call it at the
+        same step with the same weights (a mismatch raises on every rank).
+        """
+        names = self.recipe.names
+        if not isinstance(weights, dict) or not weights:
+            raise RecipeError("set_weights: expected a non-empty dict of source name → weight")
+        unknown = sorted(str(k) for k in weights if k not in names)
+        if unknown:
+            raise RecipeError(f"set_weights: unknown source(s) {unknown}; sources: {names}")
+        for name, w in weights.items():
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not (
+                    math.isfinite(w) and w >= 0):
+                raise RecipeError(f"set_weights: weight of {name!r} must be a finite number "
+                                  f">= 0, got {w!r}")
+        raw = [float(weights.get(n, 0.0)) for n in names]
+        if not any(w > 0 for w in raw):
+            raise RecipeError("set_weights: every weight is 0 (at least one must be positive)")
+        normalized = tuple(normalize(raw))
+        if self._distributed and self.world_size > 1:
+            mine = (self._next_global, normalized)
+            gathered = dist.all_gather_objects(mine)
+            if any(g != mine for g in gathered):
+                detail = "; ".join(f"rank {r}: step {g[0] // self.world_size}, weights "
+                                   f"{[round(w, 6) for w in g[1]]}"
+                                   for r, g in enumerate(gathered))
+                raise StateError("set_weights is a collective: every rank must call it at "
+                                 f"the same step with the same weights, got {detail}")
+        self._plan = WeightPlan(self.recipe, self._next_global,
+                                self._plan.tokens_at(self._next_global),
+                                Override(self._next_global, normalized))
+        self._plan_version += 1
+
+    def metrics(self, all_ranks: bool = False) -> dict[str, Any]:
+        """What this rank's lanes delivered so far, per source (docs/metrics.md): `tokens`,
+        `documents`, `target_share` (now), `realized_share` (cumulative), `epochs`
+        (fractional passes), `skipped`, `skipped_by_reason`, `oversize`; plus `io` (remote
+        reads of the current iteration), `next_global_batch` and `global_tokens`.
+
+        `all_ranks=True` inside a torch.distributed job is a collective that sums the ranks'
+        figures (every rank must call it)."""
+        mine = loader_metrics(self)
+        if all_ranks and self._distributed and self.world_size > 1:
+            return sum_metrics(dist.all_gather_objects(mine), self)
+        return mine
 
     # -- iteration ---------------------------------------------------------------------------
     def _lanes_done(self, pending: dict[int, dict]) -> bool:
@@ -251,8 +303,16 @@ class Loader:
                 "fewer documents than the lanes reading it); use fewer lanes or more data")
 
     def _generate(self) -> Iterator[dict[str, torch.Tensor]]:
+        # A set_weights call while iterating discards what the workers prefetched and starts
+        # them again from the handed-out lane states, as a resume would.
+        while (yield from self._run()):
+            pass
+
+    def _run(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Batches until the stream ends (returns False) or the weights change (True)."""
+        version = self._plan_version
         dataset = _LaneDataset(self.recipe, self.tables, self.tokenizer, dict(self._lane_states),
-                               self._next_global, self.rank, self.world_size)
+                               self._next_global, self.rank, self.world_size, self._plan)
         if self.num_workers == 0:
             source: Any = iter(dataset)
         else:
@@ -262,7 +322,13 @@ class Loader:
             workers.adopt(source._workers)  # stopped at exit even if never closed
         held: list[tuple[dict, dict]] = []
         try:
-            for data, meta in source:
+            while True:
+                if self._plan_version != version:
+                    return True
+                try:
+                    data, meta = next(source)
+                except StopIteration:
+                    return False
                 if "error" in meta:
                     raise meta["error"]
                 expected = self._next_global + len(held) * self.world_size + self.rank
@@ -275,12 +341,14 @@ class Loader:
                 if not real:
                     if finished:
                         self._finish(pending)
-                        return
+                        return False
                     held.append((data, meta))  # padding: yield only if real data follows
                     continue
                 for held_data, held_meta in held:
                     self._hand(held_meta)
                     yield _as_batch(self.layout, held_data, held_meta)
+                    if self._plan_version != version:
+                        return True   # the rest was made with the old weights
                 held.clear()
                 self._hand(meta)
                 yield _as_batch(self.layout, data, meta)

@@ -1,32 +1,48 @@
 """The deficit rule that decides which source supplies a lane's next sequence.
 
-Each source's token counter is compared with its weight's share of all tokens drawn so far;
-the source lagging most supplies the next row (the rule Megatron uses for its blending
-index). There is no randomness; the state is the counters. Sources that ran out are dropped and
-the weights of the others renormalize.
+Each source has a target: its weight's share of every token drawn in the current regime (a
+fixed mix, a step of a schedule, a `set_weights` call; see schedule.py), accumulated row by
+row with the weights in force for that row. The source lagging most behind its target after
+one more row supplies it (with fixed weights this is the rule Megatron uses for its blending
+index). There is no randomness; the state is the counters. Sources that ran out, and sources
+whose weight is 0, draw nothing; the weights of the others renormalize.
 
-Every lane runs the same schedule from zero. The greedy rule keeps each source within one row
-of its exact share at every prefix, so a rank (whose lanes then err alike) is within
+Every lane runs the same rule from zero. The greedy rule keeps each source within one row
+of its target at every prefix, so a rank (whose lanes then err alike) is within
 1 / (25 · batch_size) of the weights once it holds 25 batches per lane: under one point for
-batch_size ≥ 4. Offsetting the lanes' phases (as DESIGN.md suggests) helps ranks with many
-lanes but doubles the worst case of a rank with one lane, so it is not done.
+batch_size ≥ 4. Under a linear schedule the targets follow the moving weights, so the share
+over any stretch is within the same bound of the mean target weight over it. Offsetting the
+lanes' phases (as DESIGN.md suggests) helps ranks with many lanes but doubles the worst case
+of a rank with one lane, so it is not done.
 """
 
 from __future__ import annotations
 
 
-def choose_source(weights: list[float], counters: list[int], active: list[bool],
-                  row_tokens: int) -> int | None:
-    """Index of the active source with the largest deficit after one more row, or None."""
+def choose_source(weights: list[float], counters: list[int], targets: list[float],
+                  active: list[bool], row_tokens: int) -> int | None:
+    """Index of the active, positively weighted source with the largest deficit after one
+    more row of `row_tokens`, or None when there is none."""
     total_weight = sum(w for w, a in zip(weights, active) if a)
     if total_weight <= 0:
         return None
-    drawn = sum(c for c, a in zip(counters, active) if a) + row_tokens
     best, best_deficit = None, 0.0
-    for i, (weight, count, is_active) in enumerate(zip(weights, counters, active)):
-        if not is_active:
+    for i, (weight, count, target, is_active) in enumerate(
+            zip(weights, counters, targets, active)):
+        if not is_active or weight <= 0:
             continue
-        deficit = weight / total_weight * drawn - count
+        deficit = target + weight / total_weight * row_tokens - count
         if best is None or deficit > best_deficit:
             best, best_deficit = i, deficit
     return best
+
+
+def grow_targets(targets: list[float], weights: list[float], active: list[bool],
+                 tokens: int) -> None:
+    """Add a drawn row's `tokens` to the active sources' targets, shared by weight."""
+    total_weight = sum(w for w, a in zip(weights, active) if a)
+    if total_weight <= 0:
+        return
+    for i, (weight, is_active) in enumerate(zip(weights, active)):
+        if is_active:
+            targets[i] += weight / total_weight * tokens

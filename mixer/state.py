@@ -19,7 +19,7 @@ from mixer.state_schema import check_payload
 from mixer.tokenize import TokenizerInfo
 
 STATE_FORMAT = "mixer.loader"
-STATE_VERSION = 1
+STATE_VERSION = 2
 _STREAM_FIELDS = ("seed", "seq_len", "lanes", "packing", "pack_window", "shuffle_window",
                   "shuffle_window_bytes", "split_bytes", "max_document_bytes",
                   "mask_document_boundaries")
@@ -146,10 +146,16 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
             raise StateError(f"rank {p['rank']} is at global batch {p['next_global']}, rank "
                              f"{first['rank']} at {first['next_global']}: states of one step "
                              "are needed")
+        for key in ("global_tokens", "schedule", "override"):
+            if p.get(key) != first.get(key):
+                raise StateError(f"rank {p['rank']}'s {key} differs from rank "
+                                 f"{first['rank']}'s: states of one step of one job are needed")
         lanes.update(p["lanes"])
         skipped = p["listing_skipped"]
     if len(lanes) != first["fingerprint"]["stream"]["lanes"]:
         raise StateError("the ranks' states do not cover every lane")
     return pack({"kind": "global", "fingerprint": first["fingerprint"],
                  "next_global": first["next_global"], "world_size": world, "rank": 0,
-                 "lanes": lanes, "listing_skipped": skipped})
+                 "lanes": lanes, "listing_skipped": skipped,
+                 "global_tokens": first.get("global_tokens", 0),
+                 "schedule": first.get("schedule"), "override": first.get("override")})

@@ -34,6 +34,7 @@ class StreamState(_Shape):
     skipped: Count
     done: Bit
     oversize: Count = 0
+    reasons: dict[str, Count] = {}
 
 
 class ConcatPackerState(_Shape):
@@ -51,7 +52,11 @@ class BestFitPackerState(_Shape):
 class SourceEntry(_Shape):
     tokens: Count
     mix: Count
+    target: Annotated[float, Field(ge=0, strict=False)]
+    documents: Count
     skipped: Count
+    epochs: Annotated[float, Field(ge=0, strict=False)] = 0.0
+    reasons: dict[str, Count] = {}
     oversize: Count = 0
     packer: dict[str, Any] | None   # its shape depends on the packing (checked below)
 
@@ -61,8 +66,14 @@ class LaneState(_Shape):
     lane: Count
     batches: Count
     exhausted: Bit
-    weights: dict[str, float]
+    regime: str = Field(max_length=4096)
     sources: dict[str, SourceEntry]
+
+
+class Override(_Shape):
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, populate_by_name=True)
+    at_global: Count = Field(alias="global")
+    weights: dict[str, Annotated[float, Field(ge=0, strict=False)]]
 
 
 class StreamFingerprint(_Shape):
@@ -84,6 +95,9 @@ class Payload(_Shape):
     rank: Count
     lanes: dict[LaneKey, LaneState | None]
     listing_skipped: dict[str, Count]
+    global_tokens: Count = 0                   # position of global batch `next_global`
+    schedule: dict[str, Any] | None = None     # points at or before it (schedule.py)
+    override: Override | None = None           # the set_weights call in force
 
 
 def _where(loc: tuple[Any, ...]) -> str:

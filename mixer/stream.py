@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mixer.document import Document
-from mixer.errors import DataError, StateError
+from mixer.errors import DataError, StateError, classify
 from mixer.rng import derive_key, permutation
 from mixer.slices import SliceItem, lane_slice
 from mixer.sources import FORMATS, EncodedImage, Record, SourceTable, Storage, read_split
@@ -53,6 +53,7 @@ class _Window:
     end: tuple[int, int, int]   # cursor (slot, index, offset) after the window
     end_of_epoch: bool
     skipped: int                # records skipped inside the window
+    reasons: dict[str, int]     # the same, per reason (mixer.errors.classify)
     ahead: tuple[int, Future] | None = None   # (start, tokens of the chunk being encoded)
     images: list[tuple[EncodedImage, ...]] | None = None   # per document, when building
     files: list[str] | None = None
@@ -180,6 +181,8 @@ class SourceStream:
                  "skipped": self.skipped_before, "done": int(self.done)}
         if self.documents is not None:
             state["oversize"] = self.oversize
+        if self.reasons_before:
+            state["reasons"] = dict(sorted(self.reasons_before.items()))
         return state
 
     def load_state_dict(self, state: dict[str, int] | None) -> None:
@@ -196,6 +199,7 @@ class SourceStream:
         self.done = bool(state["done"])
         self._win: _Window | None = None
         self.skipped_before = state["skipped"]
+        self.reasons_before: dict[str, int] = dict(state.get("reasons", {}))
         self.oversize = state.get("oversize", 0)   # documents too long for a row, skipped
         self._empty_epochs = 0
         # Whether this epoch has yielded a document yet. Loaded mid-epoch, unknown: taken as
@@ -206,6 +210,45 @@ class SourceStream:
     @property
     def skipped(self) -> int:
         return self.skipped_before + (self._win.skipped if self._win else 0)
+
+    @property
+    def skipped_reasons(self) -> dict[str, int]:
+        """`skipped`, per reason (mixer.errors.classify)."""
+        out = dict(self.reasons_before)
+        for reason, n in (self._win.reasons if self._win else {}).items():
+            out[reason] = out.get(reason, 0) + n
+        return out
+
+    def _count_reason(self, reason: str, n: int = 1) -> None:
+        self.reasons_before[reason] = self.reasons_before.get(reason, 0) + n
+
+    def progress(self) -> float:
+        """Completed passes over the lane's slice (an estimate for metrics): epochs done plus
+        the part of the current epoch behind the reading position, measured in splits (and
+        within a split where its size is known), interpolated over the current window."""
+        if self.done:
+            return float(self.epochs if self.epochs is not None else self.epoch)
+        items = self._lane_slice()
+        if not items:
+            return float(self.epoch)
+        done = self._fraction(items, self.start)
+        win = self._win
+        if win is not None and win.texts:
+            end = 1.0 if win.end_of_epoch else self._fraction(items, win.end)
+            done += (end - done) * min(self.pos / len(win.texts), 1.0)
+        return self.epoch + done
+
+    def _fraction(self, items: tuple[SliceItem, ...], cursor: tuple[int, int, int]) -> float:
+        slot, index, offset = cursor
+        if slot >= len(items):
+            return 1.0
+        split = self._splits[items[slot].split]
+        inner = 0.0
+        if split.records > 0:
+            inner = index / split.records
+        elif split.seekable and split.dend < 0 and split.end > split.start and offset:
+            inner = (offset - split.start) / (split.end - split.start)
+        return (slot + min(max(inner, 0.0), 1.0)) / len(items)
 
     # -- reading -----------------------------------------------------------------------------
     def _lane_slice(self) -> tuple[SliceItem, ...]:
@@ -236,6 +279,7 @@ class SourceStream:
         files: list[str] = []
         locations: list[str] = []
         size = skipped = 0
+        reasons: dict[str, int] = {}
         slot, index, offset = self.start
         while slot < len(items) and len(texts) < self.window_docs and size < self.window_bytes:
             item = items[slot]
@@ -260,6 +304,8 @@ class SourceStream:
                         raise record.error
                 if record.error is not None:
                     skipped += 1
+                    reason = record.error.reason
+                    reasons[reason] = reasons.get(reason, 0) + 1
                     continue
                 texts.append(record.text if record.tokens is None else record.tokens)
                 size += record.size
@@ -279,7 +325,7 @@ class SourceStream:
                                                    self.lane, self.epoch, self.window_index))
         shuffled = [texts[i] for i in order]
         window = _Window(shuffled, [None] * len(shuffled), (slot, index, offset), end_of_epoch,
-                         skipped)
+                         skipped, reasons)
         if building:
             window.images = [images[i] for i in order]
             window.files = [files[i] for i in order]
@@ -302,6 +348,8 @@ class SourceStream:
         win = self._win
         assert win is not None
         self.skipped_before += win.skipped
+        for reason, n in win.reasons.items():
+            self._count_reason(reason, n)
         if win.end_of_epoch:
             # Empty: the epoch yielded no document -- no records, or (image recipes) every
             # record rejected as oversize or skipped -- not merely no records.
@@ -409,6 +457,7 @@ class SourceStream:
                 raise item.error
             else:
                 self.skipped_before += 1
+                self._count_reason(item.error.reason)
             return None
         try:
             for placement in item.images:
@@ -419,6 +468,7 @@ class SourceStream:
             if self.on_error == "raise":
                 raise
             self.skipped_before += 1
+            self._count_reason(exc.reason)
             del exc
             return None
         return item

@@ -38,7 +38,7 @@ def saved(request, three_sources):
 
 
 def with_json(text: str) -> dict:
-    return {"format": "mixer.loader", "version": 1, "json": text}
+    return {"format": "mixer.loader", "version": mixer.state.STATE_VERSION, "json": text}
 
 
 @pytest.mark.parametrize("text", ["{}", "[]", "null", "1", '"x"', "[" * 100_000, "{" * 3000,

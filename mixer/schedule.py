@@ -1,0 +1,117 @@
+"""Target weights per global batch: the recipe's weights or schedule, and `set_weights` calls.
+
+The position on a schedule is counted in global tokens: global batch g begins at
+`tokens_at(g) = base_tokens + (g - base_global) · batch_size · seq_len`, the base being where
+the loader (re)started. A resume with another per-rank batch size continues from the saved
+position. A `set_weights` call overrides the schedule from its global batch on.
+
+Each global batch falls in a *regime*: a stretch whose counters the deficit rule shares. A
+step schedule's point, a `set_weights` call and fixed weights each start a regime (the lane's
+mixing counters restart there); a linear schedule is one regime whose targets move with every
+row (see mix.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mixer.errors import StateError
+from mixer.recipe import Recipe, normalize
+
+
+@dataclass(frozen=True)
+class Override:
+    """Weights set by `loader.set_weights` from global batch `at_global` on."""
+
+    at_global: int
+    weights: tuple[float, ...]      # normalized, in the recipe's source order
+
+    def to_dict(self, names: list[str]) -> dict:
+        return {"global": self.at_global,
+                "weights": {n: w for n, w in zip(names, self.weights)}}
+
+    @classmethod
+    def from_dict(cls, data: dict, names: list[str]) -> Override:
+        weights = data["weights"]
+        unknown = sorted(set(weights) - set(names))
+        if unknown:
+            raise StateError(f"the state's set_weights override names sources {unknown} that "
+                             "the recipe no longer has")
+        return cls(int(data["global"]), tuple(normalize([weights.get(n, 0.0) for n in names])))
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """Which weights (and which regime) the deficit rule follows for each global batch."""
+
+    recipe: Recipe
+    base_global: int = 0
+    base_tokens: int = 0
+    override: Override | None = None
+    names: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", self.recipe.names)
+
+    @property
+    def batch_tokens(self) -> int:
+        return self.recipe.batch_size * self.recipe.seq_len
+
+    def tokens_at(self, g: int) -> int:
+        """Global tokens before global batch g."""
+        return self.base_tokens + (g - self.base_global) * self.batch_tokens
+
+    def at(self, g: int) -> tuple[str, list[float]]:
+        """(regime key, normalized target weights) for global batch g."""
+        if self.override is not None and g >= self.override.at_global:
+            return f"set@{self.override.at_global}", list(self.override.weights)
+        schedule = self.recipe.schedule
+        tokens = self.tokens_at(g)
+        if schedule is None:
+            weights = self.recipe.weights
+            return "fixed:" + ",".join(f"{w:.9g}" for w in weights), weights
+        weights = schedule.weights_at(self.names, tokens)
+        if schedule.interpolate == "linear":
+            return "linear", weights
+        index = schedule.point_index(tokens)
+        return f"step{index}:" + ",".join(f"{w:.9g}" for w in weights), weights
+
+    def final(self, g: int) -> bool:
+        """True when the weights from global batch g on can no longer change by themselves
+        (no later schedule point; a `set_weights` call still can)."""
+        schedule = self.recipe.schedule
+        if schedule is None or (self.override is not None and g >= self.override.at_global):
+            return True
+        return self.tokens_at(g) >= schedule.points[-1].at_tokens
+
+
+def schedule_snapshot(recipe: Recipe, tokens: int) -> dict | None:
+    """The schedule's points at or before `tokens` (what a resume must find unchanged)."""
+    if recipe.schedule is None:
+        return None
+    points = [[int(p.at_tokens), dict(sorted(p.weights.items()))]
+              for p in recipe.schedule.points if p.at_tokens <= tokens]
+    return {"interpolate": recipe.schedule.interpolate, "points": points}
+
+
+def check_schedule(saved: dict | None, recipe: Recipe, tokens: int) -> None:
+    """Refuse a recipe whose schedule changed at or before the checkpoint's position."""
+    now = schedule_snapshot(recipe, tokens)
+    if saved is None or now is None:
+        if saved != now and tokens > 0:
+            what = "removed" if now is None else "added"
+            raise StateError(f"cannot resume: the recipe's schedule was {what} since the "
+                             f"checkpoint, at global token {tokens:,} (points at or before "
+                             "the checkpoint must stay unchanged)")
+        return
+    if saved["interpolate"] != now["interpolate"] and tokens > 0:
+        raise StateError(f"cannot resume: schedule.interpolate changed from "
+                         f"{saved['interpolate']!r} to {now['interpolate']!r}")
+    for i in range(max(len(saved["points"]), len(now["points"]))):
+        old = saved["points"][i] if i < len(saved["points"]) else None
+        new = now["points"][i] if i < len(now["points"]) else None
+        if old != new:
+            raise StateError(
+                f"cannot resume: schedule.points[{i}] changed at or before the checkpoint's "
+                f"position (global token {tokens:,}): was {old}, now {new}; only points "
+                "after it may be edited, added or removed")
