@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mixer.document import Document
-from mixer.errors import DataError, StateError, classify
+from mixer.errors import DataError, StateError
 from mixer.rng import derive_key, permutation
 from mixer.slices import SliceItem, lane_slice
 from mixer.sources import FORMATS, EncodedImage, Record, SourceTable, Storage, read_split
