@@ -200,7 +200,7 @@ def _spawn(kind: str, corpus: Corpus, batches: int, opts: dict, threads: int,
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _rows(args: argparse.Namespace) -> list[tuple[str, str, dict, str | None]]:
+def plan_rows(args: argparse.Namespace) -> list[tuple[str, str, dict, str | None]]:
     """(label, kind, options, why skipped) for each loader asked for."""
     rows: list[tuple[str, str, dict, str | None]] = [("tokenizer alone", "tokenizer", {}, None),
                                                      ("hand-written generator", "generator",
@@ -233,7 +233,7 @@ def measure(args: argparse.Namespace, corpus: Corpus, log: Any = print) -> list[
     results = []
     bound = None
     with tempfile.TemporaryDirectory() as tmp:
-        for label, kind, opts, skip in _rows(args):
+        for label, kind, opts, skip in plan_rows(args):
             if skip:
                 results.append({"loader": label, "note": f"skipped: {skip}"})
                 continue
