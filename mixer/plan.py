@@ -53,7 +53,9 @@ def simulate(recipe: Recipe, sizes: dict[str, SourceSize], total: int) -> dict[s
         stop = min(float(total), _next_boundary(recipe, t))
         linear = recipe.schedule is not None and recipe.schedule.interpolate == "linear"
         probe = (t + stop) / 2 if linear else t
-        raw = [w if a else 0.0 for w, a in zip(recipe.weights_at(int(probe)), active)]
+        # A fractional position: the midpoint rule is exact for linear weights.
+        target = recipe.weights_at(probe)
+        raw = [w if a else 0.0 for w, a in zip(target, active)]
         mass = sum(raw)
         if mass <= 0:
             ends_at = t
@@ -70,7 +72,7 @@ def simulate(recipe: Recipe, sizes: dict[str, SourceSize], total: int) -> dict[s
                 supplied[i] = cap
                 active[i] = False
                 runs_out[names[i]] = t
-                after = [w if a else 0.0 for w, a in zip(recipe.weights_at(int(t)), active)]
+                after = [w if a else 0.0 for w, a in zip(recipe.weights_at(t), active)]
                 mass = sum(after)
                 events.append({"at_tokens": round(t), "source": names[i], "weights": {
                     n: round(w / mass, 6) for n, w, a in zip(names, after, active)
