@@ -290,6 +290,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mixer", description="Deterministic, resumable data mixtures for language and "
@@ -341,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-out", metavar="FILE",
                    help="write a metrics log (JSONL, one line per logged batch) for "
                    "`mixer report`")
-    p.add_argument("--metrics-every", type=int, default=1, metavar="K",
+    p.add_argument("--metrics-every", type=_positive, default=1, metavar="K",
                    help="log every K batches (default 1)")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("report", help="draw a metrics log (target vs realized share, epochs, "

@@ -35,8 +35,6 @@ class MetricsWriter:
     """Writes a metrics log, one line every `every` steps plus the last step."""
 
     def __init__(self, path: str | Path, recipe: Recipe, *, every: int = 1) -> None:
-        if every < 1:
-            raise ValueError(f"metrics every {every} steps: must be at least 1")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.recipe = recipe
         self.every = every

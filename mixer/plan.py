@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mixer.errors import MixerError
 from mixer.recipe import Recipe
 
 REPEAT_WARNING = 4.0     # epochs; beyond ~4 repeats extra data is worth little (data-constrained
@@ -134,7 +135,15 @@ def resume_cost(recipe: Recipe, size: SourceSize) -> int:
 
 def plan(recipe: Recipe, tokens: int, *, world_size: int = 1, num_workers: int | None = None,
          sizes: dict[str, SourceSize] | None = None) -> dict[str, Any]:
-    """The plan of a run of `tokens` training tokens (JSON-able; keys in docs/recipes.md)."""
+    """The plan of a run of `tokens` training tokens (JSON-able; keys in docs/recipes.md).
+
+    Raises `TopologyError` for a world size or worker count out of range (one that does not
+    divide the lanes is only reported: `topology.valid` is false)."""
+    from mixer.loader import check_ranks
+
+    check_ranks(0, world_size, num_workers or 0)
+    if tokens <= 0:
+        raise MixerError(f"training tokens must be positive, got {tokens:,}")
     if sizes is None:
         sizes = measure(recipe)
     sim = simulate(recipe, sizes, tokens)

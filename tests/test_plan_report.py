@@ -223,6 +223,10 @@ def test_plan_cli_json_and_table(data, tmp_path, capsys):
     assert "warning: source 'c' repeats" in out
     assert main(["plan", path, "--tokens", "1e5", "--world", "2", "--workers", "3"]) == 2
     assert "refuses this topology" in capsys.readouterr().err
+    assert main(["plan", path, "--tokens", "0"]) == 2
+    assert "training tokens must be positive" in capsys.readouterr().err
+    assert main(["plan", path, "--tokens", "1e5", "--world", "0"]) == 2
+    assert "world_size must be" in capsys.readouterr().err
 
 
 # -- metrics log and report ------------------------------------------------------------------
@@ -309,9 +313,13 @@ def test_bad_metrics_log_names_the_line(tmp_path, capsys, bad, problem):
     assert "line 4" in err and path in err
 
 
-def test_report_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
+def test_report_without_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys):
     from mixer import plots
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
+    log = write_log(tmp_path, log_lines())
     with pytest.raises(MixerError, match=r"mixer\[report\]"):
-        plots.write_report(write_log(tmp_path, log_lines()), tmp_path / "r.png")
+        plots.write_report(log, tmp_path / "r.png")
+    assert main(["report", log, "-o", str(tmp_path / "r.png")]) == 2
+    assert "pip install 'mixer[report]'" in capsys.readouterr().err
+    assert not (tmp_path / "r.png").exists()
