@@ -19,7 +19,9 @@ from mixer.recipe import Recipe
 
 REPEAT_WARNING = 4.0     # epochs; beyond ~4 repeats extra data is worth little (data-constrained
 #                          scaling, Muennighoff et al. 2023)
-_LINEAR_STEPS = 256      # sub-steps per linear schedule segment
+_LINEAR_STEPS = 256      # sub-steps per linear schedule segment (and at least 1/65536 of N:
+#                          the midpoint rule is exact for linear weights; sub-steps only
+#                          matter once a capped source is gone and the others renormalize)
 _EPS = 1e-9
 
 
@@ -51,7 +53,7 @@ def simulate(recipe: Recipe, sizes: dict[str, SourceSize], total: int) -> dict[s
     events: list[dict[str, Any]] = []
     t, ends_at = 0.0, None
     while t < total - _EPS:
-        stop = min(float(total), _next_boundary(recipe, t))
+        stop = min(float(total), _next_boundary(recipe, t, total / 65536))
         linear = recipe.schedule is not None and recipe.schedule.interpolate == "linear"
         probe = (t + stop) / 2 if linear else t
         # A fractional position: the midpoint rule is exact for linear weights.
@@ -82,7 +84,7 @@ def simulate(recipe: Recipe, sizes: dict[str, SourceSize], total: int) -> dict[s
             "renormalizations": events, "ends_at": ends_at}
 
 
-def _next_boundary(recipe: Recipe, t: float) -> float:
+def _next_boundary(recipe: Recipe, t: float, min_step: float) -> float:
     """The next global token position where the target weights change shape."""
     schedule = recipe.schedule
     if schedule is None:
@@ -93,7 +95,7 @@ def _next_boundary(recipe: Recipe, t: float) -> float:
     nxt = schedule.points[i + 1].at_tokens
     if schedule.interpolate == "linear":
         width = (nxt - schedule.points[i].at_tokens) / _LINEAR_STEPS
-        return min(nxt, t + max(width, 1.0))
+        return min(nxt, t + max(width, min_step, 1.0))
     return nxt
 
 

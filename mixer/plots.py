@@ -30,7 +30,7 @@ def _pyplot():
 
 
 def _x(lines: list[dict[str, Any]]) -> tuple[list[float], str]:
-    """Global tokens when the log has them, else the rank's tokens, else steps."""
+    """Global tokens when every line has them, else the rank's tokens."""
     if all("global_tokens" in line for line in lines):
         return [float(line["global_tokens"]) for line in lines], "global tokens"
     return [float(sum(line["tokens"].values())) for line in lines], "tokens (this rank)"
