@@ -13,14 +13,17 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# the CPU build of torch on local disk; any other spec downloads gigabytes
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,report]'
 	touch $@
 
 demo: setup
 	$(VENV)/bin/mixer validate recipes/demo.yaml
 	$(VENV)/bin/mixer inspect recipes/demo.yaml
 	$(VENV)/bin/mixer preview recipes/demo.yaml -n 3 --chars 300
-	$(VENV)/bin/mixer bench recipes/demo.yaml --batches 300 --num-workers 2 --no-progress
+	$(VENV)/bin/mixer plan recipes/demo.yaml --tokens 2e6 --world 2
+	$(VENV)/bin/mixer bench recipes/demo.yaml --batches 300 --num-workers 2 --no-progress \
+		--metrics-out out/metrics.jsonl --metrics-every 5
+	$(VENV)/bin/mixer report out/metrics.jsonl -o out/report.png
 	# image+text: generated picture captions mixed with two text sources (qwen2_vl batches)
 	$(VENV)/bin/mixer validate recipes/multimodal_demo.yaml
 	$(VENV)/bin/mixer inspect recipes/multimodal_demo.yaml

@@ -20,7 +20,9 @@ The data path, one module per stage::
                      shape checked on load by state_schema.py)
     workers.py       DataLoader workers die with the process that owns the loader
     dist.py          the only place that asks torch.distributed about rank and world size
-    cli.py           `mixer validate | inspect | preview | bench`
+    cli.py           `mixer validate | inspect | plan | preview | bench | report`
+                     (report.py: inspect's numbers; plan.py: a run's plan; metrics_log.py
+                     and plots.py: the metrics log and its figure)
 """
 
 from mixer.batch import BatchLayout

@@ -1,6 +1,7 @@
-"""`mixer` command line: validate, index, inspect, preview and bench a recipe.
+"""`mixer` command line: validate, index, inspect, plan, preview, bench and report.
 
-What `inspect` reports is computed in `report.py`; how `preview` shows image batches
+What `inspect` reports is computed in `report.py`, what `plan` reports in `plan.py`, the
+metrics-log figure of `report` in `plots.py`; how `preview` shows image batches
 (placeholders, images rebuilt from `pixel_values`) in `preview.py`.
 """
 
@@ -104,6 +105,52 @@ def _print_images(report: dict[str, Any]) -> None:
                   "skipped with on_error: skip)")
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from mixer.plan import plan
+
+    result = plan(_load(args.recipe), args.tokens, world_size=args.world,
+                  num_workers=args.workers)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print_plan(result)
+    if not result["topology"]["valid"]:
+        print("error: the loader refuses this topology (see the warning above)", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _print_plan(result: dict[str, Any]) -> None:
+    rows = [{"name": name, **row} for name, row in result["sources"].items()]
+    print(f"plan for {result['training_tokens']:,} training tokens "
+          f"(schedule: {result['schedule'] or 'none'}; sizes are inspect's estimates)")
+    print(format_table(rows, [
+        ("name", "source"), ("share", "share"), ("target_tokens", "target tokens"),
+        ("tokens_per_epoch", "~tokens/epoch"), ("epochs", "epochs"), ("epochs_cap", "cap"),
+        ("runs_out_at_tokens", "runs out at"), ("read_amplification", "read amp."),
+        ("resume_bytes_per_stream", "resume B/stream")]))
+    for event in result["renormalizations"]:
+        weights = ", ".join(f"{n} {w:.3g}" for n, w in event["weights"].items()) or "none left"
+        print(f"at {event['at_tokens']:,} tokens {event['source']!r} runs out; "
+              f"weights from there: {weights}")
+    topo = result["topology"]
+    print(f"topology: world_size {topo['world_size']}, lanes {topo['lanes']}: valid "
+          f"num_workers {topo['valid_num_workers'] or 'none'}; shares within 1 point after "
+          f"{topo['exact_mixture_after_tokens_per_rank']:,.0f} tokens per rank")
+    print(f"resume worst case: {result['resume']['worst_bytes_per_rank']:,} bytes re-read per "
+          "rank (one shuffle window per stream, or a whole split without access points)")
+    for warning in result["warnings"]:
+        print(f"warning: {warning}")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from mixer.plots import write_report
+
+    write_report(args.metrics, args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -169,11 +216,17 @@ def peak_rss_mb() -> float:
     return (own + children) / 1024
 
 
-def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool) -> dict[str, Any]:
-    """Iterate `batches` batches and measure throughput, latency, memory and shares."""
+def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool,
+              metrics_out: str | None = None, metrics_every: int = 1) -> dict[str, Any]:
+    """Iterate `batches` batches and measure throughput, latency, memory and shares.
+
+    With `metrics_out`, append one JSON line of `loader.metrics()` every `metrics_every`
+    batches (and after the last): the log `mixer report` draws.
+    """
     from tqdm import tqdm
 
     from mixer.loader import build_loader
+    from mixer.metrics_log import MetricsWriter
 
     names = [s.name for s in recipe.sources]
     counts = dict.fromkeys(names, 0)
@@ -181,6 +234,7 @@ def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool) ->
     loader = build_loader(recipe, num_workers=num_workers)
     first = None
     got = images = 0
+    log = MetricsWriter(metrics_out, recipe, every=metrics_every) if metrics_out else None
     with loader, tqdm(total=batches, disable=not progress, unit="batch",
                       file=sys.stderr) as bar:
         for batch in loader:
@@ -193,9 +247,13 @@ def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool) ->
                 counts[name] += int((ids == i).sum())
             got += 1
             bar.update(1)
+            if log is not None:
+                log.step(got, loader.metrics)
             if got >= batches:
                 break
         metrics = loader.metrics()
+        if log is not None:
+            log.close(got, metrics)
     elapsed = time.perf_counter() - start
     total = sum(counts.values())
     result = {"batches": got, "num_workers": num_workers, "tokens": total,
@@ -211,7 +269,8 @@ def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool) ->
 
 def cmd_bench(args: argparse.Namespace) -> int:
     result = run_bench(_load(args.recipe), batches=args.batches, num_workers=args.num_workers,
-                       progress=not args.json and not args.no_progress)
+                       progress=not args.json and not args.no_progress,
+                       metrics_out=args.metrics_out, metrics_every=args.metrics_every)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -231,6 +290,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mixer", description="Deterministic, resumable data mixtures for language and "
@@ -247,6 +313,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training tokens for the repeats column (default 1e9)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_inspect)
+    p = sub.add_parser("plan", help="per source for N training tokens: target tokens, epochs, "
+                       "when capped sources run out, valid topologies, resume worst case")
+    p.add_argument("recipe")
+    p.add_argument("--tokens", type=float, required=True, help="training tokens (e.g. 1e12)")
+    p.add_argument("--world", type=int, default=1, help="world size (default 1)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="DataLoader workers per rank to check (default: list the valid ones)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_plan)
     p = sub.add_parser("index", help="list every source once and save a manifest for start-up")
     p.add_argument("recipe")
     p.add_argument("-o", "--output", help="manifest path (default: the recipe's `manifest`, "
@@ -270,7 +345,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DataLoader worker processes (default 0: in-process)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--metrics-out", metavar="FILE",
+                   help="write a metrics log (JSONL, one line per logged batch) for "
+                   "`mixer report`")
+    p.add_argument("--metrics-every", type=_positive, default=1, metavar="K",
+                   help="log every K batches (default 1)")
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("report", help="draw a metrics log (target vs realized share, epochs, "
+                       "loss per source) to a PNG; needs the [report] extra")
+    p.add_argument("metrics", help="metrics log (JSONL)")
+    p.add_argument("-o", "--output", default="report.png", help="PNG path (default report.png)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 
