@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fsspec.implementations.local import LocalFileSystem
 
@@ -30,7 +30,7 @@ class SourceTable:
         return sum(f.size for f in self.files)
 
     def fingerprint(self) -> list[list]:
-        return [[f.key, f.size] for f in self.files]
+        return [f.fingerprint() for f in self.files]
 
 
 def _fixed_prefix(path: str) -> str:
@@ -76,8 +76,38 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
                     size, mtime_ns = stat.st_size, stat.st_mtime_ns
                 except OSError:
                     pass   # vanished since the glob: refused when opened
-            entries.setdefault(full, FileEntry(full, key, size, fmt, etag, mtime_ns))
+            dtype = (src.token_dtype or "") if FORMATS[fmt].pretokenized else ""
+            entries.setdefault(full, FileEntry(full, key, size, fmt, etag, mtime_ns, dtype))
     return list(entries.values())
+
+
+def _with_companion(src: SourceConfig, entry: FileEntry) -> FileEntry:
+    """The entry with the file its format lists alongside (a `.bin`'s `.idx`), stat'ed now."""
+    companion = FORMATS[entry.format].companion
+    if companion is None:
+        return entry
+    try:
+        url = companion(entry.url)
+    except ValueError as exc:
+        raise DataError(str(exc), source=src.name, file=entry.url) from None
+    fs, path = filesystem(url, src.storage_options, src.name)
+    try:
+        info = call_with_retries(functools.partial(fs.info, path), describe="stat",
+                                 policy=RetryPolicy(), rng=random.Random(path))
+    except FileNotFoundError:
+        raise DataError("its companion file is missing (a .bin needs its .idx beside it)",
+                        source=src.name, file=url) from None
+    except Exception as exc:
+        raise DataError(redact(f"cannot stat: {type(exc).__name__}: {exc}",
+                               src.storage_options), source=src.name, file=url) from None
+    size, mtime_ns = int(info.get("size") or 0), 0
+    if isinstance(fs, LocalFileSystem):
+        stat = os.stat(path)
+        size, mtime_ns = stat.st_size, stat.st_mtime_ns
+    etag = str(info.get("ETag") or info.get("etag") or "")
+    suffix = url[len(entry.url.rsplit(".", 1)[0]):]
+    key = entry.key.rsplit(".", 1)[0] + suffix
+    return replace(entry, index=FileEntry(url, key, size, entry.format, etag, mtime_ns))
 
 
 def _splits_of(recipe: Recipe, src: SourceConfig, index: int, entry: FileEntry,
@@ -101,6 +131,7 @@ def list_source(recipe: Recipe, src: SourceConfig, *, deep: bool = False) -> Sou
             if entry.size == 0:
                 raise DataError("empty shard (0 bytes)", source=src.name, file=entry.url,
                                 location="byte offset 0")
+            entry = _with_companion(src, entry)
             try:
                 entry_splits = _splits_of(recipe, src, len(files), entry, deep)
             except DataError:
