@@ -369,3 +369,10 @@ def test_inspect_estimates_documents_and_tokens(mixture):
     assert abs(rows["npy"]["est_tokens"] / npy_tokens_total - 1) < 0.3
     mega_tokens = sum(n + 1 for _, n in DOCS["mega"])
     assert abs(rows["mega"]["est_tokens"] / mega_tokens - 1) < 0.3
+
+
+def test_a_glob_over_both_halves_of_the_pairs_lists_each_pair_once(mixture):
+    source = {**mixture["sources"][0], "epochs": 1, "format": "megatron"}
+    source["path"] = source["path"].replace("*.bin", "*")
+    recipe = {**mixture, "sources": [source]}
+    assert token_counts(mixer.build_loader(recipe)) == expected_counts(DOCS["mega"])

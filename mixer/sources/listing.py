@@ -61,7 +61,10 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
             skipped.append(str(err))
             continue
         prefix = _fixed_prefix(path)
+        companions = _companions(src, [p for p, _ in files])
         for p, info in files:
+            if p in companions:
+                continue   # a .bin's .idx matched by the same glob: listed with its .bin
             full = p if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(p)
             fmt = src.format or infer_format(p)
             if fmt is None:
@@ -79,6 +82,20 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
             dtype = (src.token_dtype or "") if FORMATS[fmt].pretokenized else ""
             entries.setdefault(full, FileEntry(full, key, size, fmt, etag, mtime_ns, dtype))
     return list(entries.values())
+
+
+def _companions(src: SourceConfig, paths: list[str]) -> set[str]:
+    """The paths among `paths` that are another listed file's companion."""
+    out = set()
+    for p in paths:
+        fmt = src.format or infer_format(p)
+        companion = FORMATS[fmt].companion if fmt else None
+        if companion is not None:
+            try:
+                out.add(companion(p))
+            except ValueError:
+                pass   # not a .bin: refused when it is listed
+    return out
 
 
 def _with_companion(src: SourceConfig, entry: FileEntry) -> FileEntry:
@@ -102,8 +119,11 @@ def _with_companion(src: SourceConfig, entry: FileEntry) -> FileEntry:
                                src.storage_options), source=src.name, file=url) from None
     size, mtime_ns = int(info.get("size") or 0), 0
     if isinstance(fs, LocalFileSystem):
-        stat = os.stat(path)
-        size, mtime_ns = stat.st_size, stat.st_mtime_ns
+        try:
+            stat = os.stat(path)
+            size, mtime_ns = stat.st_size, stat.st_mtime_ns
+        except OSError:
+            pass   # vanished since: refused when opened
     etag = str(info.get("ETag") or info.get("etag") or "")
     suffix = url[len(entry.url.rsplit(".", 1)[0]):]
     key = entry.key.rsplit(".", 1)[0] + suffix

@@ -29,6 +29,7 @@ from mixer.sources.tokens import (
 from mixer.tokenize.indexed import CODES, TOKEN_CODES, Index, parse_index, read_index_slice
 
 if TYPE_CHECKING:
+    from mixer.sources.formats import SplitRequest
     from mixer.tokenize import TokenizerInfo
 
 
@@ -61,7 +62,7 @@ def _check_sizes(index: Index, entry: FileEntry) -> None:
                          f"{index.data_bytes()}")
 
 
-def megatron_splits(req) -> list[Split]:
+def megatron_splits(req: SplitRequest) -> list[Split]:
     """Document ranges of about `split_bytes` token bytes (whole documents)."""
     idx_entry = _index_of(req.entry)
     index = parse_index(read_range(req.storage, idx_entry, 0, idx_entry.size))

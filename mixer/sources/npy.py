@@ -32,6 +32,7 @@ from mixer.sources.tokens import (
 )
 
 if TYPE_CHECKING:
+    from mixer.sources.formats import SplitRequest
     from mixer.tokenize import TokenizerInfo
 
 TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
@@ -97,7 +98,7 @@ def layout(storage, entry: FileEntry) -> Layout:
     return Layout(0, dtype, entry.size // dtype.itemsize)
 
 
-def npy_splits(req) -> list[Split]:
+def npy_splits(req: SplitRequest) -> list[Split]:
     """Token ranges of about `split_bytes` bytes."""
     lay = layout(req.storage, req.entry)
     size = lay.dtype.itemsize
