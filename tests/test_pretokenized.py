@@ -8,14 +8,24 @@ an oracle that follows Megatron-LM's documented MMIDIDX layout, independent of m
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
 import boto3
 import numpy as np
 import pytest
-from helpers import EOS_ID, batch_digest, corpus, expected_counts, token_counts, word_id, write_docs
-from hypothesis import given, settings
+from helpers import (
+    EOS_ID,
+    batch_digest,
+    byte_mutations,
+    corpus,
+    expected_counts,
+    token_counts,
+    word_id,
+    write_docs,
+)
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixer
@@ -376,3 +386,32 @@ def test_a_glob_over_both_halves_of_the_pairs_lists_each_pair_once(mixture):
     source["path"] = source["path"].replace("*.bin", "*")
     recipe = {**mixture, "sources": [source]}
     assert token_counts(mixer.build_loader(recipe)) == expected_counts(DOCS["mega"])
+
+
+@pytest.mark.parametrize("target", ["idx", "bin", "npy"])
+@settings(max_examples=int(os.environ.get("MIXER_FUZZ_EXAMPLES", "25")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data(), on_error=st.sampled_from(["raise", "skip"]))
+def test_mutated_files_give_batches_or_named_data_errors(tmp_path_factory, tokenizer_path,
+                                                         target, data, on_error):
+    folder = tmp_path_factory.mktemp("fuzz")
+    docs = corpus(0, 20, max_len=8)
+    if target == "npy":
+        path = folder / "x.npy"
+        np.save(path, np.array(npy_tokens(docs), dtype=np.uint16))
+        victim = path
+    else:
+        path = write_megatron(folder / "x", megatron_docs(docs))
+        victim = path.with_suffix("." + target)
+    victim.write_bytes(data.draw(byte_mutations(victim.read_bytes(), bytes([0, 0x75, 0xff]))))
+    recipe = {"tokenizer": str(tokenizer_path), "seq_len": 8, "batch_size": 2, "lanes": 2,
+              "split_bytes": 24, "max_document_bytes": 400,
+              "sources": [{"name": "fz", "path": str(path), "weight": 1, "epochs": 1,
+                           "on_error": on_error}]}
+    try:
+        for batch in mixer.build_loader(recipe):
+            assert batch["input_ids"].shape == (2, 8)
+    except mixer.DataError as err:
+        assert err.source == "fz" and err.file in (str(path), str(victim)), err
+        if on_error == "skip":
+            assert "no readable files" in str(err), err

@@ -92,9 +92,7 @@ def read_megatron(*, storage, entry: FileEntry, split: Split, source: str, text_
                            split.end)
     _check_sizes(idx, entry)
     itemsize = idx.dtype.itemsize
-    end_byte = max((int(p) + int(n) * itemsize for p, n in zip(idx.pointers[-1:],
-                                                                 idx.lengths[-1:])), default=0)
-    with storage.open(entry, end_hint=end_byte) as f:
+    with storage.open(entry, end_hint=idx.data_bytes()) as f:
         for doc in range(first, split.end):
             s0, s1 = int(idx.documents[doc - first]), int(idx.documents[doc - first + 1])
             count = int(idx.lengths[s0:s1].sum())
