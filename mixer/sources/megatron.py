@@ -92,10 +92,13 @@ def read_megatron(*, storage, entry: FileEntry, split: Split, source: str, text_
                            split.end)
     _check_sizes(idx, entry)
     itemsize = idx.dtype.itemsize
+    # Python ints: per-document numpy scalar access would cost more than the reading.
+    documents, lengths = idx.documents.tolist(), idx.lengths.tolist()
+    pointers = idx.pointers.tolist()
     with storage.open(entry, end_hint=idx.data_bytes()) as f:
         for doc in range(first, split.end):
-            s0, s1 = int(idx.documents[doc - first]), int(idx.documents[doc - first + 1])
-            count = int(idx.lengths[s0:s1].sum())
+            s0, s1 = documents[doc - first], documents[doc - first + 1]
+            count = sum(lengths[s0:s1])
             where = f"document {doc}"
             if count == 0:
                 continue
@@ -106,16 +109,15 @@ def read_megatron(*, storage, entry: FileEntry, split: Split, source: str, text_
                 continue
             parts = []
             for seq in range(s0, s1):
-                f.seek(int(idx.pointers[seq]))
-                parts.append(np.frombuffer(f.read(int(idx.lengths[seq]) * itemsize),
-                                           idx.dtype))
+                f.seek(pointers[seq])
+                parts.append(np.frombuffer(f.read(lengths[seq] * itemsize), idx.dtype))
             raw = parts[0] if len(parts) == 1 else np.concatenate(parts)
             if len(raw) != count:
                 raise DataError(f"the .bin ends inside document {doc}", source=source,
                                 file=entry.url, location=where)
             bad = first_bad_id(raw, info.vocab_size)
             if bad is not None:
-                start = int(idx.pointers[s0]) // itemsize
+                start = pointers[s0] // itemsize
                 yield Record(index, doc, None, bad_id_error(
                     raw, bad, info, source=source, file=entry.url,
                     where=f"{where}, token offset {start + bad} of the .bin"))
