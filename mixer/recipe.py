@@ -71,6 +71,9 @@ class SourceConfig(_Frozen):
         "default is the txt member).")
     format: str | None = Field(
         default=None, description="File format; inferred from each file's extension when absent.")
+    token_dtype: Literal["uint16", "uint32"] | None = Field(
+        default=None, description="Pre-tokenized sources: the ids' type in a headerless .npy "
+        "(OLMo's raw token arrays); a .npy header must agree with it.")
     epochs: Int | None = Field(default=None, ge=1, le=MAX_EPOCHS,
                                description="null: repeat forever; an integer caps the epochs.")
     on_error: Literal["raise", "skip"] = Field(

@@ -53,19 +53,25 @@ def _sample(recipe: Recipe, index: int, table: SourceTable, encoder: Encoder,
     storage = Storage(src.name, src.storage_options)
     records = read_split(storage=storage, entry=entry, split=split, source=src.name,
                          text_field=src.chosen_text_field, max_bytes=recipe.max_document_bytes,
-                         index=0, offset=0)
+                         index=0, offset=0, tokenizer=encoder.info)
     texts, images, last_offset, exhausted = [], [], 0, True
+    stored: list[int] = []   # lengths of pre-tokenized documents
     for record in itertools.islice(records, _SAMPLE_DOCS + 1):
-        if len(texts) == _SAMPLE_DOCS:
+        if len(texts) + len(stored) == _SAMPLE_DOCS:
             exhausted, last_offset = False, record.offset
             break
         if record.text is not None:
             texts.append(record.text)
             images.append(record.images)
+        elif record.tokens is not None:
+            stored.append(len(record.tokens))
+    docs_per_byte = FORMATS[entry.format].docs_per_byte(
+        storage, entry, split, len(texts) + len(stored), None if exhausted else last_offset)
+    if stored:
+        return {"docs": len(stored), "tokens_per_doc": sum(stored) / len(stored),
+                "docs_per_byte": docs_per_byte}
     if not texts:
         return {"docs": 0, "tokens_per_doc": 0.0, "docs_per_byte": 0.0}
-    docs_per_byte = FORMATS[entry.format].docs_per_byte(
-        storage, entry, split, len(texts), None if exhausted else last_offset)
     if layout.document_builder(encoder, src.name) is None:
         tokens = sum(len(t) for t in encoder(texts)) / len(texts)
         return {"docs": len(texts), "tokens_per_doc": tokens, "docs_per_byte": docs_per_byte}

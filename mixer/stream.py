@@ -88,7 +88,8 @@ def source_has_documents(stream: SourceStream) -> bool:
         entry = stream.table.files[split.file]
         records = read_split(storage=stream.storage, entry=entry, split=split,
                              source=stream.table.name, text_field=stream.text_field,
-                             max_bytes=stream.max_document_bytes, index=0, offset=0)
+                             max_bytes=stream.max_document_bytes, index=0, offset=0,
+                             tokenizer=stream.tokenizer)
         for chunk in _batched(records, _TOKENIZE_CHUNK):
             good = []
             for record in chunk:
@@ -159,6 +160,7 @@ class SourceStream:
         self.window_bytes = window_bytes
         self.max_document_bytes = max_document_bytes
         self.encode = encode
+        self.tokenizer = getattr(encode, "info", None)   # pre-tokenized readers' EOS/vocab
         self.documents = documents
         self.prefetch_tokens = prefetch_tokens   # decode images this many tokens ahead
         # When is a document needed? `clock()` is the global batch the lane makes next; a
@@ -269,7 +271,8 @@ class SourceStream:
         entry = self.table.files[split.file]
         return read_split(storage=self.storage, entry=entry, split=split,
                           source=self.table.name, text_field=self.text_field,
-                          max_bytes=self.max_document_bytes, index=index, offset=offset), None
+                          max_bytes=self.max_document_bytes, index=index, offset=offset,
+                          tokenizer=self.tokenizer), None
 
     def _read_window(self) -> _Window:
         items = self._lane_slice()

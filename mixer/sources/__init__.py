@@ -16,7 +16,8 @@ READERS: dict[str, Reader] = {name: fmt.reader for name, fmt in FORMATS.items()}
 
 def read_split(*, entry: FileEntry, text_field: str | None, **kwargs: Any) -> Iterator[Record]:
     """Records of one split through the reader of its format; every failure is a record
-    carrying a `DataError` (see `boundary.py`). `text_field` None: the format's default."""
+    carrying a `DataError` (see `boundary.py`). `text_field` None: the format's default.
+    Pre-tokenized formats need `tokenizer=` (a `TokenizerInfo`); the others ignore it."""
     fmt = FORMATS[entry.format]
     return read_records(fmt, entry=entry, text_field=text_field or fmt.default_text_field,
                         **kwargs)

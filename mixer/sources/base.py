@@ -19,6 +19,18 @@ class FileEntry:
     format: str
     etag: str = ""   # from the listing or manifest; a changed object is refused on open
     mtime_ns: int = 0   # local files: modification time at listing; a changed file is refused
+    dtype: str = ""     # npy: the recipe's `token_dtype` (what a headerless file holds)
+    index: FileEntry | None = None   # megatron: the `.idx` beside the `.bin`, checked alike
+
+    def fingerprint(self) -> list:
+        """What identifies this file in a state's fingerprint: key and size (plus the token
+        dtype and the index's size where they apply); never the URL scheme or version."""
+        row: list = [self.key, self.size]
+        if self.dtype:
+            row.append(self.dtype)
+        if self.index is not None:
+            row.append(self.index.size)
+        return row
 
     @property
     def version(self) -> str:
@@ -93,7 +105,11 @@ class Record:
 
 
 class Reader(Protocol):
-    """Turns one split into records, starting at a cursor (record index, offset)."""
+    """Turns one split into records, starting at a cursor (record index, offset).
+
+    Readers of pre-tokenized formats also take `tokenizer` (a `TokenizerInfo`: EOS, BOS,
+    vocabulary size); the others are never passed it.
+    """
 
     def __call__(self, *, storage: Any, entry: FileEntry, split: Split, source: str,
                  text_field: str, max_bytes: int, index: int, offset: int) -> Iterator[Record]:

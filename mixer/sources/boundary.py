@@ -10,12 +10,15 @@ raises or skips and counts. Texts are checked here too: a string that is not val
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mixer.errors import DataError
 from mixer.sources.base import FileEntry, Record, Split
 from mixer.sources.formats import Format
 from mixer.sources.storage import redact
+
+if TYPE_CHECKING:
+    from mixer.tokenize import TokenizerInfo
 
 
 def _invalid_text(text: Any) -> str | None:
@@ -33,15 +36,19 @@ def _invalid_text(text: Any) -> str | None:
 
 
 def read_records(fmt: Format, *, storage: Any, entry: FileEntry, split: Split, source: str,
-                 text_field: str, max_bytes: int, index: int, offset: int) -> Iterator[Record]:
+                 text_field: str, max_bytes: int, index: int, offset: int,
+                 tokenizer: TokenizerInfo | None = None) -> Iterator[Record]:
     """The reader's records of `split` from a cursor; failures become error records.
 
+    `tokenizer` reaches only the readers of pre-tokenized formats (EOS, BOS, vocabulary).
     After an error the reader cannot continue from (anything it raises), the split ends.
     """
     position = offset
+    extra = {"tokenizer": tokenizer} if fmt.pretokenized else {}
     try:
         records = fmt.reader(storage=storage, entry=entry, split=split, source=source,
-                         text_field=text_field, max_bytes=max_bytes, index=index, offset=offset)
+                             text_field=text_field, max_bytes=max_bytes, index=index,
+                             offset=offset, **extra)
         for record in records:
             index, position = record.index + 1, record.offset
             if record.error is None and record.tokens is None:

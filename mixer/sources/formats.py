@@ -15,6 +15,8 @@ import zstandard
 
 from mixer.sources.base import FileEntry, Reader, Split
 from mixer.sources.jsonl import read_jsonl, read_jsonl_gz, read_jsonl_zst
+from mixer.sources.megatron import index_url, megatron_splits, read_megatron
+from mixer.sources.npy import npy_splits, read_npy
 from mixer.sources.parquet import read_parquet, row_groups
 from mixer.sources.storage import Storage
 from mixer.sources.text import read_text
@@ -44,9 +46,13 @@ class Format:
     default_text_field: str = "text"
     compression: str | None = None   # "gzip" | "zstd": whole-file resume decompresses
     offset_unit: str = "byte offset"
+    pretokenized: bool = False   # records carry token ids; the reader takes `tokenizer`
+    companion: Callable[[str], str] | None = None   # URL of a file listed with each file
 
     def describe_offset(self, split: Split, offset: int) -> str:
         """Where a record's `offset` (in this reader's units) lies, in words."""
+        if self.offset_unit == "document":
+            return f"document {offset}"
         if self.offset_unit == "row":
             return f"row group {split.start}, row {offset}"
         return f"{self.offset_unit} {offset}"
@@ -131,6 +137,9 @@ register(Format("jsonl.zst", (".jsonl.zst", ".json.zst", ".jsonl.zstd"), read_js
 register(Format("parquet", (".parquet", ".pq"), read_parquet, _row_groups, offset_unit="row"))
 register(Format("text", (".txt", ".text", ".md"), read_text, _one_document))
 register(Format("webdataset", (".tar",), read_webdataset, _one_tar, default_text_field="txt"))
+register(Format("megatron", (".bin",), read_megatron, megatron_splits, offset_unit="document",
+                pretokenized=True, companion=index_url))
+register(Format("npy", (".npy",), read_npy, npy_splits, pretokenized=True))
 
 
 def infer_format(name: str) -> str | None:

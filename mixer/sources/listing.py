@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fsspec.implementations.local import LocalFileSystem
 
@@ -30,7 +30,7 @@ class SourceTable:
         return sum(f.size for f in self.files)
 
     def fingerprint(self) -> list[list]:
-        return [[f.key, f.size] for f in self.files]
+        return [f.fingerprint() for f in self.files]
 
 
 def _fixed_prefix(path: str) -> str:
@@ -61,7 +61,10 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
             skipped.append(str(err))
             continue
         prefix = _fixed_prefix(path)
+        companions = _companions(src, [p for p, _ in files])
         for p, info in files:
+            if p in companions:
+                continue   # a .bin's .idx matched by the same glob: listed with its .bin
             full = p if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(p)
             fmt = src.format or infer_format(p)
             if fmt is None:
@@ -76,8 +79,55 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
                     size, mtime_ns = stat.st_size, stat.st_mtime_ns
                 except OSError:
                     pass   # vanished since the glob: refused when opened
-            entries.setdefault(full, FileEntry(full, key, size, fmt, etag, mtime_ns))
+            dtype = (src.token_dtype or "") if FORMATS[fmt].pretokenized else ""
+            entries.setdefault(full, FileEntry(full, key, size, fmt, etag, mtime_ns, dtype))
     return list(entries.values())
+
+
+def _companions(src: SourceConfig, paths: list[str]) -> set[str]:
+    """The paths among `paths` that are another listed file's companion."""
+    out = set()
+    for p in paths:
+        fmt = src.format or infer_format(p)
+        companion = FORMATS[fmt].companion if fmt else None
+        if companion is not None:
+            try:
+                out.add(companion(p))
+            except ValueError:
+                pass   # not a .bin: refused when it is listed
+    return out
+
+
+def _with_companion(src: SourceConfig, entry: FileEntry) -> FileEntry:
+    """The entry with the file its format lists alongside (a `.bin`'s `.idx`), stat'ed now."""
+    companion = FORMATS[entry.format].companion
+    if companion is None:
+        return entry
+    try:
+        url = companion(entry.url)
+    except ValueError as exc:
+        raise DataError(str(exc), source=src.name, file=entry.url) from None
+    fs, path = filesystem(url, src.storage_options, src.name)
+    try:
+        info = call_with_retries(functools.partial(fs.info, path), describe="stat",
+                                 policy=RetryPolicy(), rng=random.Random(path))
+    except FileNotFoundError:
+        raise DataError("its companion file is missing (a .bin needs its .idx beside it)",
+                        source=src.name, file=url) from None
+    except Exception as exc:
+        raise DataError(redact(f"cannot stat: {type(exc).__name__}: {exc}",
+                               src.storage_options), source=src.name, file=url) from None
+    size, mtime_ns = int(info.get("size") or 0), 0
+    if isinstance(fs, LocalFileSystem):
+        try:
+            stat = os.stat(path)
+            size, mtime_ns = stat.st_size, stat.st_mtime_ns
+        except OSError:
+            pass   # vanished since: refused when opened
+    etag = str(info.get("ETag") or info.get("etag") or "")
+    suffix = url[len(entry.url.rsplit(".", 1)[0]):]
+    key = entry.key.rsplit(".", 1)[0] + suffix
+    return replace(entry, index=FileEntry(url, key, size, entry.format, etag, mtime_ns))
 
 
 def _splits_of(recipe: Recipe, src: SourceConfig, index: int, entry: FileEntry,
@@ -101,6 +151,7 @@ def list_source(recipe: Recipe, src: SourceConfig, *, deep: bool = False) -> Sou
             if entry.size == 0:
                 raise DataError("empty shard (0 bytes)", source=src.name, file=entry.url,
                                 location="byte offset 0")
+            entry = _with_companion(src, entry)
             try:
                 entry_splits = _splits_of(recipe, src, len(files), entry, deep)
             except DataError:

@@ -10,6 +10,7 @@ rather than read with stale splits.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,8 +27,29 @@ MANIFEST_VERSION = 2   # 2: local files' modification times
 
 
 def _key(recipe: Recipe, src: SourceConfig) -> dict[str, Any]:
-    return {"globs": [recipe.resolve(g) for g in src.globs], "format": src.format,
-            "split_bytes": recipe.split_bytes, "on_error": src.on_error}
+    key = {"globs": [recipe.resolve(g) for g in src.globs], "format": src.format,
+           "split_bytes": recipe.split_bytes, "on_error": src.on_error}
+    if src.token_dtype is not None:
+        key["token_dtype"] = src.token_dtype
+    return key
+
+
+def _row(f: FileEntry) -> list[Any]:
+    return [f.url, f.key, f.size, f.format, f.etag, f.mtime_ns]
+
+
+def _pretokenized(files: list[FileEntry]) -> list[list[Any]]:
+    """[file number, token dtype, [the `.idx`'s row] or []] of each pre-tokenized file."""
+    return [[i, f.dtype, [] if f.index is None else [_row(f.index)]]
+            for i, f in enumerate(files) if f.dtype or f.index is not None]
+
+
+def _entries(rows: list, pretokenized: list) -> list[FileEntry]:
+    files = [FileEntry(*row) for row in rows]
+    for i, dtype, index in pretokenized:
+        files[i] = replace(files[i], dtype=dtype,
+                           index=FileEntry(*index[0]) if index else None)
+    return files
 
 
 def manifest_path(recipe: Recipe) -> Path | None:
@@ -42,7 +64,8 @@ def write_manifest(recipe: Recipe, path: Path) -> dict[str, Any]:
         table = list_source(recipe, src, deep=True)
         sources[src.name] = {
             "key": _key(recipe, src),
-            "files": [[f.url, f.key, f.size, f.format, f.etag, f.mtime_ns] for f in table.files],
+            "files": [_row(f) for f in table.files],
+            "pretokenized": _pretokenized(table.files),
             "splits": [s.to_list() for s in table.splits],
             "skipped": table.skipped,
         }
@@ -71,6 +94,7 @@ Known = Annotated[StrictInt, Field(ge=-1)]        # -1: unknown / not used
 # url, key, size, format, etag, mtime_ns
 KnownFormat = Annotated[StrictStr, AfterValidator(_known_format)]
 FileRow = tuple[StrictStr, StrictStr, Count, KnownFormat, StrictStr, Count]
+PretokenizedRow = tuple[Count, StrictStr, list[FileRow]]   # file, dtype, [its .idx] or []
 SplitRow = tuple[Count, Count, Count, Known, Flag, Count, Known]  # as Split.to_list() writes
 
 
@@ -79,6 +103,7 @@ class _SavedSource(BaseModel):
     files: list[FileRow]
     splits: list[SplitRow]
     skipped: list[str]
+    pretokenized: list[PretokenizedRow] = []
 
 
 class _Manifest(BaseModel):
@@ -105,11 +130,11 @@ def _read(path: Path) -> dict[str, Any]:
                           f"{field_path(tuple(first['loc']))}: {first['msg']}; "
                           "re-run `mixer index`") from None
     for name, saved in manifest.sources.items():
-        bad = next((i for i, split in enumerate(saved.splits) if split[0] >= len(saved.files)),
-                   None)
-        if bad is not None:
-            raise RecipeError(f"manifest: {str(path)!r} is damaged at sources.{name}.splits"
-                              f"[{bad}]: no such file; re-run `mixer index`")
+        for field, rows in (("splits", saved.splits), ("pretokenized", saved.pretokenized)):
+            bad = next((i for i, row in enumerate(rows) if row[0] >= len(saved.files)), None)
+            if bad is not None:
+                raise RecipeError(f"manifest: {str(path)!r} is damaged at sources.{name}."
+                                  f"{field}[{bad}]: no such file; re-run `mixer index`")
     return data
 
 
@@ -121,8 +146,7 @@ def list_sources(recipe: Recipe) -> list[SourceTable]:
     for src in recipe.sources:
         entry = saved.get(src.name)
         if entry is not None and entry["key"] == _key(recipe, src):
-            files = [FileEntry(url, key, size, fmt, etag, mtime_ns)
-                     for url, key, size, fmt, etag, mtime_ns in entry["files"]]
+            files = _entries(entry["files"], entry.get("pretokenized", []))
             splits = [Split.from_list(s) for s in entry["splits"]]
             tables.append(SourceTable(src.name, files, splits, list(entry["skipped"])))
         else:

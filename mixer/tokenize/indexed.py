@@ -12,13 +12,16 @@ The `.idx` layout (MMIDIDX version 1, little-endian), as Megatron-LM writes it:
     int64[S]  sequence pointers (byte offsets into the .bin)
     int64[D]  document indices: document d is sequences [idx[d], idx[d+1])
 
-mixer writes one sequence per document, so document d is sequence d. The token cache and
-`format: megatron` both use this module.
+mixer writes one sequence per document, so document d is sequence d; other writers may
+split a document into several (contiguous) sequences. The token cache and `format: megatron`
+both use this module; `format: megatron` reads only the index slice of the split it reads
+(`read_index_slice`).
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -74,8 +77,9 @@ class Index:
         return int(self.pointers[-1]) + int(self.lengths[-1]) * self.dtype.itemsize
 
 
-def parse_index(data: bytes | memoryview) -> Index:
-    """Parse a whole `.idx` file's bytes; `IndexFormatError` says what is wrong."""
+def parse_header(data: bytes | memoryview) -> tuple[np.dtype, int, int]:
+    """(dtype, sequence count, document-index entries) of an index's first `HEADER.size`
+    bytes; `IndexFormatError` says what is wrong."""
     if len(data) < HEADER.size:
         raise IndexFormatError(f"index is {len(data)} bytes, shorter than its {HEADER.size}-byte "
                           "header")
@@ -86,6 +90,22 @@ def parse_index(data: bytes | memoryview) -> Index:
         raise IndexFormatError(f"index version {version} is not supported (only {VERSION})")
     if code not in DTYPES:
         raise IndexFormatError(f"unknown dtype code {code}")
+    return DTYPES[code], sequences, entries
+
+
+def _check(lengths: np.ndarray, pointers: np.ndarray, documents: np.ndarray, first: int,
+           last: int) -> None:
+    """Document indices from `first` to `last` in order; no negative length or pointer."""
+    if len(documents) and (documents[0] != first or documents[-1] != last
+                           or np.any(np.diff(documents) < 0)):
+        raise IndexFormatError("document indices do not run from 0 to the sequence count in order")
+    if len(lengths) and (np.any(lengths < 0) or np.any(pointers < 0)):
+        raise IndexFormatError("negative sequence length or pointer")
+
+
+def parse_index(data: bytes | memoryview) -> Index:
+    """Parse a whole `.idx` file's bytes; `IndexFormatError` says what is wrong."""
+    dtype, sequences, entries = parse_header(data)
     need = HEADER.size + sequences * 12 + entries * 8
     if len(data) < need:
         raise IndexFormatError(f"index is truncated: {len(data)} bytes, its header promises {need}")
@@ -95,12 +115,27 @@ def parse_index(data: bytes | memoryview) -> Index:
     pointers = np.frombuffer(data, np.int64, sequences, offset)
     offset += sequences * 8
     documents = np.frombuffer(data, np.int64, entries, offset)
-    if entries and (documents[0] != 0 or documents[-1] != sequences
-                    or np.any(np.diff(documents) < 0)):
-        raise IndexFormatError("document indices do not run from 0 to the sequence count in order")
-    if sequences and (np.any(lengths < 0) or np.any(pointers < 0)):
-        raise IndexFormatError("negative sequence length or pointer")
-    return Index(DTYPES[code], lengths, pointers, documents)
+    _check(lengths, pointers, documents, 0, sequences)
+    return Index(dtype, lengths, pointers, documents)
+
+
+def read_index_slice(read: Callable[[int, int], bytes], first: int, last: int) -> Index:
+    """Documents [first, last) of an index, reading only their bytes: `read(offset, size)`
+    returns that range of the `.idx`. The slice's document `d` is the file's `first + d`."""
+    dtype, sequences, entries = parse_header(read(0, HEADER.size))
+    if not 0 <= first <= last <= entries - 1:
+        raise IndexFormatError(f"documents [{first}, {last}) are not in the index "
+                               f"({max(entries - 1, 0)} documents)")
+    documents = np.frombuffer(read(HEADER.size + sequences * 12 + first * 8,
+                                   (last - first + 1) * 8), np.int64)
+    s0, s1 = int(documents[0]), int(documents[-1])
+    if not 0 <= s0 <= s1 <= sequences:
+        raise IndexFormatError(f"document indices point past the {sequences} sequences")
+    lengths = np.frombuffer(read(HEADER.size + s0 * 4, (s1 - s0) * 4), np.int32)
+    pointers = np.frombuffer(read(HEADER.size + sequences * 4 + s0 * 8, (s1 - s0) * 8),
+                             np.int64)
+    _check(lengths, pointers, documents, s0, s1)
+    return Index(dtype, lengths, pointers, documents - s0)
 
 
 def encode_index(dtype: np.dtype, lengths: np.ndarray) -> bytes:
