@@ -260,11 +260,20 @@ def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool,
               "seconds": elapsed, "tokens_per_s": total / elapsed if elapsed else 0.0,
               "time_to_first_batch_s": first, "peak_rss_mb": peak_rss_mb(),
               "share": {n: (counts[n] / total if total else 0.0) for n in names},
-              "weight": dict(zip(names, recipe.weights)), "skipped": metrics["skipped"]}
+              "weight": _mean_targets(recipe, got), "skipped": metrics["skipped"]}
     if recipe.images is not None:
         result.update(images=images, images_per_s=images / elapsed if elapsed else 0.0,
                       oversize=metrics.get("oversize", {}))
     return result
+
+
+def _mean_targets(recipe: Any, batches: int) -> dict[str, float]:
+    """Each source's target weight averaged over the run's batches (its schedule, if any)."""
+    if recipe.schedule is None or batches <= 0:
+        return dict(zip(recipe.names, recipe.weights))
+    step = recipe.batch_size * recipe.seq_len
+    rows = [recipe.weights_at(g * step) for g in range(batches)]
+    return {n: sum(r[i] for r in rows) / batches for i, n in enumerate(recipe.names)}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -278,7 +287,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
           f"tokens {result['tokens']:,}  in {result['seconds']:.2f} s")
     print(f"throughput {result['tokens_per_s']:,.0f} tokens/s   time to first batch "
           f"{result['time_to_first_batch_s'] or 0:.3f} s   peak RSS {result['peak_rss_mb']:.0f} MB")
-    columns = [("source", "source"), ("weight", "weight"), ("share", "realized share"),
+    title = "mean target" if _load(args.recipe).schedule is not None else "weight"
+    columns = [("source", "source"), ("weight", title), ("share", "realized share"),
                ("skipped", "skipped")]
     if "images" in result:
         print(f"images {result['images']:,} ({result['images_per_s']:,.0f} images/s)")
