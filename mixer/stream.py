@@ -378,7 +378,8 @@ class SourceStream:
             if win.images is not None:
                 win.images[i] = ()
         following = min(stop + _TOKENIZE_CHUNK, len(win.texts))
-        if stop < following:
+        if stop < following and any(isinstance(win.texts[i], str)
+                                    for i in range(stop, following)):   # else nothing to encode
             win.ahead = (stop, _tokenizer_thread().submit(self._encode, win, stop, following))
 
     def _prefetch(self, win: _Window) -> None:

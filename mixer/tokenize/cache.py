@@ -40,6 +40,7 @@ from mixer.tokenize.tokenizer import TokenizerInfo
 CACHE_FORMAT = 1
 _PARTS = ("bin", "idx", "rec")
 _CHUNK = 256   # records tokenized per call while writing an entry
+_BLOCK = 1 << 18   # tokens converted to int64 at once when replaying
 log = logging.getLogger("mixer.token_cache")
 _warned: set[Any] = set()   # cache roots this process already warned about
 
@@ -136,18 +137,27 @@ class TokenCache:
 
     def replay(self, cached: CachedSplit, *, index: int, source: str,
                file: str) -> Iterator[Record]:
-        """The split's records from record index `index`, as its reader would yield them."""
+        """The split's records from record index `index`, as its reader would yield them.
+
+        Tokens become int64 a block of documents at a time; each record's tokens are a view
+        into its block (one conversion per block instead of one per document)."""
         rows = cached.records
         first = int(np.searchsorted(rows[:, 0], index))
-        tokens, starts = cached.tokens, cached.starts
+        tokens, starts = cached.tokens, cached.starts.tolist()
+        block, base, block_end = tokens[:0].astype(np.int64), 0, 0
         for record_index, offset, chars, doc in rows[first:].tolist():
-            if doc >= 0:
-                ids = tokens[starts[doc]:starts[doc + 1]].astype(np.int64)
-                yield Record(record_index, offset, None, tokens=ids, chars=chars)
-            else:
+            if doc < 0:
                 message, same_file, other_file, location = cached.errors[-1 - doc]
                 yield Record(record_index, offset, None, _error(
                     message, source, file if same_file else other_file, location))
+                continue
+            if doc >= block_end:   # documents [doc, block_end) share one int64 block
+                base = starts[doc]
+                block_end = max(int(np.searchsorted(cached.starts, base + _BLOCK, "right")) - 1,
+                                doc + 1)
+                block = tokens[base:starts[block_end]].astype(np.int64)
+            ids = block[starts[doc] - base:starts[doc + 1] - base]
+            yield Record(record_index, offset, None, tokens=ids, chars=chars)
 
     # -- writing -----------------------------------------------------------------------------
     def store(self, key: str, records: list[tuple[int, int, int, int]],
