@@ -41,7 +41,7 @@ def data(tmp_path: Path) -> dict:
                "parquet", row_group_size=9)
     write_docs(tmp_path / "c" / "c0.jsonl.zst", corpus(2000, 40, max_len=12), "jsonl.zst")
     return {"seed": 5, "tokenizer": str(tok), "seq_len": 16, "batch_size": 2, "lanes": 4,
-            "shuffle_window": 6, "split_bytes": 1200,
+            "shuffle_window": 6, "shuffle_window_bytes": 400, "split_bytes": 1200,
             "token_cache": str(tmp_path / "cache"),
             "sources": [
                 {"name": "a", "path": str(tmp_path / "a" / "*.jsonl"), "weight": 0.5,
@@ -130,15 +130,31 @@ def test_cli_fills_every_split_then_a_run_tokenizes_no_text(data, tmp_path, monk
     fill(data, tmp_path)
     assert len(entries(data)) == splits_of(data)
     assert "written" in capsys.readouterr().out
-    reference, _, _ = run(without_cache(data))
+    reference, _, metrics = run(without_cache(data))
     tokenized = []
     real = mixer.tokenize.Encoder.__call__
     monkeypatch.setattr(mixer.tokenize.Encoder, "__call__",
                         lambda self, texts: tokenized.extend(texts) or real(self, texts))
     CACHE_STATS.reset()
-    warm, _, _ = run(data)
-    assert warm == reference
+    warm, _, warm_metrics = run(data)
+    assert warm == reference and warm_metrics["skipped"] == metrics["skipped"]
+    assert metrics["skipped"]["a"] >= 1   # the malformed line, replayed from the cache
     assert tokenized == [] and CACHE_STATS.misses == 0 and CACHE_STATS.hits > 0
+
+
+def test_a_cached_bad_record_raises_the_same_error(data, tmp_path):
+    fill(data, tmp_path)
+    strict = {**data, "sources": [{**data["sources"][0], "on_error": "raise"},
+                                  *data["sources"][1:]]}
+    errors = []
+    for recipe in (without_cache(strict), strict):
+        CACHE_STATS.reset()
+        with pytest.raises(mixer.DataError) as caught:
+            run(recipe, 10 * N)
+        errors.append((str(caught.value), caught.value.source, caught.value.file,
+                       caught.value.location))
+    assert CACHE_STATS.hits > 0 and CACHE_STATS.misses == 0
+    assert errors[0] == errors[1] and "a0.jsonl" in errors[0][0]
 
 
 def test_inspect_reports_the_cached_fraction(data, tmp_path, capsys):
