@@ -5,13 +5,15 @@
 Same corpus and recipe as throughput.py (3 sources × 4 jsonl files, 1 MB splits, 8 lanes,
 8 × 2048 batches, epochs: 1) with `token_cache:` set. Rows: no cache, cold (first pass writes
 the entries), warm (every split read from the cache), and `mixer cache` filling it ahead
-(--workers processes). Each row runs in a fresh process.
+(2 processes). Each row runs in a fresh process; tokens/s over wall time and over the process's
+CPU time (workers' CPU is not counted: compare CPU figures at --workers 0).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -31,14 +33,14 @@ def loader_run(folder: str, cache: str | None, workers: int) -> dict:
     recipe["sources"] = [{**s, "epochs": 1} for s in recipe["sources"]]
     if cache:
         recipe["token_cache"] = cache
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     tokens = 0
     with mixer.build_loader(recipe, num_workers=workers) as loader:
         for batch in loader:
             tokens += int((batch["source_ids"] >= 0).sum())
     elapsed = time.perf_counter() - start
-    return {"tokens": tokens, "seconds": elapsed, "rss_mb": peak_rss_mb(),
-            "hits": CACHE_STATS.hits, "misses": CACHE_STATS.misses}
+    return {"tokens": tokens, "seconds": elapsed, "cpu_s": time.process_time() - cpu,
+            "rss_mb": peak_rss_mb(), "hits": CACHE_STATS.hits, "misses": CACHE_STATS.misses}
 
 
 def fill_run(folder: str, cache: str, workers: int) -> dict:
@@ -47,9 +49,10 @@ def fill_run(folder: str, cache: str, workers: int) -> dict:
     from mixer.tokenize.cache_fill import fill_cache
 
     recipe = load_recipe({**recipe_for(Path(folder)), "token_cache": cache})
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     counts = fill_cache(recipe, tables=list_sources(recipe), workers=workers, progress=False)
-    return {"tokens": 0, "seconds": time.perf_counter() - start, "rss_mb": peak_rss_mb(),
+    return {"tokens": 0, "seconds": time.perf_counter() - start,
+            "cpu_s": time.process_time() - cpu, "rss_mb": peak_rss_mb(),
             "hits": 0, "misses": counts["written"]}
 
 
@@ -79,9 +82,13 @@ def main() -> None:
                      **_child("fill_run", data, cache, 2)})
     for row in rows:
         row["tokens_per_s"] = row["tokens"] / row["seconds"] if row["tokens"] else None
+        row["tokens_per_cpu_s"] = row["tokens"] / row["cpu_s"] if row["tokens"] else None
     print(f"corpus: {size / 1e6:.1f} MB of jsonl, {rows[0]['tokens']:,} tokens; cache "
           f"{cached / 1e6:.1f} MB; {cpu_count()} CPU(s); loader num_workers={args.workers}")
-    print(table(rows, ["run", "tokens", "seconds", "tokens_per_s", "hits", "misses", "rss_mb"]))
+    print(table(rows, ["run", "tokens", "seconds", "tokens_per_s", "cpu_s", "tokens_per_cpu_s",
+                       "hits", "misses", "rss_mb"]))
+    print(f"load average {os.getloadavg()[0]:.1f} on {cpu_count()} CPU(s): on a shared machine "
+          "seconds include waiting; cpu_s is this process's CPU time (all its threads)")
 
 
 if __name__ == "__main__":

@@ -339,3 +339,30 @@ def test_cache_under_torchrun_ranks_share_the_splits(data, tmp_path):
                      for line in result.stdout.splitlines() if line.startswith("rank "))
     assert written == [total // 2, total - total // 2]   # each rank filled its share
     assert len(entries(data)) == total
+
+
+def test_local_files_alike_in_key_size_and_mtime_do_not_share_an_entry(data, tmp_path):
+    """Two sources' `000.jsonl` of equal size and pinned mtime but other words."""
+    for name, first in (("x", 3000), ("y", 4000)):
+        write_docs(tmp_path / name / "000.jsonl", [(first + i, 5) for i in range(20)], "jsonl")
+        os.utime(tmp_path / name / "000.jsonl", ns=(10**18, 10**18))
+    assert (tmp_path / "x" / "000.jsonl").stat().st_size == \
+        (tmp_path / "y" / "000.jsonl").stat().st_size
+    recipe = {**data, "sources": [
+        {"name": n, "path": str(tmp_path / n / "*.jsonl"), "weight": 0.5} for n in "xy"]}
+    reference, _, _ = run(without_cache(recipe))
+    fill(recipe, tmp_path)
+    assert len(entries(recipe)) == splits_of(recipe)
+    assert run(recipe)[0] == reference
+
+
+def test_image_recipes_bypass_the_cache_and_say_so(caplog, tmp_path):
+    from types import SimpleNamespace
+
+    from mixer.tokenize.cache import open_cache
+    recipe = SimpleNamespace(token_cache=str(tmp_path / "c"), images=object(),
+                             token_cache_storage_options={}, resolve=lambda p: p)
+    with caplog.at_level(logging.WARNING, logger="mixer.token_cache"):
+        assert open_cache(recipe, None) is None
+        assert open_cache(recipe, None) is None
+    assert len(warnings_of(caplog)) == 1 and "image" in warnings_of(caplog)[0].getMessage()

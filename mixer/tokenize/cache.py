@@ -87,28 +87,30 @@ class TokenCache:
         self.dtype = token_dtype(tokenizer.vocab_size)
         self.writable = True
 
-    def __getstate__(self) -> dict:
-        return dict(self.__dict__)   # plain data: the filesystem is made lazily per process
-
-    def _fs(self) -> tuple[Any, str]:
+    def filesystem(self) -> tuple[Any, str]:
+        """(fs, root path) of the cache in this process."""
         return filesystem(self.root, self.storage_options, source="token_cache")
 
     def key(self, entry: FileEntry, split: Split, *, text_field: str, max_bytes: int) -> str:
         """The entry's name: a digest of everything that determines its tokens."""
         info = self.tokenizer
-        material = [CACHE_FORMAT, info.digest, info.eos_id, info.bos_id, entry.key, entry.size,
-                    entry.version, entry.format, split.to_list()[1:], text_field, max_bytes]
+        # An ETag names content; a modification time does not (copies keep it, tools pin it),
+        # so files versioned by mtime are also told apart by their path.
+        where = "" if entry.etag else entry.url
+        material = [CACHE_FORMAT, info.digest, info.eos_id, info.bos_id, entry.key, where,
+                    entry.size, entry.version, entry.format, split.to_list()[1:], text_field,
+                    max_bytes]
         return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
 
     def path(self, key: str) -> str:
         """Path of an entry's objects without the suffix (relative to the filesystem)."""
-        return f"{self._fs()[1]}/{key[:2]}/{key}"
+        return f"{self.filesystem()[1]}/{key[:2]}/{key}"
 
     # -- reading -----------------------------------------------------------------------------
     def load(self, key: str) -> CachedSplit | None:
         """The entry if it is complete and its checksums match; None on a miss. A damaged
         entry counts in `CACHE_STATS.corrupt` and reads as a miss (then it is rewritten)."""
-        fs, _ = self._fs()
+        fs, _ = self.filesystem()
         base = self.path(key)
         try:
             commit = json.loads(fs.cat_file(base + ".json"))
@@ -173,7 +175,7 @@ class TokenCache:
         commit = {"v": CACHE_FORMAT, "records": len(records), "documents": len(tokens),
                   "errors": errors, **{p: [len(d), _crc(d)] for p, d in parts.items()}}
         parts["json"] = json.dumps(commit).encode()
-        fs, _ = self._fs()
+        fs, _ = self.filesystem()
         base = self.path(key)
         try:
             fs.makedirs(base.rsplit("/", 1)[0], exist_ok=True)
@@ -203,10 +205,13 @@ class TokenCache:
         CACHE_STATS.misses += 1
         if not write or index != 0 or not self.writable:
             return read()
-        return self._tee(read(), key, entry.url, encode)
+        return self.write_through(read(), key, entry.url, encode)
 
-    def _tee(self, records: Iterable[Record], key: str, file: str,
-             encode: Callable[[list[str]], list[np.ndarray]]) -> Iterator[Record]:
+    def write_through(self, records: Iterable[Record], key: str, file: str,
+                      encode: Callable[[list[str]], list[np.ndarray]]) -> Iterator[Record]:
+        """`records` of a whole split with their texts tokenized (token records, same
+        `chars`); once they are all read, the entry `key` is stored (unless the split ends
+        in an error or holds images: then it stays uncached)."""
         rows: list[tuple[int, int, int, int]] = []
         tokens: list[np.ndarray] = []
         errors: list[list[Any]] = []

@@ -33,7 +33,7 @@ def fill_split(cache: TokenCache, table: SourceTable, split_index: int, *, text_
     records = read_split(storage=storage, entry=entry, split=split, source=table.name,
                          text_field=field, max_bytes=max_bytes, index=0, offset=0)
     writes = CACHE_STATS.writes
-    for _ in cache._tee(records, key, entry.url, Encoder(cache.tokenizer)):
+    for _ in cache.write_through(records, key, entry.url, Encoder(cache.tokenizer)):
         pass
     return "written" if CACHE_STATS.writes > writes else "not cached"
 
@@ -91,7 +91,7 @@ def cache_summary(recipe: Recipe, tables: list[SourceTable],
     cache = open_cache(recipe, tokenizer)
     if cache is None:
         return []
-    fs, root = cache._fs()
+    fs, root = cache.filesystem()
     try:
         listed = fs.find(root, detail=True) if fs.exists(root) else {}
     except OSError:
