@@ -20,7 +20,8 @@ from helpers import batch_digest, corpus, make_tokenizer, word_id, write_docs
 import mixer
 from mixer.cli import main as cli
 from mixer.tokenize import cache as cache_module
-from mixer.tokenize.cache import CACHE_STATS
+from mixer.tokenize import resolve_tokenizer
+from mixer.tokenize.cache import CACHE_STATS, TokenCache
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 40   # batches compared per run (the recipe's sources run through several epochs)
@@ -190,12 +191,15 @@ def damage_index(entry: Path) -> None:
     entry.with_suffix(".idx").write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", [damage_truncate, damage_flip, damage_index])
-def test_damaged_entry_is_detected_and_rebuilt(data, tmp_path, damage):
+def test_damaged_entries_are_detected_and_rebuilt(data, tmp_path):
     fill(data, tmp_path)
     reference, _, _ = run(without_cache(data))
-    for entry in entries(data):
-        damage(entry)
+    damaged = entries(data)
+    cache = TokenCache(data["token_cache"], resolve_tokenizer(data["tokenizer"]))
+    assert all(cache.load(entry.stem) is not None for entry in damaged)
+    for i, entry in enumerate(damaged):   # each kind of damage on a third of the entries
+        (damage_truncate, damage_flip, damage_index)[i % 3](entry)
+    assert all(cache.load(entry.stem) is None for entry in damaged)   # each one detected
     CACHE_STATS.reset()
     assert run(data)[0] == reference
     assert CACHE_STATS.corrupt > 0 and CACHE_STATS.writes > 0   # the run rebuilt what it read
