@@ -162,17 +162,18 @@ class TokenCache:
             yield Record(record_index, offset, None, tokens=ids, chars=chars)
 
     # -- writing -----------------------------------------------------------------------------
-    def store(self, key: str, records: list[tuple[int, int, int, int]],
+    def store(self, key: str, records: list[tuple[int, int, int, int]], lengths: list[int],
               tokens: list[np.ndarray], errors: list[list[Any]]) -> bool:
-        """Write an entry (data objects first, the commit last); False when the cache cannot
-        be written (warned once per process and root, then not tried again)."""
+        """Write an entry (data objects first, the commit last) from its record rows, its
+        documents' lengths and their tokens (arrays in the cache's dtype, back to back);
+        False when the cache cannot be written (warned once per process and root, then not
+        tried again)."""
         if not self.writable:
             return False
-        lengths = np.array([len(t) for t in tokens], dtype=np.int32)
-        parts = {"bin": np.concatenate(tokens).astype(self.dtype).tobytes() if tokens else b"",
-                 "idx": encode_index(self.dtype, lengths),
+        parts = {"bin": b"".join(t.tobytes() for t in tokens),
+                 "idx": encode_index(self.dtype, np.array(lengths, dtype=np.int32)),
                  "rec": np.array(records, dtype=np.int64).reshape(-1, 4).tobytes()}
-        commit = {"v": CACHE_FORMAT, "records": len(records), "documents": len(tokens),
+        commit = {"v": CACHE_FORMAT, "records": len(records), "documents": len(lengths),
                   "errors": errors, **{p: [len(d), _crc(d)] for p, d in parts.items()}}
         parts["json"] = json.dumps(commit).encode()
         fs, _ = self.filesystem()
@@ -213,15 +214,18 @@ class TokenCache:
         `chars`); once they are all read, the entry `key` is stored (unless the split ends
         in an error or holds images: then it stays uncached)."""
         rows: list[tuple[int, int, int, int]] = []
-        tokens: list[np.ndarray] = []
+        lengths: list[int] = []
+        tokens: list[np.ndarray] = []   # per chunk, in the cache's dtype (2-4 bytes a token)
         errors: list[list[Any]] = []
-        keep = True   # False once a record cannot be cached (images)
+        keep = True   # False once a record cannot be cached (images, ids beyond the dtype)
         last_error = False
+        limit = np.iinfo(self.dtype).max
         iterator = iter(records)
         while chunk := [r for _, r in zip(range(_CHUNK), iterator)]:
             texts = [r.text for r in chunk if r.error is None and r.tokens is None
                      and not r.images]
             encoded = iter(encode(texts) if texts else [])
+            kept = []
             for record in chunk:
                 last_error = record.error is not None
                 if record.images:
@@ -232,14 +236,20 @@ class TokenCache:
                 else:
                     chars = record.size
                     ids = record.tokens if record.tokens is not None else next(encoded)
-                    rows.append((record.index, record.offset, chars, len(tokens)))
-                    tokens.append(ids)
+                    rows.append((record.index, record.offset, chars, len(lengths)))
+                    lengths.append(len(ids))
+                    kept.append(ids)
                     record = Record(record.index, record.offset, None, tokens=ids, chars=chars)
                 yield record
+            if kept and keep:
+                joined = np.concatenate(kept)
+                if len(joined) and (joined.min() < 0 or joined.max() > limit):
+                    keep = False   # pre-tokenized ids of another vocabulary
+                tokens.append(joined.astype(self.dtype))
         # A split that ends in an error may have been cut short by a storage failure: such an
         # error must not outlive this run, so the split stays uncached.
         if keep and not last_error:
-            self.store(key, rows, tokens, errors)
+            self.store(key, rows, lengths, tokens, errors)
 
 
 _open: dict[tuple, TokenCache] = {}
