@@ -11,7 +11,8 @@ The data path, one module per stage::
     images/          image+text: header probe, transformers-exact pixels, the document builder
                      (markers, placeholders, fitting a row), qwen2_vl / llava layouts
     tokenize/        tokenizer adapter (EOS/BOS) and the packer registry
-                     (concat | pad | best_fit) -> rows
+                     (concat | pad | best_fit) -> rows; the token cache (cache.py: a
+                     split's tokens as a Megatron indexed dataset, read instead of text)
     mix.py           per lane: deficit rule picks the source of each row (token weights)
     lanes.py         a lane = packers + mixing counters -> whole batches, small state
     batch.py         the batch layout: keys, dtypes, worker-to-main wire format
@@ -20,7 +21,7 @@ The data path, one module per stage::
                      shape checked on load by state_schema.py)
     workers.py       DataLoader workers die with the process that owns the loader
     dist.py          the only place that asks torch.distributed about rank and world size
-    cli.py           `mixer validate | inspect | plan | preview | bench | report`
+    cli.py           `mixer validate | inspect | plan | cache | preview | bench | report`
                      (report.py: inspect's numbers; plan.py: a run's plan; metrics_log.py
                      and plots.py: the metrics log and its figure)
 """

@@ -1,4 +1,4 @@
-"""`mixer` command line: validate, index, inspect, plan, preview, bench and report.
+"""`mixer` command line: validate, index, inspect, plan, cache, preview, bench and report.
 
 What `inspect` reports is computed in `report.py`, what `plan` reports in `plan.py`, the
 metrics-log figure of `report` in `plots.py`; how `preview` shows image batches
@@ -60,7 +60,10 @@ def _fmt(value: Any) -> str:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from mixer.report import inspect_recipe
 
-    report = inspect_recipe(_load(args.recipe), training_tokens=args.tokens)
+    recipe = _load(args.recipe)
+    report = inspect_recipe(recipe, training_tokens=args.tokens)
+    if recipe.token_cache is not None:
+        report["token_cache"] = _cache_rows(recipe)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -79,6 +82,45 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                   f"inside one decompresses up to {row['worst_resume_bytes']:,} stored bytes")
     if report["layout"] != "text":
         _print_images(report)
+    if recipe.token_cache is not None:
+        _print_cache(recipe, report["token_cache"])
+    return 0
+
+
+def _cache_rows(recipe: Any) -> list[dict[str, Any]]:
+    """Per source: cached splits / splits and bytes of the recipe's token cache."""
+    from mixer.sources.manifest import list_sources
+    from mixer.tokenize import resolve_tokenizer
+    from mixer.tokenize.cache_fill import cache_summary
+
+    info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
+    return cache_summary(recipe, list_sources(recipe), info)
+
+
+def _print_cache(recipe: Any, rows: list[dict[str, Any]]) -> None:
+    where = recipe.resolve(recipe.token_cache)
+    if recipe.images is not None:
+        print(f"\ntoken cache {where}: not used (image recipes bypass the token cache)")
+        return
+    for row in rows:
+        row.setdefault("fraction", f"{row['cached_splits']}/{row['splits']}")
+    print(f"\ntoken cache {where}:")
+    print(format_table(rows, [("name", "source"), ("fraction", "cached splits"),
+                              ("cached_bytes", "cached bytes")]))
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from mixer import dist
+    from mixer.sources.manifest import list_sources
+    from mixer.tokenize.cache_fill import fill_cache
+
+    recipe = _load(args.recipe)
+    rank, world = dist.launcher_rank_and_world()
+    counts = fill_cache(recipe, tables=list_sources(recipe), rank=rank, world=world,
+                        workers=args.workers, progress=not args.no_progress)
+    prefix = f"rank {rank}/{world}: " if world > 1 else ""
+    print(f"{prefix}{counts['written']} split(s) written, {counts['cached']} already cached, "
+          f"{counts['not cached']} not cacheable (ending in an error, or with images)")
     return 0
 
 
@@ -337,6 +379,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="manifest path (default: the recipe's `manifest`, "
                    "else RECIPE.manifest.json)")
     p.set_defaults(func=cmd_index)
+    p = sub.add_parser("cache", help="tokenize every split into the recipe's token_cache "
+                       "(under torchrun the ranks share the splits)")
+    p.add_argument("recipe")
+    p.add_argument("--workers", type=int, default=0,
+                   help="worker processes per rank (default 0: in-process)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_cache)
     p = sub.add_parser("preview", help="print the first sequences, decoded, with sources; "
                        "images as <image WxH → N tokens>")
     p.add_argument("recipe")

@@ -86,3 +86,11 @@ def barrier_or_fail(timeout: Any, message: str) -> None:
         dist.monitored_barrier(group=gloo_group(), timeout=timeout, wait_all_ranks=True)
     except RuntimeError as exc:
         raise RuntimeError(f"{message}: {exc}") from None
+
+
+def launcher_rank_and_world() -> tuple[int, int]:
+    """(rank, world_size) of the process group if one is initialized, else as a launcher such
+    as torchrun sets them (RANK, WORLD_SIZE), else (0, 1). For jobs that need no collective."""
+    if is_distributed():
+        return rank_and_world()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

@@ -15,6 +15,7 @@ from mixer.schedule import WeightPlan
 from mixer.sources import SourceTable
 from mixer.stream import SourceStream
 from mixer.tokenize import BLOCKED, Encoder, Row, make_packer
+from mixer.tokenize.cache import open_cache
 
 LANE_STATE_VERSION = 2
 
@@ -32,6 +33,7 @@ class Lane:
         self.pad_id = encoder.info.pad_id
         self.layout = layout or layout_for(recipe, encoder.info)
         self.packers = []
+        cache = open_cache(recipe, encoder.info)
         for src, table in zip(recipe.sources, tables):
             stream = SourceStream(
                 table=table, lane=lane, lanes=recipe.lanes, seed=recipe.seed,
@@ -43,7 +45,7 @@ class Lane:
                 documents=self.layout.document_builder(encoder, src.name),
                 prefetch_tokens=2 * recipe.batch_size * recipe.seq_len,
                 clock=self._global_batch, batch_tokens=recipe.batch_size * recipe.seq_len,
-                lanes_per_batch=recipe.lanes)
+                lanes_per_batch=recipe.lanes, token_cache=cache)
             self.packers.append(make_packer(
                 recipe.packing, stream, seq_len=recipe.seq_len, pad_id=self.pad_id,
                 mask_document_boundaries=recipe.mask_document_boundaries,

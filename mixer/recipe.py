@@ -249,6 +249,10 @@ class Recipe(_Frozen):
     manifest: str | None = Field(default=None, description="Manifest file written by "
                                  "`mixer index`; used at start-up when it exists.")
     mask_document_boundaries: bool = Field(default=False)
+    token_cache: str | None = Field(default=None, min_length=1, description="Folder or URL "
+                                    "of the token cache (see docs/recipes.md); absent: none.")
+    token_cache_storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec options of the token cache's URL.")
     eos_token: str | None = Field(default=None, description="Overrides the tokenizer's EOS.")
     images: ImageSettings | None = Field(default=None, description="Image+text batches "
                                          "(absent: text batches).")

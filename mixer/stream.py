@@ -22,6 +22,7 @@ from mixer.errors import DataError, StateError
 from mixer.rng import derive_key, permutation
 from mixer.slices import SliceItem, lane_slice
 from mixer.sources import FORMATS, EncodedImage, Record, SourceTable, Storage, read_split
+from mixer.tokenize.cache import TokenCache
 
 STATE_KEYS = ("epoch", "window", "slot", "index", "offset", "pos", "skipped", "done")
 _TOKENIZE_CHUNK = 64
@@ -146,7 +147,8 @@ class SourceStream:
                  max_document_bytes: int, encode: Callable[[list[str]], list[np.ndarray]],
                  block_size: int = 8 << 20, documents: DocumentBuilder | None = None,
                  prefetch_tokens: int = 0, clock: Callable[[], int] | None = None,
-                 batch_tokens: int = 1, lanes_per_batch: int = 1) -> None:
+                 batch_tokens: int = 1, lanes_per_batch: int = 1,
+                 token_cache: TokenCache | None = None) -> None:
         self.table = table
         self.name = table.name
         self.lane = lane
@@ -162,6 +164,7 @@ class SourceStream:
         self.encode = encode
         self.tokenizer = getattr(encode, "info", None)   # pre-tokenized readers' EOS/vocab
         self.documents = documents
+        self.token_cache = token_cache if documents is None else None   # text recipes only
         self.prefetch_tokens = prefetch_tokens   # decode images this many tokens ahead
         # When is a document needed? `clock()` is the global batch the lane makes next; a
         # document `batch_tokens` further on is needed `lanes_per_batch` global batches later.
@@ -269,10 +272,20 @@ class SourceStream:
         items = self._lane_slice()
         split = self._splits[items[slot].split]
         entry = self.table.files[split.file]
-        return read_split(storage=self.storage, entry=entry, split=split,
-                          source=self.table.name, text_field=self.text_field,
-                          max_bytes=self.max_document_bytes, index=index, offset=offset,
-                          tokenizer=self.tokenizer), None
+
+        def read():
+            return read_split(storage=self.storage, entry=entry, split=split,
+                              source=self.table.name, text_field=self.text_field,
+                              max_bytes=self.max_document_bytes, index=index, offset=offset,
+                              tokenizer=self.tokenizer)
+        if self.token_cache is None or FORMATS[entry.format].pretokenized:
+            return read(), None   # (pre-tokenized formats already are what a cache holds)
+        # The lane reading stripe 0 writes the entry: all stripes, so any lanes can use it.
+        text_field = self.text_field or FORMATS[entry.format].default_text_field
+        return self.token_cache.records(
+            read, entry=entry, split=split, source=self.table.name, text_field=text_field,
+            max_bytes=self.max_document_bytes, index=index, encode=self.encode,
+            write=items[slot].phase == 0), None
 
     def _read_window(self) -> _Window:
         items = self._lane_slice()
@@ -416,7 +429,8 @@ class SourceStream:
             if win.images is not None:
                 win.images[i] = ()
         following = min(stop + _TOKENIZE_CHUNK, len(win.texts))
-        if stop < following:
+        if stop < following and any(isinstance(win.texts[i], str)
+                                    for i in range(stop, following)):   # else nothing to encode
             win.ahead = (stop, _tokenizer_thread().submit(self._encode, win, stop, following))
 
     def _prefetch(self, win: _Window) -> None:

@@ -66,22 +66,36 @@ def build_row(pieces: list[tuple[Document, int, int, bool]], seq_len: int, pad_i
     Positions restart at 0 for every piece; labels equal the tokens except -100 on padding and
     on the first token of each piece flagged for masking.
     """
-    input_ids = np.full(seq_len, pad_id, dtype=np.int64)
+    input_ids = np.empty(seq_len, dtype=np.int64)
     position_ids = np.zeros(seq_len, dtype=np.int64)
-    labels = np.full(seq_len, IGNORE_INDEX, dtype=np.int64)
+    counting = _counting(seq_len)
     placed = []
     at = 0
     for document, offset, length, mask_first in pieces:
         end = at + length
-        tokens = document.tokens[offset:offset + length]
-        input_ids[at:end] = tokens
-        position_ids[at:end] = np.arange(length)
-        labels[at:end] = tokens
-        if mask_first:
-            labels[at] = IGNORE_INDEX
+        input_ids[at:end] = document.tokens[offset:offset + length]
+        position_ids[at:end] = counting[:length]
         placed.append(Piece(at, document, offset, length, mask_first))
         at = end
+    input_ids[at:] = pad_id
+    labels = input_ids.copy()   # labels are the tokens, except on padding and masked firsts
+    labels[at:] = IGNORE_INDEX
+    for piece in placed:
+        if piece.mask_first:
+            labels[piece.at] = IGNORE_INDEX
     return Row(input_ids, labels, position_ids, at, tuple(placed))
+
+
+_COUNTING = np.arange(0, dtype=np.int64)
+
+
+def _counting(length: int) -> np.ndarray:
+    """0, 1, ..., at least `length` - 1 (shared, read-only: position ids are slices of it)."""
+    global _COUNTING
+    if len(_COUNTING) < length:
+        _COUNTING = np.arange(length, dtype=np.int64)
+        _COUNTING.flags.writeable = False
+    return _COUNTING
 
 
 class Packer:
@@ -145,15 +159,17 @@ class Packer:
             if document is None:
                 break
             _, offset, before = self._pending
-            if document.images and budget is not None and not budget.allows(
-                    images + len(document.images), patches + document.patches):
-                if filled:
-                    break   # the row ends here; the document waits for the next batch
-                return BLOCKED
-            images += len(document.images)
-            patches += document.patches
-            take = min(length - filled, len(document) - offset)
-            if take < len(document) - offset and not document.splittable:
+            if document.images:
+                if budget is not None and not budget.allows(
+                        images + len(document.images), patches + document.patches):
+                    if filled:
+                        break   # the row ends here; the document waits for the next batch
+                    return BLOCKED
+                images += len(document.images)
+                patches += document.patches
+            size = len(document)
+            take = min(length - filled, size - offset)
+            if take < size - offset and not document.splittable:
                 if filled:
                     break   # a document with images moves whole to the next row
                 raise StateError(f"source {self.stream.name!r}: a document of "
@@ -161,7 +177,7 @@ class Packer:
             pieces.append((document, offset, take, offset == 0 and self.mask_boundaries))
             filled += take
             offset += take
-            self._pending = None if offset == len(document) else (document, offset, before)
+            self._pending = None if offset == size else (document, offset, before)
             if self.mode == "pad":
                 break
         if filled == 0:

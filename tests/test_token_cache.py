@@ -1,0 +1,372 @@
+"""Token cache (`token_cache:`): the same batches cold, warm or partly warm; damaged, stale or
+unwritable entries are never used; `mixer cache` fills it; entries are Megatron corpora."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from conftest import s3_options
+from helpers import batch_digest, corpus, make_tokenizer, word_id, write_docs
+
+import mixer
+from mixer.cli import main as cli
+from mixer.tokenize import cache as cache_module
+from mixer.tokenize import resolve_tokenizer
+from mixer.tokenize.cache import CACHE_STATS, TokenCache
+
+ROOT = Path(__file__).resolve().parent.parent
+N = 40   # batches compared per run (the recipe's sources run through several epochs)
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> dict:
+    """Three sources: byte-range jsonl splits with a malformed line (skipped), parquet row
+    groups, and one zstd file striped over the 4 lanes."""
+    tok = make_tokenizer(tmp_path / "tok.json")
+    a = corpus(0, 160, max_len=30)
+    write_docs(tmp_path / "a" / "a0.jsonl", a[:80], "jsonl")
+    write_docs(tmp_path / "a" / "a1.jsonl", a[80:], "jsonl")
+    lines = (tmp_path / "a" / "a0.jsonl").read_text().splitlines(keepends=True)
+    lines.insert(30, "{not json\n")
+    (tmp_path / "a" / "a0.jsonl").write_text("".join(lines))
+    write_docs(tmp_path / "b" / "b0.parquet", corpus(1000, 50, min_len=20, max_len=90),
+               "parquet", row_group_size=9)
+    write_docs(tmp_path / "c" / "c0.jsonl.zst", corpus(2000, 40, max_len=12), "jsonl.zst")
+    return {"seed": 5, "tokenizer": str(tok), "seq_len": 16, "batch_size": 2, "lanes": 4,
+            "shuffle_window": 6, "shuffle_window_bytes": 400, "split_bytes": 1200,
+            "token_cache": str(tmp_path / "cache"),
+            "sources": [
+                {"name": "a", "path": str(tmp_path / "a" / "*.jsonl"), "weight": 0.5,
+                 "on_error": "skip"},
+                {"name": "b", "path": str(tmp_path / "b" / "*.parquet"), "weight": 0.3},
+                {"name": "c", "path": str(tmp_path / "c" / "*.zst"), "weight": 0.2}]}
+
+
+def without_cache(recipe: dict) -> dict:
+    return {k: v for k, v in recipe.items() if k != "token_cache"}
+
+
+def run(recipe: dict, n: int = N, *, workers: int = 0, rank: int = 0, world: int = 1,
+        state: dict | None = None) -> tuple[list[str], dict, dict]:
+    """Digests of n batches, the state after them, and the loader's metrics."""
+    loader = mixer.build_loader(recipe, rank=rank, world_size=world, num_workers=workers)
+    if state is not None:
+        loader.load_state_dict(state)
+    out: list[str] = []
+    if n:
+        for batch in loader:
+            out.append(batch_digest(batch))
+            if len(out) == n:
+                break
+    return out, loader.state_dict(), loader.metrics()
+
+
+def entries(recipe: dict) -> list[Path]:
+    return sorted(Path(recipe["token_cache"]).glob("*/*.json"))
+
+
+def test_cold_warm_and_partly_warm_give_the_same_batches(data):
+    reference, _, metrics = run(without_cache(data))
+    CACHE_STATS.reset()
+    cold, _, cold_metrics = run(data)
+    assert CACHE_STATS.writes > 0 and CACHE_STATS.hits == 0
+    assert cold == reference and cold_metrics["skipped"] == metrics["skipped"]
+    assert metrics["skipped"]["a"] >= 1   # the malformed line, replayed from the cache too
+    CACHE_STATS.reset()
+    warm, _, warm_metrics = run(data)
+    assert CACHE_STATS.hits > 0
+    assert warm == reference and warm_metrics["skipped"] == metrics["skipped"]
+    for commit in entries(data)[::2]:        # partly warm: every other entry gone
+        for suffix in (".json", ".bin"):
+            commit.with_suffix(suffix).unlink()
+    CACHE_STATS.reset()
+    partly, _, _ = run(data)
+    assert CACHE_STATS.hits > 0 and CACHE_STATS.misses > 0 and partly == reference
+
+
+@pytest.mark.parametrize("workers,world", [(2, 1), (0, 2)])
+def test_same_stream_with_workers_and_ranks(data, workers, world):
+    reference = [run(without_cache(data), N // world, rank=r, world=world)[0]
+                 for r in range(world)]
+    for _ in ("cold", "warm"):
+        got = [run(data, N // world, workers=workers, rank=r, world=world)[0]
+               for r in range(world)]
+        assert got == reference
+    assert entries(data)
+
+
+@pytest.mark.parametrize("k", [0, 3, 11, 26])
+def test_resume_inside_cached_and_uncached_splits(data, k):
+    reference, _, _ = run(without_cache(data))
+    first, state, _ = run(data, k)           # cold: entries being written when the state is taken
+    rest, _, _ = run(data, N - k, state=state)   # now partly warm
+    assert first + rest == reference
+    rest_warm, _, _ = run(data, N - k, state=state)
+    assert first + rest_warm == reference
+
+
+def fill(recipe: dict, tmp_path: Path, *extra: str) -> Path:
+    path = tmp_path / f"recipe{len(list(tmp_path.glob('recipe*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    assert cli(["cache", str(path), "--no-progress", *extra]) == 0
+    return path
+
+
+def splits_of(recipe: dict) -> int:
+    from mixer.sources.manifest import list_sources
+    return sum(len(t.splits) for t in list_sources(mixer.load_recipe(recipe)))
+
+
+def test_cli_fills_every_split_then_a_run_tokenizes_no_text(data, tmp_path, monkeypatch,
+                                                            capsys):
+    fill(data, tmp_path)
+    assert len(entries(data)) == splits_of(data)
+    assert "written" in capsys.readouterr().out
+    reference, _, metrics = run(without_cache(data))
+    tokenized = []
+    real = mixer.tokenize.Encoder.__call__
+    monkeypatch.setattr(mixer.tokenize.Encoder, "__call__",
+                        lambda self, texts: tokenized.extend(texts) or real(self, texts))
+    CACHE_STATS.reset()
+    warm, _, warm_metrics = run(data)
+    assert warm == reference and warm_metrics["skipped"] == metrics["skipped"]
+    assert metrics["skipped"]["a"] >= 1   # the malformed line, replayed from the cache
+    assert tokenized == [] and CACHE_STATS.misses == 0 and CACHE_STATS.hits > 0
+
+
+def test_a_cached_bad_record_raises_the_same_error(data, tmp_path):
+    fill(data, tmp_path)
+    strict = {**data, "sources": [{**data["sources"][0], "on_error": "raise"},
+                                  *data["sources"][1:]]}
+    errors = []
+    for recipe in (without_cache(strict), strict):
+        CACHE_STATS.reset()
+        with pytest.raises(mixer.DataError) as caught:
+            run(recipe, 10 * N)
+        errors.append((str(caught.value), caught.value.source, caught.value.file,
+                       caught.value.location))
+    assert CACHE_STATS.hits > 0 and CACHE_STATS.misses == 0
+    assert errors[0] == errors[1] and "a0.jsonl" in errors[0][0]
+
+
+def test_inspect_reports_the_cached_fraction(data, tmp_path, capsys):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert cli(["inspect", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["token_cache"]
+    assert [r["cached_splits"] for r in rows] == [0, 0, 0]
+    fill(data, tmp_path)
+    capsys.readouterr()
+    assert cli(["inspect", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["token_cache"]
+    assert all(r["cached_splits"] == r["splits"] > 0 and r["cached_bytes"] > 0 for r in rows)
+    assert cli(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "token cache" in out and f"{rows[1]['splits']}/{rows[1]['splits']}" in out
+
+
+def damage_truncate(entry: Path) -> None:
+    data = entry.with_suffix(".bin").read_bytes()
+    entry.with_suffix(".bin").write_bytes(data[:len(data) // 2])
+
+
+def damage_flip(entry: Path) -> None:
+    data = bytearray(entry.with_suffix(".bin").read_bytes())
+    data[len(data) // 3] ^= 0x01
+    entry.with_suffix(".bin").write_bytes(bytes(data))
+
+
+def damage_index(entry: Path) -> None:
+    data = bytearray(entry.with_suffix(".idx").read_bytes())
+    data[40] ^= 0xFF   # inside the sequence lengths (after the 34-byte header)
+    entry.with_suffix(".idx").write_bytes(bytes(data))
+
+
+def test_damaged_entries_are_detected_and_rebuilt(data, tmp_path):
+    fill(data, tmp_path)
+    reference, _, _ = run(without_cache(data))
+    damaged = entries(data)
+    cache = TokenCache(data["token_cache"], resolve_tokenizer(data["tokenizer"]))
+    assert all(cache.load(entry.stem) is not None for entry in damaged)
+    for i, entry in enumerate(damaged):   # each kind of damage on a third of the entries
+        (damage_truncate, damage_flip, damage_index)[i % 3](entry)
+    assert all(cache.load(entry.stem) is None for entry in damaged)   # each one detected
+    CACHE_STATS.reset()
+    assert run(data)[0] == reference
+    assert CACHE_STATS.corrupt > 0 and CACHE_STATS.writes > 0   # the run rebuilt what it read
+    fill(data, tmp_path)                                          # and `mixer cache` the rest
+    CACHE_STATS.reset()
+    assert run(data)[0] == reference
+    assert CACHE_STATS.corrupt == 0 and CACHE_STATS.misses == 0
+
+
+def test_two_processes_filling_one_cache_at_once(data, tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "mixer.cli", "cache", str(path),
+                               "--no-progress"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    assert len(entries(data)) == splits_of(data)
+    assert not list(Path(data["token_cache"]).glob("*/*.tmp-*"))
+    reference, _, _ = run(without_cache(data))
+    CACHE_STATS.reset()
+    assert run(data)[0] == reference
+    assert CACHE_STATS.corrupt == 0 and CACHE_STATS.misses == 0
+
+
+def warnings_of(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records
+            if r.name == "mixer.token_cache" and r.levelno >= logging.WARNING]
+
+
+def test_unwritable_cache_warns_once_and_keeps_the_stream(data, tmp_path, caplog):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder would be")
+    recipe = {**data, "token_cache": str(blocker / "cache")}
+    reference, _, _ = run(without_cache(data))
+    with caplog.at_level(logging.WARNING, logger="mixer.token_cache"):
+        assert run(recipe)[0] == reference
+        assert run(recipe)[0] == reference
+    assert len(warnings_of(caplog)) == 1
+    assert "cannot be written" in warnings_of(caplog)[0].getMessage()
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
+def test_full_or_read_only_cache_warns_once_and_reads_what_it_has(data, tmp_path, caplog,
+                                                                  monkeypatch, code):
+    fill(data, tmp_path)
+    for commit in entries(data)[::2]:
+        commit.unlink()   # these splits would be written again
+
+    def refuse(fs, path, payload):
+        raise OSError(code, os.strerror(code), path)
+    monkeypatch.setattr(cache_module, "_put", refuse)
+    reference, _, _ = run(without_cache(data))
+    CACHE_STATS.reset()
+    with caplog.at_level(logging.WARNING, logger="mixer.token_cache"):
+        assert run(data)[0] == reference
+    assert len(warnings_of(caplog)) == 1
+    assert CACHE_STATS.hits > 0 and CACHE_STATS.writes == 0
+
+
+def test_changed_tokenizer_or_rewritten_file_never_hits_a_stale_entry(data, tmp_path):
+    fill(data, tmp_path)
+    before = set(entries(data))
+    # A tokenizer whose ids differ: its digest (part of every key) changes.
+    tok = json.loads(Path(data["tokenizer"]).read_text())
+    vocab = tok["model"]["vocab"]
+    vocab["w3"], vocab["w4"] = vocab["w4"], vocab["w3"]
+    Path(data["tokenizer"]).write_text(json.dumps(tok))
+    reference, _, _ = run(without_cache(data))
+    CACHE_STATS.reset()
+    assert run(data)[0] == reference
+    assert CACHE_STATS.hits == 0
+    # A rewritten source file (same size, new content): its entries are not used either.
+    fill(data, tmp_path)
+    a1 = Path(data["sources"][0]["path"]).parent / "a1.jsonl"
+    text = a1.read_text()
+    a1.write_text(text.replace("w90 ", "w91 ", 1))
+    os.utime(a1, ns=(1, 1))
+    reference, _, _ = run(without_cache(data))
+    CACHE_STATS.reset()
+    assert run(data)[0] == reference
+    assert CACHE_STATS.misses > 0 and len(set(entries(data)) - before) > 0
+
+
+def test_an_entry_is_a_megatron_indexed_dataset(data, tmp_path):
+    """Read back with numpy per the documented MMIDIDX layout, not with mixer's parser."""
+    fill(data, tmp_path)
+    docs = {d: n for d, n in corpus(1000, 50, min_len=20, max_len=90)}
+    found = 0
+    for commit in entries(data):
+        idx = commit.with_suffix(".idx").read_bytes()
+        assert idx[:9] == b"MMIDIDX\x00\x00"
+        version, code = np.frombuffer(idx, "<u8", 1, 9)[0], idx[17]
+        sequences, documents = np.frombuffer(idx, "<u8", 2, 18)
+        assert version == 1 and code == 8   # uint16 for this vocabulary
+        lengths = np.frombuffer(idx, "<i4", sequences, 34)
+        pointers = np.frombuffer(idx, "<i8", sequences, 34 + 4 * sequences)
+        doc_index = np.frombuffer(idx, "<i8", documents, 34 + 12 * sequences)
+        assert list(doc_index) == list(range(sequences + 1))
+        tokens = np.fromfile(commit.with_suffix(".bin"), "<u2")
+        for length, pointer in zip(lengths, pointers):
+            ids = tokens[pointer // 2: pointer // 2 + length]
+            assert ids[-1] == 0   # EOS
+            doc = int(ids[0]) - word_id(0)
+            if doc in docs:
+                assert list(ids[:-1]) == [word_id(doc)] * docs[doc]
+                found += 1
+    assert found == 50   # every document of source b, each once
+
+
+def test_s3_cache_url(data, tmp_path, s3_endpoint):
+    import boto3
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
+                 aws_access_key_id="x", aws_secret_access_key="x").create_bucket(
+        Bucket="tokcache")
+    recipe = {**data, "token_cache": "s3://tokcache/run1",
+              "token_cache_storage_options": s3_options(s3_endpoint)}
+    reference, _, _ = run(without_cache(data))
+    CACHE_STATS.reset()
+    assert run(recipe)[0] == reference
+    assert CACHE_STATS.writes > 0
+    CACHE_STATS.reset()
+    assert run(recipe)[0] == reference
+    assert CACHE_STATS.hits > 0 and CACHE_STATS.corrupt == 0
+
+
+def test_cache_under_torchrun_ranks_share_the_splits(data, tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "mixer.cli", "cache", str(path), "--no-progress"],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    total = splits_of(data)
+    written = sorted(int(line.split(": ")[1].split()[0])
+                     for line in result.stdout.splitlines() if line.startswith("rank "))
+    assert written == [total // 2, total - total // 2]   # each rank filled its share
+    assert len(entries(data)) == total
+
+
+def test_local_files_alike_in_key_size_and_mtime_do_not_share_an_entry(data, tmp_path):
+    """Two sources' `000.jsonl` of equal size and pinned mtime but other words."""
+    for name, first in (("x", 3000), ("y", 4000)):
+        write_docs(tmp_path / name / "000.jsonl", [(first + i, 5) for i in range(20)], "jsonl")
+        os.utime(tmp_path / name / "000.jsonl", ns=(10**18, 10**18))
+    assert (tmp_path / "x" / "000.jsonl").stat().st_size == \
+        (tmp_path / "y" / "000.jsonl").stat().st_size
+    recipe = {**data, "sources": [
+        {"name": n, "path": str(tmp_path / n / "*.jsonl"), "weight": 0.5} for n in "xy"]}
+    reference, _, _ = run(without_cache(recipe))
+    fill(recipe, tmp_path)
+    assert len(entries(recipe)) == splits_of(recipe)
+    assert run(recipe)[0] == reference
+
+
+def test_image_recipes_bypass_the_cache_and_say_so(caplog, tmp_path):
+    from types import SimpleNamespace
+
+    from mixer.tokenize.cache import open_cache
+    recipe = SimpleNamespace(token_cache=str(tmp_path / "c"), images=object(),
+                             token_cache_storage_options={}, resolve=lambda p: p)
+    with caplog.at_level(logging.WARNING, logger="mixer.token_cache"):
+        assert open_cache(recipe, None) is None
+        assert open_cache(recipe, None) is None
+    assert len(warnings_of(caplog)) == 1 and "image" in warnings_of(caplog)[0].getMessage()
