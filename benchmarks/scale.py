@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -37,6 +38,7 @@ from mixer.loader import Loader  # noqa: E402
 from mixer.sources import IO_STATS  # noqa: E402
 from mixer.sources.manifest import list_sources  # noqa: E402
 from mixer.sources.storage import _fs_cache  # noqa: E402
+from mixer.state import pack, unpack  # noqa: E402
 from mixer.tokenize import resolve_tokenizer  # noqa: E402
 
 WORKERS = 8
@@ -69,7 +71,7 @@ def write_shards(folder: Path, shards: int) -> dict[str, bytes]:
 def recipe_for(base: str, tokenizer: Path, lanes: int, options: dict | None = None) -> dict:
     extra = {"storage_options": options} if options else {}
     return {"seed": 1, "tokenizer": str(tokenizer), "seq_len": 32, "batch_size": 2,
-            "lanes": lanes, "shuffle_window": 16, "split_bytes": 1 << 20,
+            "lanes": lanes, "shuffle_window": 4, "split_bytes": 1 << 20,
             "sources": [{"name": "prose", "path": f"{base}/prose/*.jsonl", "weight": 0.5, **extra},
                         {"name": "code", "path": f"{base}/code/*.parquet", "weight": 0.3,
                          "text_field": "content", **extra},
@@ -141,11 +143,33 @@ def states(recipe: dict, worlds: list[int]) -> list[dict]:
         target.load_state_dict(merged)
         load_s = time.perf_counter() - start
         rank_bytes = [len(p["json"]) for p in packed]
+        long_run = pack(long_run_payload(unpack(merged)))
         rows.append({"W": world, "lanes": r.lanes, "listing s": listed,
                      "build W loaders s": built, "batches s": ran,
                      "rank state B": max(rank_bytes), "merged state B": len(merged["json"]),
-                     "merge_states s": merge_s, "load merged s": load_s})
+                     "merge_states s": merge_s, "load merged s": load_s,
+                     "long-run merged B": len(long_run["json"])})
     return rows
+
+
+def long_run_payload(payload: dict) -> dict:
+    """The payload with counters of a long run (synthetic, random magnitudes): ~10^8 tokens
+    per lane and source, byte offsets up to 10^9, record indices up to 10^5."""
+    rng = random.Random(0)
+    for lane in payload["lanes"].values():
+        lane["batches"] = 15_000 + rng.randrange(2)
+        for entry in lane["sources"].values():
+            entry["tokens"] = rng.randrange(10**7, 10**8)
+            entry["mix"] = entry["tokens"] - rng.randrange(2048)
+            packer = entry["packer"] or {"offset": 0, "exhausted": 0, "stream": {
+                "epoch": 0, "window": 0, "slot": 0, "index": 0, "offset": 0, "pos": 0,
+                "skipped": 0, "done": 0}}
+            entry["packer"] = packer
+            packer["offset"] = rng.randrange(2048)
+            packer["stream"].update(epoch=rng.randrange(3), window=rng.randrange(10**4),
+                                    slot=rng.randrange(100), index=rng.randrange(10**5),
+                                    offset=rng.randrange(10**9), pos=rng.randrange(1024))
+    return payload
 
 
 def main() -> None:
@@ -154,6 +178,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=48)
     parser.add_argument("--sample-ranks", type=int, default=8)
     parser.add_argument("--skip-s3", action="store_true")
+    parser.add_argument("--skip-states", action="store_true")
     args = parser.parse_args()
     worlds = [int(w) for w in args.worlds.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,10 +204,13 @@ def main() -> None:
                              "total, list once"]))
             finally:
                 proc.terminate()
+        if args.skip_states:
+            return
         print("\nstate, every lane visited once (local copy):")
         print(table(states(local, worlds),
                     ["W", "lanes", "listing s", "build W loaders s", "batches s",
-                     "rank state B", "merged state B", "merge_states s", "load merged s"]))
+                     "rank state B", "merged state B", "merge_states s", "load merged s",
+                     "long-run merged B"]))
 
 
 if __name__ == "__main__":
