@@ -12,6 +12,7 @@ freely. Decoding gives back exactly the dicts that were encoded (`true` stays `t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from typing import Any
 
@@ -61,8 +62,9 @@ def _column(values: list[Any]) -> list[Any]:
     first = values[0]
     if isinstance(first, (str, int, float, type(None))):
         kind = type(first)
-        if all(type(v) is kind and v == first for v in values):
-            return ["=", first]
+        if all(type(v) is kind and v == first for v in values) and (
+                kind is not float or len({math.copysign(1.0, v) for v in values}) == 1):
+            return ["=", first]   # (-0.0 == 0.0, but each is given back as written)
         if kind is int and all(type(v) is int for v in values):
             low = min(values)
             digits = _to_digits([v - low for v in values])

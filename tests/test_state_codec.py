@@ -7,7 +7,7 @@ import json
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import mixer
@@ -31,6 +31,7 @@ def exact(value) -> str:
 
 @settings(max_examples=100, deadline=None)
 @given(lanes_dicts)
+@example({"0": {"a": 0.0}, "1": {"a": -0.0}, "2": {"a": True}, "3": {"a": 1}})
 def test_decoding_gives_back_exactly_what_was_encoded(lanes):
     encoded = json.loads(json.dumps(encode_lanes(lanes)))   # through JSON, as in a state
     assert exact(decode_lanes(encoded)) == exact(lanes)
