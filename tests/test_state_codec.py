@@ -66,7 +66,11 @@ def test_a_damaged_encoding_is_a_state_error_naming_where(edit, message):
 
 
 def test_8192_lanes_of_a_long_run_fit_in_a_megabyte(three_sources):
-    """A 1,024-rank × 8-worker job: its merged state lands in every rank's checkpoint."""
+    """A 1,024-rank × 8-worker job: its merged state lands in every rank's checkpoint.
+
+    Integer counters and cursors take random long-run values; the float fields (`target`,
+    `epochs`) keep the template's values. With random full-precision floats as well the
+    state is about 1.4 MB (see docs/benchmarks.md, "Scale (simulated)")."""
     recipe, _ = three_sources
     loader = mixer.build_loader(recipe)
     next(iter(loader))
