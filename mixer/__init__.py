@@ -18,7 +18,8 @@ The data path, one module per stage::
     batch.py         the batch layout: keys, dtypes, worker-to-main wire format
     loader.py        global batch g comes from lane g mod lanes; DataLoader workers serve
                      lanes; the main process keeps exact per-lane state (state.py, its
-                     shape checked on load by state_schema.py)
+                     shape checked on load by state_schema.py, lanes written column by
+                     column by state_codec.py)
     workers.py       DataLoader workers die with the process that owns the loader
     dist.py          the only place that asks torch.distributed about rank and world size
     cli.py           `mixer validate | inspect | plan | cache | preview | bench | report`

@@ -27,7 +27,7 @@ from mixer.recipe import Recipe, load_recipe, normalize
 from mixer.schedule import Override, WeightPlan, check_schedule, schedule_snapshot
 from mixer.sources import IO_STATS, SourceTable
 from mixer.sources.manifest import list_sources
-from mixer.state import check_fingerprint, fingerprint, merge_states, pack, unpack
+from mixer.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
 from mixer.tokenize import Encoder, TokenizerInfo, resolve_tokenizer
 
 BATCH_KEYS = TEXT_KEYS   # every layout has these; image layouts add more
@@ -192,13 +192,15 @@ class Loader:
         if self._distributed and self.world_size > 1:
             dist.barrier_or_fail(dist.collective_timeout(),
                                  "loader.state_dict() is a collective: call it on every rank")
-            return merge_states([pack(p) for p in dist.all_gather_objects(payload)])
+            # The gathered payloads are this job's own: joined as they are, not re-checked.
+            return pack(merge_payloads(dist.all_gather_objects(payload)))
         return pack(payload)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a state (call before iterating); validated against the recipe."""
-        payload = unpack(state)
-        check_fingerprint(payload["fingerprint"], self._fingerprint)
+        header = unpack(state, lanes=())
+        check_fingerprint(header["fingerprint"], self._fingerprint)
+        payload = unpack(state, lanes=self._lanes_from(header["next_global"]))
         if payload["kind"] == "rank" and (payload["world_size"], payload["rank"]) != (
                 self.world_size, self.rank):
             raise StateError(
@@ -206,10 +208,11 @@ class Loader:
                 f"{payload['world_size']}-rank job; to resume on {self.world_size} rank(s) "
                 "combine all ranks' states with mixer.merge_states (or save from inside the "
                 "torch.distributed job, which does it for you)")
-        lanes = {int(k): v for k, v in payload["lanes"].items()}
-        missing = [i for i in self._lanes_from(payload["next_global"]) if i not in lanes]
+        needed = self._lanes_from(payload["next_global"])
+        missing = [i for i in needed if str(i) not in payload["lanes"]]
         if missing:
             raise StateError(f"the state lacks lanes {missing} that rank {self.rank} needs")
+        lanes = {i: payload["lanes"][str(i)] for i in needed}
         tokens = payload.get("global_tokens", 0)
         check_schedule(payload.get("schedule"), self.recipe, tokens)
         saved = payload.get("override")

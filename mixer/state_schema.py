@@ -3,14 +3,17 @@
 Lanes, packers and streams read their states as plain dicts; validating the whole payload
 here first turns any structural damage (missing keys, wrong types, negative counters) into a
 `StateError` naming the path inside the state, instead of a KeyError deep in a worker.
-Unknown keys are ignored, as the consumers ignore them.
+Unknown keys are ignored, as the consumers ignore them. A loader checks in depth only the
+lanes it will run (`lanes=`): with 8,192 lanes, checking all of them on every rank would cost
+each rank what the job needs once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from mixer.errors import StateError
 
@@ -58,7 +61,14 @@ class SourceEntry(_Shape):
     epochs: Annotated[float, Field(ge=0, strict=False)] = 0.0
     reasons: dict[str, Count] = {}
     oversize: Count = 0
-    packer: dict[str, Any] | None   # its shape depends on the packing (checked below)
+
+
+class ConcatSourceEntry(SourceEntry):
+    packer: ConcatPackerState | None
+
+
+class BestFitSourceEntry(SourceEntry):
+    packer: BestFitPackerState | None
 
 
 class LaneState(_Shape):
@@ -67,7 +77,19 @@ class LaneState(_Shape):
     batches: Count
     exhausted: Bit
     regime: str = Field(max_length=4096)
-    sources: dict[str, SourceEntry]
+
+
+class ConcatLaneState(LaneState):
+    sources: dict[str, ConcatSourceEntry]
+
+
+class BestFitLaneState(LaneState):
+    sources: dict[str, BestFitSourceEntry]
+
+
+# One validator call for all the lanes checked (the packer's shape follows the packing).
+_LANES = {"concat": TypeAdapter(dict[str, ConcatLaneState | None]),
+          "best_fit": TypeAdapter(dict[str, BestFitLaneState | None])}
 
 
 class Override(_Shape):
@@ -93,7 +115,7 @@ class Payload(_Shape):
     next_global: Count
     world_size: int = Field(ge=1, lt=1 << 31)
     rank: Count
-    lanes: dict[LaneKey, LaneState | None]
+    lanes: dict[LaneKey, Any]
     listing_skipped: dict[str, Count]
     global_tokens: Count = 0                   # position of global batch `next_global`
     schedule: dict[str, Any] | None = None     # points at or before it (schedule.py)
@@ -111,8 +133,11 @@ def _refuse(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> StateError:
                       f"{first['msg']}{more}")
 
 
-def check_payload(data: Any) -> None:
-    """Raise `StateError` unless `data` has the shape `Loader.state_dict()` writes."""
+def check_payload(data: Any, *, lanes: Iterable[int] | None = None) -> None:
+    """Raise `StateError` unless `data` has the shape `Loader.state_dict()` writes.
+
+    `lanes`: check only these lanes' states in depth (None: all of them).
+    """
     try:
         payload = Payload.model_validate(data)
     except ValidationError as exc:
@@ -120,21 +145,18 @@ def check_payload(data: Any) -> None:
     if payload.rank >= payload.world_size:
         raise StateError(f"loader state is damaged: rank {payload.rank} is outside world_size "
                          f"{payload.world_size}")
-    lanes = payload.fingerprint.stream.lanes
-    packer = BestFitPackerState if payload.fingerprint.stream.packing == "best_fit" else (
-        ConcatPackerState)
-    for key, lane in payload.lanes.items():
-        if int(key) >= lanes:
-            raise StateError(f"loader state is damaged: lane {key} of a {lanes}-lane recipe")
-        if lane is None:
-            continue
-        if lane.lane != int(key):
+    count = payload.fingerprint.stream.lanes
+    for key in payload.lanes:
+        if int(key) >= count:
+            raise StateError(f"loader state is damaged: lane {key} of a {count}-lane recipe")
+    keys = payload.lanes.keys() if lanes is None else [str(i) for i in lanes]
+    chosen = {k: payload.lanes[k] for k in keys if k in payload.lanes}
+    adapter = _LANES["best_fit" if payload.fingerprint.stream.packing == "best_fit" else "concat"]
+    try:
+        checked = adapter.validate_python(chosen)
+    except ValidationError as exc:
+        raise _refuse(exc, ("lanes",)) from None
+    for key, lane in checked.items():
+        if lane is not None and lane.lane != int(key):
             raise StateError(f"loader state is damaged: lane {key} holds the state of lane "
                              f"{lane.lane}")
-        for name, entry in lane.sources.items():
-            if entry.packer is None:
-                continue
-            try:
-                packer.model_validate(entry.packer)
-            except ValidationError as exc:
-                raise _refuse(exc, ("lanes", key, "sources", name, "packer")) from None

@@ -13,6 +13,7 @@ from helpers import corpus, doc_text, expected_counts, token_counts, write_docs
 
 import mixer
 from mixer.cli import main as cli_main
+from mixer.state import unpack
 
 
 def recipe_for(path, tokenizer_path, *, on_error="raise", epochs=1, lanes=2, **extra) -> dict:
@@ -117,7 +118,7 @@ def test_skips_in_lanes_that_never_yield_a_real_batch_are_counted(tmp_path, toke
         assert token_counts(got) == expected_counts(docs)
         assert len(got) < 4, "some lane's padding is never handed out (the case under test)"
         assert loader.metrics()["skipped"]["bad"] == 3 + 4 + 5
-        state = json.loads(loader.state_dict()["json"])
+        state = unpack(loader.state_dict())
         assert sum(lane["sources"]["bad"]["skipped"] for lane in state["lanes"].values()) == 12
 
 

@@ -11,6 +11,7 @@ import zstandard
 from helpers import corpus, doc_text, expected_counts, token_counts, write_docs
 
 import mixer
+from mixer.state import unpack
 
 
 def recipe_for(tmp_path, tokenizer_path, path, *, on_error="raise", **source) -> dict:
@@ -80,7 +81,7 @@ def test_skip_policy_skips_and_counts_in_metrics_and_state(tmp_path, tokenizer_p
     assert token_counts(got) == expected_counts(docs)
     metrics = loader.metrics()
     assert metrics["skipped"]["bad"] == 3  # two bad records and one empty shard
-    state = json.loads(loader.state_dict()["json"])
+    state = unpack(loader.state_dict())
     lanes = state["lanes"].values()
     assert sum(lane["sources"]["bad"]["skipped"] for lane in lanes) == 2
     assert state["listing_skipped"]["bad"] == 1

@@ -10,6 +10,7 @@ import torch
 from helpers import EOS_ID, PAD_ID, batch_digest, expected_counts, token_counts
 
 import mixer
+from mixer.state import unpack
 
 
 def take(loader, n: int) -> list[dict]:
@@ -72,7 +73,7 @@ def test_resume_across_epoch_boundaries_and_twice_in_a_row(three_sources):
         loader = mixer.build_loader(recipe, num_workers=1)
         loader.load_state_dict(states[-1])
         position = stop
-    epochs = [json.loads(states[-1]["json"])["lanes"][str(i)]["sources"]["web"]["packer"]
+    epochs = [unpack(states[-1])["lanes"][str(i)]["sources"]["web"]["packer"]
               ["stream"]["epoch"] for i in (0, 1, 2, 3)]
     assert max(epochs) >= 1, "the test must cross an epoch boundary"
 

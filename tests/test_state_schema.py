@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -12,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixer
-from mixer.state import pack
+from mixer.state import pack, unpack
 
 EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "60"))
 # CI runs a fixed sequence of examples (a random one may, rarely, miss one of the outcomes the
@@ -34,7 +33,7 @@ def saved(request, three_sources):
     loader = mixer.build_loader(recipe)
     take(loader, 3)
     state = loader.state_dict()
-    return mixer.build_loader(recipe), state, json.loads(state["json"])
+    return mixer.build_loader(recipe), state, unpack(state)
 
 
 def with_json(text: str) -> dict:
@@ -80,7 +79,7 @@ def test_nested_lane_packer_and_stream_states_are_checked(saved):
         "done": lambda lane_state, entry: entry["packer"]["stream"].pop("done"),
     }
     for name, edit in edits.items():
-        edited = json.loads(state["json"])
+        edited = unpack(state)
         lane_state = edited["lanes"][lane]
         edit(lane_state, lane_state["sources"][source])
         with pytest.raises(mixer.StateError, match=rf"\['lanes'\]\['{lane}'\].*'{name}'"):
@@ -100,7 +99,7 @@ def test_lane_keys_and_ranks_are_checked(saved):
         (lambda p: p["fingerprint"].update(stream={}), r"\['fingerprint'\]\['stream'\]"),
         (lambda p: p["fingerprint"]["sources"].update(prose=5), r"\['fingerprint'\]"),
     ]:
-        edited = json.loads(state["json"])
+        edited = unpack(state)
         edit(edited)
         with pytest.raises(mixer.StateError, match=message):
             loader.load_state_dict(pack(edited))
