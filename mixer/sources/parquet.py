@@ -17,6 +17,13 @@ def row_groups(storage, entry: FileEntry) -> list[int]:
         return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
 
 
+def _texts(column, start: int, step: int = 64) -> Iterator[tuple[int, object]]:
+    """(row, value) from `start`, converted to Python a few rows at a time: a paused reader
+    then holds the row group's Arrow buffer, not a second copy of it as Python strings."""
+    for first in range(start, len(column), step):
+        yield from enumerate(column.slice(first, step).to_pylist(), start=first)
+
+
 def read_parquet(*, storage, entry: FileEntry, split: Split, source: str, text_field: str,
                  max_bytes: int, index: int, offset: int) -> Iterator[Record]:
     """Records of one row group, from row `index` of that group."""
@@ -38,8 +45,7 @@ def read_parquet(*, storage, entry: FileEntry, split: Split, source: str, text_f
                             file=entry.url, location=f"row group {group}")
             yield Record(index, index, None, err)
             return
-    values = column.slice(index).to_pylist()
-    for row, text in enumerate(values, start=index):
+    for row, text in _texts(column, index):
         where = f"row group {group}, row {row}"
         if not isinstance(text, str):
             err = DataError(f"text field {text_field!r} is {type(text).__name__}, not a string",
