@@ -38,6 +38,8 @@ def recipe_for(corpus: Path, **overrides) -> dict:
                            "text_field": "content", "weight": 0.3},
                           {"name": "web", "path": str(corpus / "web" / "*.jsonl"),
                            "weight": 0.3}]}
+    if os.environ.get("SHUFFLE_BUDGET_BYTES"):   # compare budgets without editing the recipe
+        recipe["shuffle_budget_bytes"] = int(os.environ["SHUFFLE_BUDGET_BYTES"])
     recipe.update(overrides)
     return recipe
 
