@@ -39,7 +39,7 @@ class Lane:
                 table=table, lane=lane, lanes=recipe.lanes, seed=recipe.seed,
                 epochs=src.epochs, on_error=src.on_error, text_field=src.chosen_text_field,
                 storage_options=src.storage_options, window_docs=recipe.shuffle_window,
-                window_bytes=recipe.shuffle_window_bytes,
+                window_bytes=recipe.window_bytes,
                 max_document_bytes=recipe.max_document_bytes, encode=encoder,
                 block_size=block_size,
                 documents=self.layout.document_builder(encoder, src.name),

@@ -239,6 +239,10 @@ class Recipe(_Frozen):
                                 description="Documents per shuffle window.")
     shuffle_window_bytes: Int = Field(default=64 << 20, ge=1, le=MAX_BYTES_SETTING,
                                       description="A window also ends at this many text bytes.")
+    shuffle_budget_bytes: Int = Field(
+        default=64 << 20, ge=1 << 16, le=MAX_BYTES_SETTING,
+        description="Text bytes of all shuffle windows together (every lane and source): each "
+        "(lane, source) window ends at an equal share, so a worker's windows never hold more.")
     split_bytes: Int = Field(default=64 << 20, ge=1, le=MAX_BYTES_SETTING,
                              description="Target size of byte-range splits of plain jsonl.")
     max_document_bytes: Int = Field(default=64 << 20, ge=1, le=MAX_BYTES_SETTING,
@@ -347,6 +351,14 @@ class Recipe(_Frozen):
         if self.schedule is not None:
             return self.schedule.weights_at(self.names, tokens)
         return normalize([s.weight or 0.0 for s in self.sources])
+
+    @property
+    def window_bytes(self) -> int:
+        """Text bytes at which a (lane, source) shuffle window ends: `shuffle_window_bytes`,
+        or the window's equal share of `shuffle_budget_bytes` when smaller. Depends on recipe
+        values only (never on ranks or workers), so the stream stays topology-independent."""
+        share = self.shuffle_budget_bytes // (self.lanes * len(self.sources))
+        return max(1, min(self.shuffle_window_bytes, share))
 
     @property
     def finite(self) -> bool:

@@ -24,8 +24,8 @@ from mixer.tokenize import TokenizerInfo
 STATE_FORMAT = "mixer.loader"
 STATE_VERSION = 3   # 3: lanes encoded column by column
 _STREAM_FIELDS = ("seed", "seq_len", "lanes", "packing", "pack_window", "shuffle_window",
-                  "shuffle_window_bytes", "split_bytes", "max_document_bytes",
-                  "mask_document_boundaries")
+                  "shuffle_window_bytes", "shuffle_budget_bytes", "split_bytes",
+                  "max_document_bytes", "mask_document_boundaries")
 
 
 def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTable]) -> dict:

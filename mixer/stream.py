@@ -25,7 +25,10 @@ from mixer.sources import FORMATS, EncodedImage, Record, SourceTable, Storage, r
 from mixer.tokenize.cache import TokenCache
 
 STATE_KEYS = ("epoch", "window", "slot", "index", "offset", "pos", "skipped", "done")
-_TOKENIZE_CHUNK = 64
+_TOKENIZE_CHUNK = 64          # documents per tokenizer call, at most
+# Text per tokenizer call: enough documents to keep the tokenizer's threads busy, few enough
+# that a lane's first rows wait for ~10k tokens rather than 64 documents of every source.
+_TOKENIZE_BYTES = 32 << 10
 _EMPTY_EPOCH_LIMIT = 64  # consecutive empty epochs after which a lane's source counts as empty
 
 
@@ -416,19 +419,33 @@ class SourceStream:
             out[i - start] = item
         return out
 
+    def _chunk_stop(self, win: _Window, start: int) -> int:
+        """End of the tokenizer chunk at `start`: up to `_TOKENIZE_CHUNK` documents and, for
+        text, until `_TOKENIZE_BYTES` of it (image documents keep whole 64-document chunks)."""
+        stop = min(start + _TOKENIZE_CHUNK, len(win.texts))
+        if self.documents is not None:
+            return stop
+        size = 0
+        for i in range(start, stop):
+            size += len(win.texts[i])
+            if size >= _TOKENIZE_BYTES:
+                return i + 1
+        return stop
+
     def _tokenize_from(self, win: _Window, start: int) -> None:
         """Tokens for the chunk at `start`, then start encoding the following chunk."""
-        stop = min(start + _TOKENIZE_CHUNK, len(win.texts))
         if win.ahead is not None and win.ahead[0] == start:
-            win.tokens[start:stop] = win.ahead[1].result()
+            encoded = win.ahead[1].result()
         else:
-            win.tokens[start:stop] = self._encode(win, start, stop)
+            encoded = self._encode(win, start, self._chunk_stop(win, start))
+        stop = start + len(encoded)
+        win.tokens[start:stop] = encoded
         win.ahead = None
         for i in range(start, stop):
             win.texts[i] = ""  # free the text once tokenized
             if win.images is not None:
                 win.images[i] = ()
-        following = min(stop + _TOKENIZE_CHUNK, len(win.texts))
+        following = self._chunk_stop(win, stop)
         if stop < following and any(isinstance(win.texts[i], str)
                                     for i in range(stop, following)):   # else nothing to encode
             win.ahead = (stop, _tokenizer_thread().submit(self._encode, win, stop, following))

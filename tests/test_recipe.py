@@ -251,3 +251,22 @@ def test_cli_validate_prints_no_traceback_for_bad_files(tmp_path, capsys):
         assert err.startswith("error: ") and "Traceback" not in err
     assert main(["validate", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read recipe" in capsys.readouterr().err
+
+
+@given(lanes=st.integers(1, 4096), budget=st.integers(1 << 16, 1 << 40),
+       window=st.integers(1, 1 << 40))
+def test_window_bytes_is_an_equal_share_of_the_shuffle_budget(lanes, budget, window):
+    """Each (lane, source) window gets at most its share of the budget, so all windows
+    together never exceed it; the share depends on recipe values only (no topology)."""
+    recipe = mixer.load_recipe(base(lanes=lanes, shuffle_budget_bytes=budget,
+                                    shuffle_window_bytes=window))
+    streams = lanes * len(recipe.sources)
+    assert 1 <= recipe.window_bytes <= window
+    assert recipe.window_bytes * streams <= max(budget, streams)
+    if window <= budget // streams:
+        assert recipe.window_bytes == window
+
+
+def test_shuffle_budget_below_64_kib_is_refused():
+    with pytest.raises(mixer.RecipeError, match="shuffle_budget_bytes"):
+        mixer.load_recipe(base(shuffle_budget_bytes=1000))

@@ -56,7 +56,7 @@ def _stream(recipe, tables, encoder, index: int = 0, lane: int = 1) -> SourceStr
     return SourceStream(table=tables[index], lane=lane, lanes=recipe.lanes, seed=recipe.seed,
                         epochs=src.epochs, on_error=src.on_error, text_field=src.text_field,
                         storage_options={}, window_docs=recipe.shuffle_window,
-                        window_bytes=recipe.shuffle_window_bytes,
+                        window_bytes=recipe.window_bytes,
                         max_document_bytes=recipe.max_document_bytes, encode=encoder)
 
 

@@ -15,6 +15,9 @@ from mixer.errors import DataError
 from mixer.sources.base import FileEntry, Record, Split
 
 _CHUNK = 1 << 20
+# Compressed bytes decompressed at a time: a paused zstd reader (one per lane and source)
+# then holds ~4× this much text, not the ~4 MB a 1 MB input chunk decompresses to.
+_ZSTD_INPUT = 64 << 10
 
 
 def _read_line(stream: IO[bytes], max_bytes: int) -> tuple[bytes | None, int]:
@@ -142,13 +145,15 @@ class _ZstdStream(io.RawIOBase):
         self._obj = self._dctx.decompressobj()
         self._in_frame = False
         self._out = b""
+        self._at = 0   # bytes of `_out` already handed out (no copy of the rest per read)
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:  # type: ignore[override]
-        while not self._out:
-            chunk = self._raw.read(_CHUNK)
+        while self._at >= len(self._out):
+            self._out, self._at = b"", 0
+            chunk = self._raw.read(_ZSTD_INPUT)
             if not chunk:
                 if self._in_frame:
                     raise zstandard.ZstdError("file ends inside a zstd frame (truncated)")
@@ -161,14 +166,14 @@ class _ZstdStream(io.RawIOBase):
                 chunk = self._obj.unused_data  # the next frame starts here
                 self._obj = self._dctx.decompressobj()
                 self._in_frame = False
-        size = min(len(buffer), len(self._out))
-        buffer[:size] = self._out[:size]
-        self._out = self._out[size:]
+        size = min(len(buffer), len(self._out) - self._at)
+        buffer[:size] = memoryview(self._out)[self._at:self._at + size]
+        self._at += size
         return size
 
 
 def _zstd(raw: IO[bytes]) -> IO[bytes]:
-    return io.BufferedReader(_ZstdStream(raw), buffer_size=_CHUNK)
+    return io.BufferedReader(_ZstdStream(raw), buffer_size=_ZSTD_INPUT)
 
 
 def read_jsonl_gz(*, split: Split, **kw) -> Iterator[Record]:
