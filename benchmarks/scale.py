@@ -161,6 +161,9 @@ def long_run_payload(payload: dict) -> dict:
         for entry in lane["sources"].values():
             entry["tokens"] = rng.randrange(10**7, 10**8)
             entry["mix"] = entry["tokens"] - rng.randrange(2048)
+            entry["deficit"] = rng.randrange(-2048000, 2048000)
+            entry["documents"] = rng.randrange(10**5, 10**6)
+            entry["epochs"] = round(rng.uniform(0, 3), 4)
             packer = entry["packer"] or {"offset": 0, "exhausted": 0, "stream": {
                 "epoch": 0, "window": 0, "slot": 0, "index": 0, "offset": 0, "pos": 0,
                 "skipped": 0, "done": 0}}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mixer.batch import Batch, BatchLayout, layout_for
 from mixer.errors import StateError
-from mixer.mix import choose_source, grow_targets
+from mixer.mix import TARGET_SCALE, choose_source, grow_targets
 from mixer.recipe import Recipe
 from mixer.schedule import WeightPlan
 from mixer.sources import SourceTable
@@ -58,7 +58,7 @@ class Lane:
 
     def fresh_state(self) -> dict:
         return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": 0, "regime": "",
-                "sources": {name: {"tokens": 0, "mix": 0, "target": 0.0, "documents": 0,
+                "sources": {name: {"tokens": 0, "mix": 0, "deficit": 0, "documents": 0,
                                    "packer": None} for name in self.names}}
 
     def load_state_dict(self, state: dict | None) -> None:
@@ -79,7 +79,8 @@ class Lane:
                 self.regime = ""
             self.tokens.append(entry["tokens"])
             self.mix.append(entry["mix"])
-            self.target.append(float(entry["target"]))
+            # Saved as the deficit (target - mix, milli-tokens): about a row at most, so short.
+            self.target.append(entry["deficit"] + TARGET_SCALE * entry["mix"])
             self.documents.append(entry["documents"])
             packer.load_state_dict(entry["packer"])
 
@@ -89,8 +90,9 @@ class Lane:
         for i, (name, packer) in enumerate(zip(self.names, self.packers)):
             stream = packer.stream
             sources[name] = {"tokens": self.tokens[i], "mix": self.mix[i],
-                             "target": self.target[i], "documents": self.documents[i],
-                             "skipped": stream.skipped, "epochs": round(stream.progress(), 6),
+                             "deficit": self.target[i] - TARGET_SCALE * self.mix[i],
+                             "documents": self.documents[i],
+                             "skipped": stream.skipped, "epochs": round(stream.progress(), 4),
                              "packer": packer.state_dict()}
             reasons = stream.skipped_reasons
             if reasons:
@@ -118,7 +120,7 @@ class Lane:
         if regime != self.regime:   # a new stretch: its counters start from zero
             self.regime = regime
             self.mix = [0] * len(self.mix)
-            self.target = [0.0] * len(self.target)
+            self.target = [0] * len(self.target)
         arrays = self.layout.new_rows(batch_size)
         rows: list[Row | None] = [None] * batch_size
         budget = self.layout.budget()

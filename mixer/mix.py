@@ -18,11 +18,13 @@ of a rank with one lane, so it is not done.
 
 from __future__ import annotations
 
+TARGET_SCALE = 1000   # targets are whole milli-tokens: exact integers in the state
 
-def choose_source(weights: list[float], counters: list[int], targets: list[float],
+
+def choose_source(weights: list[float], counters: list[int], targets: list[int],
                   active: list[bool], row_tokens: int) -> int | None:
     """Index of the active, positively weighted source with the largest deficit after one
-    more row of `row_tokens`, or None when there is none."""
+    more row of `row_tokens`, or None when there is none. `targets` are in milli-tokens."""
     total_weight = sum(w for w, a in zip(weights, active) if a)
     if total_weight <= 0:
         return None
@@ -31,18 +33,19 @@ def choose_source(weights: list[float], counters: list[int], targets: list[float
             zip(weights, counters, targets, active)):
         if not is_active or weight <= 0:
             continue
-        deficit = target + weight / total_weight * row_tokens - count
+        deficit = target / TARGET_SCALE + weight / total_weight * row_tokens - count
         if best is None or deficit > best_deficit:
             best, best_deficit = i, deficit
     return best
 
 
-def grow_targets(targets: list[float], weights: list[float], active: list[bool],
+def grow_targets(targets: list[int], weights: list[float], active: list[bool],
                  tokens: int) -> None:
-    """Add a drawn row's `tokens` to the active sources' targets, shared by weight."""
+    """Add a drawn row's `tokens` to the active sources' targets, shared by weight (whole
+    milli-tokens, so a saved state holds them exactly and compactly)."""
     total_weight = sum(w for w, a in zip(weights, active) if a)
     if total_weight <= 0:
         return
     for i, (weight, is_active) in enumerate(zip(weights, active)):
         if is_active:
-            targets[i] += weight / total_weight * tokens
+            targets[i] += round(weight / total_weight * tokens * TARGET_SCALE)

@@ -55,7 +55,7 @@ class BestFitPackerState(_Shape):
 class SourceEntry(_Shape):
     tokens: Count
     mix: Count
-    target: Annotated[float, Field(ge=0, strict=False)]
+    deficit: Annotated[int, Field(gt=-(1 << 63), lt=1 << 63)]   # target - mix, milli-tokens
     documents: Count
     skipped: Count
     epochs: Annotated[float, Field(ge=0, strict=False)] = 0.0

@@ -18,7 +18,7 @@ def _worst_rank_error(weights: list[float], lanes: int, world: int, batch: int,
     for rank in range(world):
         mine = list(range(rank, lanes, world))
         state = {lane: [0] * len(weights) for lane in mine}
-        targets = {lane: [0.0] * len(weights) for lane in mine}
+        targets = {lane: [0] * len(weights) for lane in mine}
         active = [True] * len(weights)
         counts, total = [0] * len(weights), 0
         threshold = 25 * len(mine) * batch
