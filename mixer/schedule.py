@@ -13,10 +13,11 @@ row (see mix.py).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from mixer.errors import StateError
-from mixer.recipe import Recipe, normalize
+from mixer.recipe import Recipe
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,19 @@ class Override:
         if unknown:
             raise StateError(f"the state's set_weights override names sources {unknown} that "
                              "the recipe no longer has")
-        return cls(int(data["global"]), tuple(normalize([weights.get(n, 0.0) for n in names])))
+        # Saved already normalized: normalizing again would move them by a rounding step and
+        # the deficit rule could break a tie the other way after the resume.
+        restored = tuple(float(weights.get(n, 0.0)) for n in names)
+        if not abs(sum(restored) - 1) < 1e-6:
+            raise StateError(f"loader state is damaged at ['override']['weights']: they sum "
+                             f"to {sum(restored):g}, not 1")
+        return cls(int(data["global"]), restored)
+
+
+def _digest(weights: list[float]) -> str:
+    """A short name for a set of weights (a regime key must not grow with the sources)."""
+    text = ",".join(f"{w:.9g}" for w in weights)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -69,12 +82,12 @@ class WeightPlan:
         tokens = self.tokens_at(g)
         if schedule is None:
             weights = self.recipe.weights
-            return "fixed:" + ",".join(f"{w:.9g}" for w in weights), weights
+            return "fixed:" + _digest(weights), weights
         weights = schedule.weights_at(self.names, tokens)
         if schedule.interpolate == "linear":
             return "linear", weights
         index = schedule.point_index(tokens)
-        return f"step{index}:" + ",".join(f"{w:.9g}" for w in weights), weights
+        return f"step{index}:" + _digest(weights), weights
 
     def final(self, g: int) -> bool:
         """True when the weights from global batch g on can no longer change by themselves
