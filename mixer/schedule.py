@@ -89,13 +89,16 @@ class WeightPlan:
         index = schedule.point_index(tokens)
         return f"step{index}:" + _digest(weights), weights
 
-    def final(self, g: int) -> bool:
-        """True when the weights from global batch g on can no longer change by themselves
-        (no later schedule point; a `set_weights` call still can)."""
+    def may_draw_later(self, g: int, active: list[bool]) -> bool:
+        """True when a schedule point after global batch g gives an `active` source a positive
+        weight (a `set_weights` call still can, whatever this says)."""
         schedule = self.recipe.schedule
         if schedule is None or (self.override is not None and g >= self.override.at_global):
-            return True
-        return self.tokens_at(g) >= schedule.points[-1].at_tokens
+            return False
+        tokens = self.tokens_at(g)
+        live = [n for n, a in zip(self.names, active) if a]
+        return any(p.at_tokens > tokens and any(p.weights.get(n, 0) > 0 for n in live)
+                   for p in schedule.points)
 
 
 def schedule_snapshot(recipe: Recipe, tokens: int) -> dict | None:

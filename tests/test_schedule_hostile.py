@@ -3,9 +3,11 @@ written as a new user would call them: each asserts a promise the contract makes
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -358,3 +360,71 @@ def test_a_state_with_damaged_override_weights_is_refused(data, weights):
     state["json"] = json.dumps(payload)
     with pytest.raises(StateError, match="override"):
         mixer.build_loader(recipe(data)).load_state_dict(state)
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    def expire(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.xfail(strict=True, raises=TimeoutError, reason="a finite run whose remaining "
+                   "sources weigh 0 until a far later point produces (and holds back) padding "
+                   "batches until that point: 10^12 tokens away it spins for ever")
+def test_finite_run_does_not_spin_until_a_far_point(data):
+    schedule = {"points": [{"at_tokens": 0, "weights": {"prose": 1, "web": 1}},
+                           {"at_tokens": 10 * BATCH_TOKENS, "weights": {"prose": 1}},
+                           {"at_tokens": 10**12, "weights": {"web": 1, "code": 1}}]}
+    loader = mixer.build_loader(finite(recipe(data, schedule)))
+    with time_limit(5):
+        for _ in loader:
+            pass
+
+
+@pytest.mark.parametrize("world, workers", [(2, 0), (2, 2), (4, 0)])
+def test_set_weights_on_every_rank_at_one_step_matches_one_rank(shared, world, workers):
+    r = recipe(shared, {"interpolate": "linear", "points": [
+        {"at_tokens": 0, "weights": {"prose": 1}},
+        {"at_tokens": 40 * BATCH_TOKENS, "weights": {"web": 1, "code": 1}}]})
+    calls = {4: {"code": 1, "prose": 2}, 8: {"web": 1}}      # per-rank step → weights
+
+    def stream(world, workers):
+        out: list[str | None] = [None] * (12 * world)
+        for rank in range(world):
+            loader = mixer.build_loader(r, rank=rank, world_size=world, num_workers=workers)
+            it = iter(loader)
+            for step in range(12):
+                if step in calls:
+                    loader.set_weights(calls[step])
+                out[step * world + rank] = batch_digest(next(it))
+            loader.close()
+        return out
+
+    one: list[str] = []
+    loader = mixer.build_loader(r)
+    it = iter(loader)
+    for g in range(12 * world):
+        if g % world == 0 and g // world in calls:
+            loader.set_weights(calls[g // world])
+        one.append(batch_digest(next(it)))
+    loader.close()
+    assert stream(world, workers) == one
+
+
+def test_finite_run_ends_when_no_later_point_weighs_a_remaining_source(data):
+    # prose runs out; web and code weigh 0 at every later point: nothing can be drawn again
+    schedule = {"interpolate": "linear", "points": [
+        {"at_tokens": 0, "weights": {"prose": 1, "web": 1}},
+        {"at_tokens": 10 * BATCH_TOKENS, "weights": {"prose": 1}},
+        {"at_tokens": 10**12, "weights": {"prose": 2}}]}
+    loader = mixer.build_loader(finite(recipe(data, schedule)))
+    with time_limit(20):
+        list(loader)
+    assert loader.metrics()["epochs"]["prose"] == 1.0
