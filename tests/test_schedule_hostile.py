@@ -428,3 +428,16 @@ def test_finite_run_ends_when_no_later_point_weighs_a_remaining_source(data):
     with time_limit(20):
         list(loader)
     assert loader.metrics()["epochs"]["prose"] == 1.0
+
+
+def test_set_weights_naming_only_a_spent_capped_source_says_so(data):
+    r = recipe(data)
+    r["sources"][0]["epochs"] = 1       # prose capped, code and web unlimited
+    loader = mixer.build_loader(r)
+    it = iter(loader)
+    for _ in it:
+        if loader.metrics()["epochs"]["prose"] >= 1:
+            break
+    loader.set_weights({"prose": 1})
+    with time_limit(20), pytest.raises(mixer.DataError, match="weighs 0.*set_weights"):
+        list(itertools.islice(it, 10_000))
