@@ -14,6 +14,7 @@ row (see mix.py).
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 
 from mixer.errors import StateError
@@ -101,11 +102,20 @@ class WeightPlan:
                    for p in schedule.points)
 
 
+def _point_digest(point: list) -> str:
+    """A short digest of one point, `[at_tokens, {name: weight}]`: a state holds one per point
+    passed, so its size does not grow with the sources."""
+    at, weights = point
+    text = json.dumps([int(at), {n: float(w) for n, w in sorted(weights.items())}])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def schedule_snapshot(recipe: Recipe, tokens: int) -> dict | None:
-    """The schedule's points at or before `tokens` (what a resume must find unchanged)."""
+    """Digests of the schedule's points at or before `tokens` (what a resume must find
+    unchanged)."""
     if recipe.schedule is None:
         return None
-    points = [[int(p.at_tokens), dict(sorted(p.weights.items()))]
+    points = [_point_digest([p.at_tokens, p.weights])
               for p in recipe.schedule.points if p.at_tokens <= tokens]
     return {"interpolate": recipe.schedule.interpolate, "points": points}
 
@@ -123,11 +133,18 @@ def check_schedule(saved: dict | None, recipe: Recipe, tokens: int) -> None:
     if saved["interpolate"] != now["interpolate"] and tokens > 0:
         raise StateError(f"cannot resume: schedule.interpolate changed from "
                          f"{saved['interpolate']!r} to {now['interpolate']!r}")
-    for i in range(max(len(saved["points"]), len(now["points"]))):
-        old = saved["points"][i] if i < len(saved["points"]) else None
+    # (states written before the digests held the points themselves)
+    was = [p if isinstance(p, str) else _point_digest(p) for p in saved["points"]]
+    points = recipe.schedule.points if recipe.schedule is not None else []
+    for i in range(max(len(was), len(now["points"]))):
+        old = was[i] if i < len(was) else None
         new = now["points"][i] if i < len(now["points"]) else None
         if old != new:
+            what = ("was removed" if new is None else "was added" if old is None else
+                    "changed")
+            current = (f"; it is now at_tokens {points[i].at_tokens:g}, weights "
+                       f"{dict(points[i].weights)}" if new is not None else "")
             raise StateError(
-                f"cannot resume: schedule.points[{i}] changed at or before the checkpoint's "
-                f"position (global token {tokens:,}): was {old}, now {new}; only points "
-                "after it may be edited, added or removed")
+                f"cannot resume: schedule.points[{i}] {what} at or before the checkpoint's "
+                f"position (global token {tokens:,}){current}; only points after it may be "
+                "edited, added or removed")

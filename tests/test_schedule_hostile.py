@@ -441,3 +441,45 @@ def test_set_weights_naming_only_a_spent_capped_source_says_so(data):
     loader.set_weights({"prose": 1})
     with time_limit(20), pytest.raises(mixer.DataError, match="weighs 0.*set_weights"):
         list(itertools.islice(it, 10_000))
+
+
+def test_state_size_does_not_grow_with_the_schedule_points_passed(shared):
+    def size_after(points: int, sources_named: int) -> int:
+        names = NAMES[:sources_named]
+        pts = [{"at_tokens": i * 8, "weights": {n: 1 + (i * 7 + k) % 5 * 0.123456789
+                                                 for k, n in enumerate(names)}}
+               for i in range(points)]
+        loader = mixer.build_loader(recipe(shared, {"interpolate": "linear", "points": pts}))
+        list(itertools.islice(loader, points * 8 // BATCH_TOKENS + 1))   # past every point
+        return len(json.dumps(loader.state_dict()))
+
+    base = size_after(1, 3)
+    # a 2000-point schedule: a few bytes per point passed, not its weights
+    assert size_after(2000, 3) - base < 2000 * 20
+    assert size_after(2000, 3) - size_after(2000, 1) < 2000   # not per point and source
+
+
+def test_an_edited_passed_point_is_named(data):
+    schedule = {"points": [{"at_tokens": 0, "weights": {"prose": 1}},
+                           {"at_tokens": 64, "weights": {"web": 1}},
+                           {"at_tokens": 6400, "weights": {"code": 1}}]}
+    loader = mixer.build_loader(recipe(data, schedule))
+    list(itertools.islice(loader, 3))
+    state = loader.state_dict()
+    for points, message in [
+            ([schedule["points"][0], {"at_tokens": 64, "weights": {"web": 2}}],
+             r"schedule.points\[1\] changed"),
+            ([schedule["points"][0]], r"schedule.points\[1\] was removed"),
+            ([schedule["points"][0], {"at_tokens": 32, "weights": {"code": 1}},
+              *schedule["points"][1:]], r"schedule.points\[1\] changed"),
+            (schedule["points"][:2] + [{"at_tokens": 65, "weights": {"prose": 1}}],
+             r"schedule.points\[2\] was added")]:
+        with pytest.raises(StateError, match=message):
+            mixer.build_loader(recipe(data, {"points": points})).load_state_dict(state)
+    edited = schedule["points"][:2] + [{"at_tokens": 640, "weights": {"prose": 1}}]
+    mixer.build_loader(recipe(data, {"points": edited})).load_state_dict(state)   # allowed
+    # a state written when the snapshot held the points themselves still resumes
+    payload = json.loads(state["json"])
+    payload["schedule"]["points"] = [[0, {"prose": 1.0}], [64, {"web": 1.0}]]
+    old = {**state, "json": json.dumps(payload)}
+    mixer.build_loader(recipe(data, schedule)).load_state_dict(old)
