@@ -483,3 +483,52 @@ def test_an_edited_passed_point_is_named(data):
     payload["schedule"]["points"] = [[0, {"prose": 1.0}], [64, {"web": 1.0}]]
     old = {**state, "json": json.dumps(payload)}
     mixer.build_loader(recipe(data, schedule)).load_state_dict(old)
+
+
+calls_strategy = st.dictionaries(
+    st.integers(0, 9),
+    st.dictionaries(st.sampled_from(NAMES), st.sampled_from([0.0, 0.25, 1.0, 3.0]),
+                    min_size=1).filter(lambda w: any(w.values())),
+    max_size=4)
+
+
+@FUZZ
+@given(calls=calls_strategy, stop=st.integers(0, 10), workers=st.sampled_from([0, 2]),
+       world=st.sampled_from([1, 2]), schedule=st.one_of(st.none(), schedules()))
+def test_random_set_weights_calls_resume_elastically(shared, calls, stop, workers, world,
+                                                     schedule):
+    """set_weights at random global steps (of a one-rank run), checkpoint on `world` ranks
+    at a random step, merge, resume on one rank: the global stream is the uninterrupted one."""
+    r = recipe(shared, schedule)
+    total = 12
+    calls = {k * world: w for k, w in calls.items()}   # every rank calls at the same step
+
+    def one_rank(start_state=None, start=0):
+        loader = mixer.build_loader(r, num_workers=workers)
+        if start_state is not None:
+            loader.load_state_dict(start_state)
+        it, out = iter(loader), []
+        for g in range(start, total):
+            if g in calls:
+                loader.set_weights(calls[g])
+            out.append(batch_digest(next(it)))
+        loader.close()
+        return out
+
+    full = one_rank()
+    stop -= stop % world
+    states = []
+    for rank in range(world):
+        loader = mixer.build_loader(r, rank=rank, world_size=world)
+        it = iter(loader)
+        for step in range(stop // world):
+            if step * world in calls:   # a rank step starts at global batch step · world
+                loader.set_weights(calls[step * world])
+            assert batch_digest(next(it)) == full[step * world + rank]
+        if stop in calls:
+            loader.set_weights(calls[stop])
+        states.append(loader.state_dict())
+        loader.close()
+    merged = mixer.merge_states(states) if world > 1 else states[0]
+    calls = {g: w for g, w in calls.items() if g != stop}   # already made before the save
+    assert one_rank(json.loads(json.dumps(merged)), stop) == full[stop:]
