@@ -7,8 +7,8 @@ position. A `set_weights` call overrides the schedule from its global batch on.
 
 Each global batch falls in a *regime*: a stretch whose counters the deficit rule shares. A
 step schedule's point, a `set_weights` call and fixed weights each start a regime (the lane's
-mixing counters restart there); a linear schedule is one regime whose targets move with every
-row (see mix.py).
+mixing counters restart there); a linear schedule is one regime whose weights move from batch
+to batch (each batch follows the weights at its first token; see mix.py).
 """
 
 from __future__ import annotations
