@@ -149,8 +149,8 @@ class Lane:
                 break
             if choice is None:
                 break
-        if all(r is None for r in rows) and not self.exhausted and self.plan.final(
-                self._global_batch()):
+        if all(r is None for r in rows) and not self.exhausted and not self.plan.may_draw_later(
+                self._global_batch(), [not p.exhausted for p in self.packers]):
             # Only sources weighing 0 from here on are left: nothing will be drawn again.
             self.starved = True
         self.batches += 1

@@ -300,6 +300,15 @@ class Loader:
         were held back, so their skipped records count in `metrics()` and the state."""
         self._lane_states.update(pending)
         if not self.recipe.finite:
+            _, weights = self._plan.at(self.next_global_batch)
+            if not any(w > 0 and src.epochs is None
+                       for w, src in zip(weights, self.recipe.sources)):
+                drawn = [n for n, w in zip(self.recipe.names, weights) if w > 0]
+                raise DataError(
+                    f"rank {self.rank}'s lanes {self.own_lanes()} have nothing left to draw: "
+                    f"the sources weighted from here on ({', '.join(drawn)}) are capped and "
+                    "ran out, and every unlimited source weighs 0 (set_weights or the "
+                    "schedule); give an unlimited source a positive weight")
             raise DataError(
                 f"the recipe has unlimited sources but rank {self.rank}'s lanes "
                 f"{self.own_lanes()} ran out of documents of every source (each source has "

@@ -310,13 +310,14 @@ class Recipe(_Frozen):
                 raise ValueError(f"schedule.points[{i}].at_tokens: {point.at_tokens:g} is not "
                                  f"after points[{i - 1}].at_tokens ({points[i - 1].at_tokens:g})"
                                  "; points must be strictly increasing")
-            if not any(w > 0 for w in point.weights.values()):
-                raise ValueError(f"schedule.points[{i}].weights: every weight is 0 (at least "
-                                 "one source must have a positive weight)")
             for name, weight in point.weights.items():
                 if weight < 0:
                     raise ValueError(f"schedule.points[{i}].weights.{name}: weight {weight:g} "
                                      "is negative")
+            if not any(w > 0 for w in point.weights.values()):
+                raise ValueError(f"schedule.points[{i}].weights: every weight is 0 (at least "
+                                 "one source must have a positive weight)")
+            for name in point.weights:
                 if name not in names:
                     raise ValueError(f"schedule.points[{i}].weights.{name}: unknown source "
                                      f"{name!r}; sources: {', '.join(sorted(names))}")

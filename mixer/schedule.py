@@ -7,16 +7,18 @@ position. A `set_weights` call overrides the schedule from its global batch on.
 
 Each global batch falls in a *regime*: a stretch whose counters the deficit rule shares. A
 step schedule's point, a `set_weights` call and fixed weights each start a regime (the lane's
-mixing counters restart there); a linear schedule is one regime whose targets move with every
-row (see mix.py).
+mixing counters restart there); a linear schedule is one regime whose weights move from batch
+to batch (each batch follows the weights at its first token; see mix.py).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 
 from mixer.errors import StateError
-from mixer.recipe import Recipe, normalize
+from mixer.recipe import Recipe
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,19 @@ class Override:
         if unknown:
             raise StateError(f"the state's set_weights override names sources {unknown} that "
                              "the recipe no longer has")
-        return cls(int(data["global"]), tuple(normalize([weights.get(n, 0.0) for n in names])))
+        # Saved already normalized: normalizing again would move them by a rounding step and
+        # the deficit rule could break a tie the other way after the resume.
+        restored = tuple(float(weights.get(n, 0.0)) for n in names)
+        if not abs(sum(restored) - 1) < 1e-6:
+            raise StateError(f"loader state is damaged at ['override']['weights']: they sum "
+                             f"to {sum(restored):g}, not 1")
+        return cls(int(data["global"]), restored)
+
+
+def _digest(weights: list[float]) -> str:
+    """A short name for a set of weights (a regime key must not grow with the sources)."""
+    text = ",".join(f"{w:.9g}" for w in weights)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -69,27 +83,39 @@ class WeightPlan:
         tokens = self.tokens_at(g)
         if schedule is None:
             weights = self.recipe.weights
-            return "fixed:" + ",".join(f"{w:.9g}" for w in weights), weights
+            return "fixed:" + _digest(weights), weights
         weights = schedule.weights_at(self.names, tokens)
         if schedule.interpolate == "linear":
             return "linear", weights
         index = schedule.point_index(tokens)
-        return f"step{index}:" + ",".join(f"{w:.9g}" for w in weights), weights
+        return f"step{index}:" + _digest(weights), weights
 
-    def final(self, g: int) -> bool:
-        """True when the weights from global batch g on can no longer change by themselves
-        (no later schedule point; a `set_weights` call still can)."""
+    def may_draw_later(self, g: int, active: list[bool]) -> bool:
+        """True when a schedule point after global batch g gives an `active` source a positive
+        weight (a `set_weights` call still can, whatever this says)."""
         schedule = self.recipe.schedule
         if schedule is None or (self.override is not None and g >= self.override.at_global):
-            return True
-        return self.tokens_at(g) >= schedule.points[-1].at_tokens
+            return False
+        tokens = self.tokens_at(g)
+        live = [n for n, a in zip(self.names, active) if a]
+        return any(p.at_tokens > tokens and any(p.weights.get(n, 0) > 0 for n in live)
+                   for p in schedule.points)
+
+
+def _point_digest(point: list) -> str:
+    """A short digest of one point, `[at_tokens, {name: weight}]`: a state holds one per point
+    passed, so its size does not grow with the sources."""
+    at, weights = point
+    text = json.dumps([int(at), {n: float(w) for n, w in sorted(weights.items())}])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def schedule_snapshot(recipe: Recipe, tokens: int) -> dict | None:
-    """The schedule's points at or before `tokens` (what a resume must find unchanged)."""
+    """Digests of the schedule's points at or before `tokens` (what a resume must find
+    unchanged)."""
     if recipe.schedule is None:
         return None
-    points = [[int(p.at_tokens), dict(sorted(p.weights.items()))]
+    points = [_point_digest([p.at_tokens, p.weights])
               for p in recipe.schedule.points if p.at_tokens <= tokens]
     return {"interpolate": recipe.schedule.interpolate, "points": points}
 
@@ -107,11 +133,18 @@ def check_schedule(saved: dict | None, recipe: Recipe, tokens: int) -> None:
     if saved["interpolate"] != now["interpolate"] and tokens > 0:
         raise StateError(f"cannot resume: schedule.interpolate changed from "
                          f"{saved['interpolate']!r} to {now['interpolate']!r}")
-    for i in range(max(len(saved["points"]), len(now["points"]))):
-        old = saved["points"][i] if i < len(saved["points"]) else None
+    # (states written before the digests held the points themselves)
+    was = [p if isinstance(p, str) else _point_digest(p) for p in saved["points"]]
+    points = recipe.schedule.points if recipe.schedule is not None else []
+    for i in range(max(len(was), len(now["points"]))):
+        old = was[i] if i < len(was) else None
         new = now["points"][i] if i < len(now["points"]) else None
         if old != new:
+            what = ("was removed" if new is None else "was added" if old is None else
+                    "changed")
+            current = (f"; it is now at_tokens {points[i].at_tokens:g}, weights "
+                       f"{dict(points[i].weights)}" if new is not None else "")
             raise StateError(
-                f"cannot resume: schedule.points[{i}] changed at or before the checkpoint's "
-                f"position (global token {tokens:,}): was {old}, now {new}; only points "
-                "after it may be edited, added or removed")
+                f"cannot resume: schedule.points[{i}] {what} at or before the checkpoint's "
+                f"position (global token {tokens:,}){current}; only points after it may be "
+                "edited, added or removed")
