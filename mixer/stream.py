@@ -64,6 +64,7 @@ class _Window:
     locations: list[str] | None = None
     prefetch_end: int = 0       # documents before this one have their images decoding
     prefetch_tokens: int = 0    # tokens of the documents after `pos` and before that
+    origins: list[Any] | None = None   # per document: (token-cache writer, document) or None
 
 
 _pool: tuple[int, ThreadPoolExecutor] | None = None
@@ -178,6 +179,7 @@ class SourceStream:
         self._slice_epoch = -1
         self._slice: tuple[SliceItem, ...] = ()
         self.records_read = 0   # work counter (tests assert resume cost with it)
+        self._writers: dict[tuple[int, int], Any] = {}   # token-cache entries being filled
         self._has_documents: bool | None = None   # asked once a lane's epoch came up empty
         self.load_state_dict(None)
 
@@ -214,6 +216,7 @@ class SourceStream:
         # yes (the epoch does not count as empty), so a resumed lane never gives up early.
         self._yielded = not (self.window_index == 0 and self.pos == 0)
         self._live = None
+        self._writers = {}   # a resumed stream fills no entry it did not read from the start
 
     @property
     def skipped(self) -> int:
@@ -283,12 +286,17 @@ class SourceStream:
                               tokenizer=self.tokenizer)
         if self.token_cache is None or FORMATS[entry.format].pretokenized:
             return read(), None   # (pre-tokenized formats already are what a cache holds)
-        # The lane reading stripe 0 writes the entry: all stripes, so any lanes can use it.
+        # The entry holds every record of the split, so only a lane reading all of it (a
+        # stripe of 1) writes one, from the tokens it makes anyway; `mixer cache` fills the
+        # splits that lanes share.
         text_field = self.text_field or FORMATS[entry.format].default_text_field
-        return self.token_cache.records(
+        records, writer = self.token_cache.records(
             read, entry=entry, split=split, source=self.table.name, text_field=text_field,
-            max_bytes=self.max_document_bytes, index=index, encode=self.encode,
-            write=items[slot].phase == 0), None
+            max_bytes=self.max_document_bytes, index=index, write=items[slot].stride == 1)
+        self._writers = {k: w for k, w in self._writers.items() if k[0] == self.epoch}
+        if writer is not None:
+            self._writers[(self.epoch, slot)] = writer
+        return records, None
 
     def _read_window(self) -> _Window:
         items = self._lane_slice()
@@ -297,6 +305,7 @@ class SourceStream:
         images: list[tuple[EncodedImage, ...]] = []
         files: list[str] = []
         locations: list[str] = []
+        origins: list[Any] = []   # (cache writer, document) per text, or None
         size = skipped = 0
         reasons: dict[str, int] = {}
         slot, index, offset = self.start
@@ -321,6 +330,8 @@ class SourceStream:
                     record = self._images_without_layout(record, item)
                     if self.on_error == "raise":
                         raise record.error
+                writer = self._writers.get((self.epoch, slot))
+                doc = writer.record(record) if writer is not None else None
                 if record.error is not None:
                     skipped += 1
                     reason = record.error.reason
@@ -328,6 +339,7 @@ class SourceStream:
                     continue
                 texts.append(record.text if record.tokens is None else record.tokens)
                 size += record.size
+                origins.append((writer, doc) if doc is not None else None)
                 if building:
                     split = self._splits[item.split]
                     entry = self.table.files[split.file]
@@ -338,6 +350,9 @@ class SourceStream:
                     size += sum(len(image.data) for image in record.images)
             if full:
                 break
+            writer = self._writers.pop((self.epoch, slot), None)
+            if writer is not None:
+                writer.end()
             slot, index, offset = slot + 1, 0, 0
         end_of_epoch = slot >= len(items)
         order = permutation(len(texts), derive_key(self.seed, "shuffle", self.table.name,
@@ -345,6 +360,8 @@ class SourceStream:
         shuffled = [texts[i] for i in order]
         window = _Window(shuffled, [None] * len(shuffled), (slot, index, offset), end_of_epoch,
                          skipped, reasons)
+        if any(o is not None for o in origins):
+            window.origins = [origins[i] for i in order]
         if building:
             window.images = [images[i] for i in order]
             window.files = [files[i] for i in order]
@@ -441,6 +458,11 @@ class SourceStream:
         stop = start + len(encoded)
         win.tokens[start:stop] = encoded
         win.ahead = None
+        if win.origins is not None:
+            for i in range(start, stop):
+                origin = win.origins[i]
+                if origin is not None:
+                    origin[0].add_tokens(origin[1], encoded[i - start])
         for i in range(start, stop):
             win.texts[i] = ""  # free the text once tokenized
             if win.images is not None:

@@ -26,6 +26,7 @@ import os
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,32 @@ from mixer.tokenize.tokenizer import TokenizerInfo
 
 CACHE_FORMAT = 1
 _PARTS = ("bin", "idx", "rec")
-_CHUNK = 256   # records tokenized per call while writing an entry
+_CHUNK = 64             # records tokenized per call while writing an entry, at most
+_CHUNK_BYTES = 32 << 10  # and about this much text: the first rows wait for little
+_encoder_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _encoder_thread() -> ThreadPoolExecutor:
+    """One thread per process that encodes the next chunk of a split being cached while the
+    stream packs the current one (the Rust tokenizer releases the GIL)."""
+    global _encoder_pool
+    if _encoder_pool is None or _encoder_pool[0] != os.getpid():   # never across fork
+        _encoder_pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="mixer-cache"))
+    return _encoder_pool[1]
+
+
+def _chunks(records: Iterator[Record]) -> Iterator[list[Record]]:
+    """Records in chunks of at most _CHUNK records and about _CHUNK_BYTES of text."""
+    chunk: list[Record] = []
+    size = 0
+    for record in records:
+        chunk.append(record)
+        size += len(record.text) if record.text is not None else 0
+        if len(chunk) >= _CHUNK or size >= _CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
 _BLOCK = 1 << 18   # tokens converted to int64 at once when replaying
 log = logging.getLogger("mixer.token_cache")
 _warned: set[Any] = set()   # cache roots this process already warned about
@@ -194,19 +220,21 @@ class TokenCache:
 
     def records(self, read: Callable[[], Iterator[Record]], *, entry: FileEntry, split: Split,
                 source: str, text_field: str, max_bytes: int, index: int,
-                encode: Callable[[list[str]], list[np.ndarray]], write: bool) -> Iterator[Record]:
-        """The split's records from `index`: replayed from the cache on a hit; on a miss read
-        by `read()`, and when `write` (and reading starts at the split's first record)
-        tokenized here and stored as an entry once the reader reaches the split's end."""
+                write: bool) -> tuple[Iterator[Record], SplitWriter | None]:
+        """The split's records from `index`, and a writer to feed when the entry is to be
+        written. A hit replays the entry; a miss reads with `read()`, and when `write` (and
+        reading starts at the split's first record) returns a `SplitWriter` that the stream
+        feeds with the records it reads and the tokens it makes of them (so caching costs no
+        tokenization of its own); the entry is stored once every record has its tokens."""
         key = self.key(entry, split, text_field=text_field, max_bytes=max_bytes)
         cached = self.load(key)
         if cached is not None:
             CACHE_STATS.hits += 1
-            return self.replay(cached, index=index, source=source, file=entry.url)
+            return self.replay(cached, index=index, source=source, file=entry.url), None
         CACHE_STATS.misses += 1
         if not write or index != 0 or not self.writable:
-            return read()
-        return self.write_through(read(), key, entry.url, encode)
+            return read(), None
+        return read(), SplitWriter(self, key, entry.url)
 
     def write_through(self, records: Iterable[Record], key: str, file: str,
                       encode: Callable[[list[str]], list[np.ndarray]]) -> Iterator[Record]:
@@ -220,11 +248,24 @@ class TokenCache:
         keep = True   # False once a record cannot be cached (images, ids beyond the dtype)
         last_error = False
         limit = np.iinfo(self.dtype).max
-        iterator = iter(records)
-        while chunk := [r for _, r in zip(range(_CHUNK), iterator)]:
-            texts = [r.text for r in chunk if r.error is None and r.tokens is None
-                     and not r.images]
-            encoded = iter(encode(texts) if texts else [])
+
+        def texts_of(chunk: list[Record]) -> list[str]:
+            return [r.text for r in chunk if r.error is None and r.tokens is None
+                    and not r.images]
+
+        # Pipelined: the next chunk is read and encoded in the background while the caller
+        # consumes this one, so caching costs one tokenization, overlapped as without it.
+        chunks = _chunks(iter(records))
+        pending = None
+        first = next(chunks, None)
+        if first is not None:
+            pending = (first, _encoder_thread().submit(encode, texts_of(first)))
+        while pending is not None:
+            chunk, future = pending
+            following = next(chunks, None)
+            pending = None if following is None else (
+                following, _encoder_thread().submit(encode, texts_of(following)))
+            encoded = iter(future.result())
             kept = []
             for record in chunk:
                 last_error = record.error is not None
@@ -303,3 +344,66 @@ def _error_fields(error: DataError, file: str) -> list[Any]:
 
 def _error(message: str, source: str, file: str | None, location: str | None) -> DataError:
     return DataError(message, source=source, file=file, location=location)
+
+
+class SplitWriter:
+    """An entry filled as a stream reads its split (every record, in order) and tokenizes
+    its documents (in any order); stored when the split was read to its end and every
+    document has its tokens, unless it ends in an error or holds images."""
+
+    def __init__(self, cache: TokenCache, key: str, file: str) -> None:
+        self.cache = cache
+        self.key = key
+        self.file = file
+        self.rows: list[tuple[int, int, int, int]] = []
+        self.errors: list[list[Any]] = []
+        self.tokens: dict[int, np.ndarray] = {}
+        self.documents = 0
+        self.keep = True
+        self.last_error = False
+        self.ended = False
+        self.done = False
+
+    def record(self, record: Record) -> int | None:
+        """Note a record read from the split; the document number to feed tokens for (None
+        for an error, or a document that already carries its tokens)."""
+        if record.images:
+            self.keep = False
+            return None
+        self.last_error = record.error is not None
+        if record.error is not None:
+            self.rows.append((record.index, record.offset, 0, -1 - len(self.errors)))
+            self.errors.append(_error_fields(record.error, self.file))
+            return None
+        doc = self.documents
+        self.documents += 1
+        self.rows.append((record.index, record.offset, record.size, doc))
+        if record.tokens is not None:
+            self.tokens[doc] = record.tokens
+            return None
+        return doc
+
+    def add_tokens(self, doc: int, ids: np.ndarray) -> None:
+        self.tokens[doc] = ids
+        self._maybe_store()
+
+    def end(self) -> None:
+        """The split was read to its end."""
+        self.ended = True
+        self._maybe_store()
+
+    def _maybe_store(self) -> None:
+        if self.done or not self.ended or len(self.tokens) < self.documents:
+            return
+        self.done = True
+        if not self.keep or self.last_error:
+            return   # (an error at the end may be a storage failure: it must not outlive us)
+        arrays = [self.tokens[d] for d in range(self.documents)]
+        lengths = [len(a) for a in arrays]
+        joined = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+        limit = np.iinfo(self.cache.dtype).max
+        if len(joined) and (joined.min() < 0 or joined.max() > limit):
+            return   # pre-tokenized ids of another vocabulary
+        self.cache.store(self.key, self.rows, lengths, [joined.astype(self.cache.dtype)],
+                         self.errors)
+        self.tokens.clear()
