@@ -199,10 +199,12 @@ class Schedule(_Frozen):
         i = self.point_index(tokens)
         raw = [points[i].weights.get(n, 0.0) for n in names]
         if self.interpolate == "linear" and i + 1 < len(points):
-            a, b = points[i], points[i + 1]
-            t = (tokens - a.at_tokens) / (b.at_tokens - a.at_tokens)
-            raw = [normalize_or_zero(raw)[k] * (1 - t) + normalize_or_zero(
-                [b.weights.get(n, 0.0) for n in names])[k] * t for k in range(len(names))]
+            # (every point has a positive weight, so both ends normalize)
+            b = points[i + 1]
+            t = (tokens - points[i].at_tokens) / (b.at_tokens - points[i].at_tokens)
+            start = normalize(raw)
+            end = normalize([b.weights.get(n, 0.0) for n in names])
+            raw = [w0 * (1 - t) + w1 * t for w0, w1 in zip(start, end)]
         return normalize(raw)
 
     def point_index(self, tokens: int) -> int:
@@ -215,10 +217,6 @@ class Schedule(_Frozen):
             else:
                 hi = mid - 1
         return lo
-
-
-def normalize_or_zero(weights: list[float]) -> list[float]:
-    return normalize(weights) if any(w > 0 for w in weights) else list(weights)
 
 
 class Recipe(_Frozen):

@@ -9,9 +9,8 @@ plus the position inside the window, so resuming re-reads at most one window.
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,12 +22,9 @@ from mixer.rng import derive_key, permutation
 from mixer.slices import SliceItem, lane_slice
 from mixer.sources import FORMATS, EncodedImage, Record, SourceTable, Storage, read_split
 from mixer.tokenize.cache import TokenCache
+from mixer.tokenize.tokenizer import TOKENIZE_BYTES, TOKENIZE_DOCS, encoding_thread
 
 STATE_KEYS = ("epoch", "window", "slot", "index", "offset", "pos", "skipped", "done")
-_TOKENIZE_CHUNK = 64          # documents per tokenizer call, at most
-# Text per tokenizer call: enough documents to keep the tokenizer's threads busy, few enough
-# that a lane's first rows wait for ~10k tokens rather than 64 documents of every source.
-_TOKENIZE_BYTES = 32 << 10
 _EMPTY_EPOCH_LIMIT = 64  # consecutive empty epochs after which a lane's source counts as empty
 
 
@@ -67,21 +63,6 @@ class _Window:
     origins: list[Any] | None = None   # per document: (token-cache writer, document) or None
 
 
-_pool: tuple[int, ThreadPoolExecutor] | None = None
-
-
-def _tokenizer_thread() -> ThreadPoolExecutor:
-    """One background thread per process that encodes the next chunk while Python packs.
-
-    The Rust tokenizer releases the GIL, so encoding overlaps reading and packing; the
-    tokens are the same whichever thread computes them.
-    """
-    global _pool
-    if _pool is None or _pool[0] != os.getpid():  # never reuse a pool across fork
-        _pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="mixer-tokenize"))
-    return _pool[1]
-
-
 def source_has_documents(stream: SourceStream) -> bool:
     """Whether any split of the stream's source holds a readable document (read in split
     order up to the first one). Raises the first bad record's error unless the source skips
@@ -95,7 +76,7 @@ def source_has_documents(stream: SourceStream) -> bool:
                              source=stream.table.name, text_field=stream.text_field,
                              max_bytes=stream.max_document_bytes, index=0, offset=0,
                              tokenizer=stream.tokenizer)
-        for chunk in _batched(records, _TOKENIZE_CHUNK):
+        for chunk in _batched(records, TOKENIZE_DOCS):
             good = []
             for record in chunk:
                 if record.error is None:
@@ -230,7 +211,9 @@ class SourceStream:
             out[reason] = out.get(reason, 0) + n
         return out
 
-    def _count_reason(self, reason: str, n: int = 1) -> None:
+    def _skip(self, reason: str, n: int = 1) -> None:
+        """Count `n` skipped records, in total and under their reason."""
+        self.skipped_before += n
         self.reasons_before[reason] = self.reasons_before.get(reason, 0) + n
 
     def progress(self) -> float:
@@ -383,9 +366,8 @@ class SourceStream:
         """Move the cursor past the current (fully consumed) window."""
         win = self._win
         assert win is not None
-        self.skipped_before += win.skipped
-        for reason, n in win.reasons.items():
-            self._count_reason(reason, n)
+        for reason, n in win.reasons.items():   # (they add up to win.skipped)
+            self._skip(reason, n)
         if win.end_of_epoch:
             # Empty: the epoch yielded no document -- no records, or (image recipes) every
             # record rejected as oversize or skipped -- not merely no records.
@@ -420,8 +402,9 @@ class SourceStream:
         """Tokens (or built documents) of window items [start, stop); pre-tokenized items
         pass through as they are."""
         todo = [i for i in range(start, stop) if isinstance(win.texts[i], str)]
-        out: list[Any] = [win.texts[i] if self.documents is None else Document(win.texts[i])
-                          for i in range(start, stop)]
+        out: list[Any] = [None if isinstance(item, str) else
+                          item if self.documents is None else Document(item)
+                          for item in win.texts[start:stop]]
         if not todo:
             return out
         if self.documents is None:
@@ -437,15 +420,15 @@ class SourceStream:
         return out
 
     def _chunk_stop(self, win: _Window, start: int) -> int:
-        """End of the tokenizer chunk at `start`: up to `_TOKENIZE_CHUNK` documents and, for
-        text, until `_TOKENIZE_BYTES` of it (image documents keep whole 64-document chunks)."""
-        stop = min(start + _TOKENIZE_CHUNK, len(win.texts))
+        """End of the tokenizer chunk at `start`: up to `TOKENIZE_DOCS` documents and, for
+        text, until `TOKENIZE_BYTES` of it (image documents keep whole 64-document chunks)."""
+        stop = min(start + TOKENIZE_DOCS, len(win.texts))
         if self.documents is not None:
             return stop
         size = 0
         for i in range(start, stop):
             size += len(win.texts[i])
-            if size >= _TOKENIZE_BYTES:
+            if size >= TOKENIZE_BYTES:
                 return i + 1
         return stop
 
@@ -470,7 +453,7 @@ class SourceStream:
         following = self._chunk_stop(win, stop)
         if stop < following and any(isinstance(win.texts[i], str)
                                     for i in range(stop, following)):   # else nothing to encode
-            win.ahead = (stop, _tokenizer_thread().submit(self._encode, win, stop, following))
+            win.ahead = (stop, encoding_thread().submit(self._encode, win, stop, following))
 
     def _prefetch(self, win: _Window) -> None:
         """Start decoding the images of the documents after `pos`, up to `prefetch_tokens`
@@ -512,8 +495,7 @@ class SourceStream:
             elif self.on_error == "raise":
                 raise item.error
             else:
-                self.skipped_before += 1
-                self._count_reason(item.error.reason)
+                self._skip(item.error.reason)
             return None
         try:
             for placement in item.images:
@@ -523,8 +505,7 @@ class SourceStream:
         except DataError as exc:
             if self.on_error == "raise":
                 raise
-            self.skipped_before += 1
-            self._count_reason(exc.reason)
+            self._skip(exc.reason)
             del exc
             return None
         return item

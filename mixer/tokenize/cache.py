@@ -26,7 +26,6 @@ import os
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,32 +35,25 @@ from mixer.errors import DataError
 from mixer.sources.base import FileEntry, Record, Split
 from mixer.sources.storage import filesystem
 from mixer.tokenize.indexed import encode_index, parse_index, token_dtype
-from mixer.tokenize.tokenizer import TokenizerInfo
+from mixer.tokenize.tokenizer import (
+    TOKENIZE_BYTES,
+    TOKENIZE_DOCS,
+    TokenizerInfo,
+    encoding_thread,
+)
 
 CACHE_FORMAT = 1
 _PARTS = ("bin", "idx", "rec")
-_CHUNK = 64             # records tokenized per call while writing an entry, at most
-_CHUNK_BYTES = 32 << 10  # and about this much text: the first rows wait for little
-_encoder_pool: tuple[int, ThreadPoolExecutor] | None = None
-
-
-def _encoder_thread() -> ThreadPoolExecutor:
-    """One thread per process that encodes the next chunk of a split being cached while the
-    stream packs the current one (the Rust tokenizer releases the GIL)."""
-    global _encoder_pool
-    if _encoder_pool is None or _encoder_pool[0] != os.getpid():   # never across fork
-        _encoder_pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="mixer-cache"))
-    return _encoder_pool[1]
 
 
 def _chunks(records: Iterator[Record]) -> Iterator[list[Record]]:
-    """Records in chunks of at most _CHUNK records and about _CHUNK_BYTES of text."""
+    """Records in chunks of at most TOKENIZE_DOCS records and about TOKENIZE_BYTES of text."""
     chunk: list[Record] = []
     size = 0
     for record in records:
         chunk.append(record)
         size += len(record.text) if record.text is not None else 0
-        if len(chunk) >= _CHUNK or size >= _CHUNK_BYTES:
+        if len(chunk) >= TOKENIZE_DOCS or size >= TOKENIZE_BYTES:
             yield chunk
             chunk, size = [], 0
     if chunk:
@@ -259,12 +251,12 @@ class TokenCache:
         pending = None
         first = next(chunks, None)
         if first is not None:
-            pending = (first, _encoder_thread().submit(encode, texts_of(first)))
+            pending = (first, encoding_thread().submit(encode, texts_of(first)))
         while pending is not None:
             chunk, future = pending
             following = next(chunks, None)
             pending = None if following is None else (
-                following, _encoder_thread().submit(encode, texts_of(following)))
+                following, encoding_thread().submit(encode, texts_of(following)))
             encoded = iter(future.result())
             kept = []
             for record in chunk:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,11 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mixer.errors import RecipeError
+
+# One tokenizer call: at most this many documents, and about this much text (enough to keep
+# the tokenizer's threads busy, little enough that a lane's first rows wait for ~10k tokens).
+TOKENIZE_DOCS = 64
+TOKENIZE_BYTES = 32 << 10
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eos|>", "[EOS]")
 _PAD_CANDIDATES = ("<pad>", "<|pad|>", "[PAD]")
@@ -166,3 +172,19 @@ class Encoder:
 
     def __getstate__(self) -> dict:
         return {"info": self.info, "_tok": None, "_pid": -1}
+
+
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def encoding_thread() -> ThreadPoolExecutor:
+    """One background thread per process that encodes the next chunk while Python reads and
+    packs (the stream's windows, the token cache's fills).
+
+    The Rust tokenizer releases the GIL, so encoding overlaps the rest; the tokens are the
+    same whichever thread computes them.
+    """
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():  # never reuse a pool across fork
+        _pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="mixer-tokenize"))
+    return _pool[1]
