@@ -14,13 +14,11 @@ import pytest
 from helpers import batch_digest, corpus, make_tokenizer, write_docs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_schedule import BATCH, BATCH_TOKENS, LANES, NAMES, SEQ, recipe
 
 import mixer
 from mixer.errors import RecipeError, StateError
 
-NAMES = ("prose", "code", "web")
-SEQ, BATCH, LANES = 16, 4, 4
-BATCH_TOKENS = SEQ * BATCH
 EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "8"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None,
                 derandomize=not os.environ.get("MIXER_FUZZ_RANDOM"),
@@ -47,18 +45,6 @@ def shared(tmp_path_factory):
         for part in range(2):
             write_docs(folder / name / f"{part}.jsonl", docs[part::2], "jsonl")
     return folder, make_tokenizer(folder / "tokenizer.json")
-
-
-def recipe(data, schedule=None, **extra) -> dict:
-    folder, tokenizer = data
-    out = {"seed": 3, "tokenizer": str(tokenizer), "seq_len": SEQ, "batch_size": BATCH,
-           "lanes": LANES, "split_bytes": 2000, "shuffle_window": 64,
-           "sources": [{"name": n, "path": str(folder / n / "*.jsonl"), "weight": 1.0}
-                       for n in NAMES]}
-    if schedule is not None:
-        out["schedule"] = schedule
-    out.update(extra)
-    return out
 
 
 def finite(r: dict, epochs: int = 1) -> dict:
