@@ -35,8 +35,9 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check mixer tests benchmarks examples
 
+# two test processes (xdist), a file each at a time: module fixtures are built once
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 bench: setup
 	$(PY) benchmarks/throughput.py

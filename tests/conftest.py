@@ -9,6 +9,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import corpus, make_tokenizer, write_docs  # noqa: E402
 
+# The longest modules (real torchrun jobs, S3 through a fault proxy, many subprocesses) run
+# first, so `make test`'s two xdist processes (one file at a time) end at about the same time.
+SLOW_FIRST = ("test_torchrun", "test_online_mixing_torchrun", "test_train_vlm_torchrun",
+              "test_s3", "test_schedule_hostile", "test_images_hostile", "test_properties",
+              "test_peers_smoke", "test_lifetime", "test_token_cache", "test_loader")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.stem
+        return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a module is kept
+
 
 @pytest.fixture
 def tokenizer_path(tmp_path: Path) -> Path:

@@ -1,5 +1,6 @@
 """torchrun driver: set_weights and metrics(all_ranks=True) as collectives (see
-test_online_mixing_torchrun.py). argv: recipe, mode ("mismatch" | "metrics"), output file."""
+test_online_mixing_torchrun.py). argv: recipe, output prefix; writes `<prefix>.<mode>.rank<r>`
+for each mode ("metrics", then "mismatch") from one job, so the test pays for one launch."""
 
 from __future__ import annotations
 
@@ -12,10 +13,7 @@ import torch.distributed as dist
 import mixer
 
 
-def main() -> None:
-    recipe, mode, out = sys.argv[1:4]
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+def run(recipe: str, mode: str, out: str, rank: int) -> None:
     loader = mixer.build_loader(recipe)
     batches = list(itertools.islice(loader, 3))
     result: dict = {"rank": rank}
@@ -30,10 +28,17 @@ def main() -> None:
         summed = loader.metrics(all_ranks=True)
         delivered = sum(int((b["source_ids"] >= 0).sum()) for b in batches)
         result.update(mine=mine["tokens"], summed=summed["tokens"], delivered=delivered)
-    with open(f"{out}.rank{rank}", "w") as f:
+    with open(f"{out}.{mode}.rank{rank}", "w") as f:
         json.dump(result, f)
     loader.close()
     dist.barrier()
+
+
+def main() -> None:
+    recipe, out = sys.argv[1:3]
+    dist.init_process_group("gloo")
+    for mode in ("metrics", "mismatch"):
+        run(recipe, mode, out, dist.get_rank())
     dist.destroy_process_group()
 
 

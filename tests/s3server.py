@@ -1,10 +1,11 @@
 """A real S3-compatible endpoint for tests (moto's server on 127.0.0.1) and a fault proxy.
 
 The proxy sits between s3fs and moto and injects faults on a deterministic schedule:
-every third request answers 503 SlowDown; the first ranged GET of each object sends 64 KB of
-its body and then drops the connection; the second ranged GET of each object answers a
-well-formed but short body; one ranged GET stalls past the client's read timeout; objects named
-in `deny` answer 403. Counters record what actually happened.
+every `slowdown_every`-th request (default 10th; each costs the client a backoff) answers 503
+SlowDown; the first ranged GET of each object sends 64 KB of its body and then drops the
+connection; the second ranged GET of each object answers a well-formed but short body; one
+ranged GET stalls past the client's read timeout; objects named in `deny` answer 403.
+Counters record what actually happened.
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ def free_port() -> int:
 
 class FaultProxy:
     def __init__(self, upstream: str, *, stall_s: float = 3.0, cut_after: int = 64 << 10,
-                 faults: bool = True) -> None:
+                 faults: bool = True, slowdown_every: int = 10) -> None:
         self.upstream = urlsplit(upstream)
         self.stall_s = stall_s
         self.cut_after = cut_after
         self.faults = faults
+        self.slowdown_every = slowdown_every
         self.deny: set[str] = set()
         self.counts: Counter = Counter()
         self.requests: list[tuple[str, str]] = []
@@ -74,7 +76,7 @@ class FaultProxy:
                 return "deny"
             if not self.faults:
                 return "pass"
-            if self.counts["requests"] % 3 == 0:
+            if self.counts["requests"] % self.slowdown_every == 0:
                 return "slowdown"
             if method == "GET" and ranged:
                 self._gets[key] += 1

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import mixer
 
-EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "15"))
 NASTY = [b'"\\ud800"', b'"\\udfff\\ud800"', b"[" * 5000, b"{" * 3000, b"\x00", b"\xff\xfe",
          b'{"text": 5}', b'{"text": null}', b"[]", b"null", b"1e999", b'"\\u0000"', b"\n\n",
          b'{"text": "' + b"w1 " * 200 + b'"}', b"\xc3", b"\r\n", b'{"text": {"a": [1]}}']

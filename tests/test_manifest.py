@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 import mixer
 from mixer.sources.manifest import list_sources, write_manifest
 
-EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "30"))
 # CI runs a fixed sequence of examples (a random one may, rarely, miss one of the outcomes the
 # tests assert they reach); MIXER_FUZZ_RANDOM=1 explores new ones.
 DERANDOMIZE = not os.environ.get("MIXER_FUZZ_RANDOM")

@@ -35,7 +35,7 @@ def _worst_rank_error(weights: list[float], lanes: int, world: int, batch: int,
     return worst
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(raw=st.lists(st.integers(1, 100), min_size=2, max_size=5),
        topology=st.sampled_from([(4, 1), (4, 2), (4, 4), (8, 2), (16, 4), (64, 8), (64, 2)]),
        batch=st.sampled_from([4, 8]))

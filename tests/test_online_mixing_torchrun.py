@@ -57,18 +57,23 @@ def test_resume_after_sigkill_with_online_mixing_reproduces_the_stream(job, tmp_
     assert resumed == {g: h for g, h in reference.items() if g >= 16}
 
 
-def test_set_weights_mismatch_across_ranks_raises_on_every_rank(job, tmp_path):
+@pytest.fixture(scope="module")
+def collectives(job, tmp_path_factory) -> dict[str, list[dict]]:
+    """One torchrun job of dist_set_weights.py: mode -> each rank's result."""
     root, _, _ = job
-    torchrun(2, str(DRIVER), str(root / "recipe.yaml"), "mismatch", str(tmp_path / "out"))
-    for rank in range(2):
-        result = json.loads((tmp_path / f"out.rank{rank}").read_text())
+    out = tmp_path_factory.mktemp("collectives") / "out"
+    torchrun(2, str(DRIVER), str(root / "recipe.yaml"), str(out))
+    return {mode: [json.loads(out.with_name(f"out.{mode}.rank{r}").read_text())
+                   for r in range(2)] for mode in ("metrics", "mismatch")}
+
+
+def test_set_weights_mismatch_across_ranks_raises_on_every_rank(collectives):
+    for result in collectives["mismatch"]:
         assert result["error"] and "same weights" in result["error"]
 
 
-def test_metrics_all_ranks_sums_the_ranks(job, tmp_path):
-    root, _, _ = job
-    torchrun(2, str(DRIVER), str(root / "recipe.yaml"), "metrics", str(tmp_path / "out"))
-    results = [json.loads((tmp_path / f"out.rank{r}").read_text()) for r in range(2)]
+def test_metrics_all_ranks_sums_the_ranks(collectives):
+    results = collectives["metrics"]
     for r in results:
         assert sum(r["mine"].values()) == r["delivered"]
     summed = {n: sum(r["mine"][n] for r in results) for n in ("a", "b")}

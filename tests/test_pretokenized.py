@@ -389,7 +389,7 @@ def test_a_glob_over_both_halves_of_the_pairs_lists_each_pair_once(mixture):
 
 
 @pytest.mark.parametrize("target", ["idx", "bin", "npy"])
-@settings(max_examples=int(os.environ.get("MIXER_FUZZ_EXAMPLES", "25")), deadline=None,
+@settings(max_examples=int(os.environ.get("MIXER_FUZZ_EXAMPLES", "15")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data(), on_error=st.sampled_from(["raise", "skip"]))
 def test_mutated_files_give_batches_or_named_data_errors(tmp_path_factory, tokenizer_path,

@@ -30,7 +30,7 @@ def setups(draw):
             "epochs": draw(st.integers(1, 2)), "stop": draw(st.integers(0, 12))}
 
 
-@settings(max_examples=50, deadline=None,
+@settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(setup=setups())
 def test_every_document_exactly_epochs_times_across_an_elastic_resume(tmp_path_factory, setup):
@@ -74,7 +74,7 @@ def test_every_document_exactly_epochs_times_across_an_elastic_resume(tmp_path_f
     assert token_counts(seen) == expected
 
 
-@settings(max_examples=30, deadline=None,
+@settings(max_examples=15, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(setup=setups())
 def test_any_valid_topology_continues_the_global_stream_after_resume(tmp_path_factory, setup):
