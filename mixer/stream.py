@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -22,7 +22,13 @@ from mixer.rng import derive_key, permutation
 from mixer.slices import SliceItem, lane_slice
 from mixer.sources import FORMATS, EncodedImage, Record, SourceTable, Storage, read_split
 from mixer.tokenize.cache import TokenCache
-from mixer.tokenize.tokenizer import TOKENIZE_BYTES, TOKENIZE_DOCS, encoding_thread
+from mixer.tokenize.tokenizer import (
+    TEXT_CHUNKS_AHEAD,
+    TOKENIZE_BYTES,
+    TOKENIZE_DOCS,
+    encoding_pool,
+    encoding_thread,
+)
 
 STATE_KEYS = ("epoch", "window", "slot", "index", "offset", "pos", "skipped", "done")
 _EMPTY_EPOCH_LIMIT = 64  # consecutive empty epochs after which a lane's source counts as empty
@@ -54,7 +60,7 @@ class _Window:
     end_of_epoch: bool
     skipped: int                # records skipped inside the window
     reasons: dict[str, int]     # the same, per reason (mixer.errors.classify)
-    ahead: tuple[int, Future] | None = None   # (start, tokens of the chunk being encoded)
+    ahead: list[tuple[int, Future]] = field(default_factory=list)   # (start, chunk's tokens)
     images: list[tuple[EncodedImage, ...]] | None = None   # per document, when building
     files: list[str] | None = None
     locations: list[str] | None = None
@@ -433,14 +439,16 @@ class SourceStream:
         return stop
 
     def _tokenize_from(self, win: _Window, start: int) -> None:
-        """Tokens for the chunk at `start`, then start encoding the following chunk."""
-        if win.ahead is not None and win.ahead[0] == start:
-            encoded = win.ahead[1].result()
-        else:
+        """Tokens for the chunk at `start`; keep the following chunks encoding meanwhile
+        (`TEXT_CHUNKS_AHEAD` of text, one of built documents)."""
+        if not (win.ahead and win.ahead[0][0] == start):
+            win.ahead = []   # a jump (a resume inside the window): start over from here
+            self._submit_ahead(win, start, 1)
+        encoded = win.ahead.pop(0)[1].result() if win.ahead else []
+        if not encoded:   # nothing there to encode (pre-tokenized items only)
             encoded = self._encode(win, start, self._chunk_stop(win, start))
         stop = start + len(encoded)
         win.tokens[start:stop] = encoded
-        win.ahead = None
         if win.origins is not None:
             for i in range(start, stop):
                 origin = win.origins[i]
@@ -450,10 +458,18 @@ class SourceStream:
             win.texts[i] = ""  # free the text once tokenized
             if win.images is not None:
                 win.images[i] = ()
-        following = self._chunk_stop(win, stop)
-        if stop < following and any(isinstance(win.texts[i], str)
-                                    for i in range(stop, following)):   # else nothing to encode
-            win.ahead = (stop, encoding_thread().submit(self._encode, win, stop, following))
+        self._submit_ahead(win, stop, 1 if self.documents is not None else TEXT_CHUNKS_AHEAD)
+
+    def _submit_ahead(self, win: _Window, start: int, chunks: int) -> None:
+        """Queue chunks after those already queued, from `start`, until `chunks` are."""
+        pool = encoding_thread() if self.documents is not None else encoding_pool()
+        at = win.ahead[-1][0] if win.ahead else start
+        following = self._chunk_stop(win, at) if win.ahead else at
+        while len(win.ahead) < chunks and following < len(win.texts):
+            at, following = following, self._chunk_stop(win, following)
+            if not any(isinstance(win.texts[i], str) for i in range(at, following)):
+                break   # pre-tokenized items: nothing to encode
+            win.ahead.append((at, pool.submit(self._encode, win, at, following)))
 
     def _prefetch(self, win: _Window) -> None:
         """Start decoding the images of the documents after `pos`, up to `prefetch_tokens`
@@ -464,12 +480,13 @@ class SourceStream:
         elif isinstance(item, Document):
             win.prefetch_tokens -= len(item)
         ahead: list[Any] = []
-        if win.ahead is not None and win.ahead[1].done() and not win.ahead[1].exception():
-            ahead = win.ahead[1].result()   # the next chunk, built in the background
+        first = win.ahead[0] if win.ahead else None
+        if first is not None and first[1].done() and not first[1].exception():
+            ahead = first[1].result()   # the next chunk, built in the background
         while win.prefetch_end < len(win.tokens) and win.prefetch_tokens < self.prefetch_tokens:
             document = win.tokens[win.prefetch_end]
-            if document is None and ahead and win.ahead is not None:
-                at = win.prefetch_end - win.ahead[0]
+            if document is None and ahead and first is not None:
+                at = win.prefetch_end - first[0]
                 document = ahead[at] if 0 <= at < len(ahead) else None
             if document is None:
                 break
