@@ -29,7 +29,7 @@ def job(tmp_path_factory):
     common = [str(TRAIN), "--recipe", str(root / "recipe.yaml"), "--steps", str(STEPS),
               "--online-mixing", "--mix-every", "3", "--mix-lr", "2.0"]
     # One uninterrupted job, checkpointed half way (a resume after SIGKILL, checkpoints
-    # being all-or-nothing, is test_torchrun's and test_train_vlm_torchrun's subject).
+    # being all-or-nothing, is test_torchrun's subject).
     torchrun(2, *common, "--ckpt-every", "8", "--ckpt-dir", str(root / "ckpt"),
              "--step-log", str(root / "ref"), "--metrics-out", str(root / "metrics.jsonl"))
     return root, common, read_logs(root / "ref")
