@@ -36,9 +36,9 @@ lint: setup
 	$(VENV)/bin/ruff check mixer tests benchmarks examples
 
 # two test processes (xdist), a file each at a time: module fixtures are built once
-# and one OpenMP thread each (torch's default, a thread per core in each, spins for nothing)
+# (tests/conftest.py gives each one OpenMP thread)
 test: lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 2 --dist loadfile
 
 bench: setup
 	$(PY) benchmarks/throughput.py

@@ -444,8 +444,9 @@ class SourceStream:
         if not (win.ahead and win.ahead[0][0] == start):
             win.ahead = []   # a jump (a resume inside the window): start over from here
             self._submit_ahead(win, start, 1)
-        encoded = win.ahead.pop(0)[1].result() if win.ahead else []
-        if not encoded:   # nothing there to encode (pre-tokenized items only)
+        if win.ahead:
+            encoded = win.ahead.pop(0)[1].result()
+        else:   # pre-tokenized items only: nothing was submitted, they pass through
             encoded = self._encode(win, start, self._chunk_stop(win, start))
         stop = start + len(encoded)
         win.tokens[start:stop] = encoded
@@ -463,13 +464,13 @@ class SourceStream:
     def _submit_ahead(self, win: _Window, start: int, chunks: int) -> None:
         """Queue chunks after those already queued, from `start`, until `chunks` are."""
         pool = encoding_thread() if self.documents is not None else encoding_pool()
-        at = win.ahead[-1][0] if win.ahead else start
-        following = self._chunk_stop(win, at) if win.ahead else at
-        while len(win.ahead) < chunks and following < len(win.texts):
-            at, following = following, self._chunk_stop(win, following)
-            if not any(isinstance(win.texts[i], str) for i in range(at, following)):
+        at = self._chunk_stop(win, win.ahead[-1][0]) if win.ahead else start
+        while len(win.ahead) < chunks and at < len(win.texts):
+            stop = self._chunk_stop(win, at)
+            if not any(isinstance(win.texts[i], str) for i in range(at, stop)):
                 break   # pre-tokenized items: nothing to encode
-            win.ahead.append((at, pool.submit(self._encode, win, at, following)))
+            win.ahead.append((at, pool.submit(self._encode, win, at, stop)))
+            at = stop
 
     def _prefetch(self, win: _Window) -> None:
         """Start decoding the images of the documents after `pos`, up to `prefetch_tokens`

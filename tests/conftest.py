@@ -2,13 +2,14 @@ from __future__ import annotations
 
 import os
 import sys
-
-# One OpenMP thread per test process: `make test` runs two processes on two cores, and torch's
-# default (a thread per core in each) spends the difference spinning (measured: -18 % wall).
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 from pathlib import Path
 
 import pytest
+
+# One OpenMP thread per test process (set before any test module imports torch; xdist's
+# processes inherit it): `make test` runs two processes on two cores, and torch's default (a
+# thread per core in each) spends the difference spinning (measured: -18 % wall).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
