@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from typing import Any
@@ -25,16 +26,32 @@ def rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
-_gloo_group: Any = None
+# (the default group it was made for, mixer's gloo subgroup of it) when training uses NCCL
+_gloo_subgroup: tuple[Any, Any] | None = None
+
+
+def _forget_subgroup() -> None:
+    # At exit, drop the subgroup while the interpreter is whole: a process group destroyed
+    # during finalization can abort the process from gloo's threads.
+    global _gloo_subgroup
+    _gloo_subgroup = None
 
 
 def gloo_group() -> Any:
-    """A gloo group for mixer's small CPU collectives (also when training uses NCCL)."""
-    global _gloo_group
-    if _gloo_group is None:
-        _gloo_group = (dist.group.WORLD if dist.get_backend() == "gloo"
-                       else dist.new_group(backend="gloo"))
-    return _gloo_group
+    """A gloo group for mixer's small CPU collectives (also when training uses NCCL).
+
+    Never kept past the default group it belongs to: after `destroy_process_group` and a new
+    `init_process_group` (an in-process restart), collectives use the new group's members.
+    """
+    global _gloo_subgroup
+    world = dist.group.WORLD
+    if dist.get_backend() == "gloo":
+        return world
+    if _gloo_subgroup is None or _gloo_subgroup[0] is not world:
+        if _gloo_subgroup is None:
+            atexit.register(_forget_subgroup)
+        _gloo_subgroup = (world, dist.new_group(backend="gloo"))
+    return _gloo_subgroup[1]
 
 
 def all_gather_objects(obj: Any) -> list[Any]:

@@ -29,6 +29,7 @@ from mixer.sources import IO_STATS, SourceTable
 from mixer.sources.manifest import list_sources
 from mixer.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
 from mixer.tokenize import Encoder, TokenizerInfo, resolve_tokenizer
+from mixer.tokenize.cache import tokenizer_info_dir
 
 BATCH_KEYS = TEXT_KEYS   # every layout has these; image layouts add more
 MAX_WORLD_SIZE = 1 << 20
@@ -411,7 +412,8 @@ def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
         world_size = found_world if world_size is None else world_size
     check_ranks(rank, world_size, num_workers)
     check_topology(recipe.lanes, world_size, num_workers)
-    tokenizer = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
+    tokenizer = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token,
+                                  info_cache=tokenizer_info_dir(recipe))
     if distributed and world_size > 1:
         tables = dist.list_once(lambda: list_sources(recipe))
     else:

@@ -22,6 +22,7 @@ from mixer.rng import derive_key, permutation
 from mixer.slices import SliceItem, lane_slice
 from mixer.sources import FORMATS, EncodedImage, Record, SourceTable, Storage, read_split
 from mixer.tokenize.cache import TokenCache
+from mixer.tokenize.replay import Replay
 from mixer.tokenize.tokenizer import (
     TEXT_CHUNKS_AHEAD,
     TOKENIZE_BYTES,
@@ -60,7 +61,7 @@ class _Window:
     end_of_epoch: bool
     skipped: int                # records skipped inside the window
     reasons: dict[str, int]     # the same, per reason (mixer.errors.classify)
-    ahead: list[tuple[int, Future]] = field(default_factory=list)   # (start, chunk's tokens)
+    ahead: list[tuple[int, int, Future]] = field(default_factory=list)  # chunks queued: start, stop
     images: list[tuple[EncodedImage, ...]] | None = None   # per document, when building
     files: list[str] | None = None
     locations: list[str] | None = None
@@ -268,24 +269,35 @@ class SourceStream:
         split = self._splits[items[slot].split]
         entry = self.table.files[split.file]
 
-        def read():
+        def read(index: int, offset: int):
             return read_split(storage=self.storage, entry=entry, split=split,
                               source=self.table.name, text_field=self.text_field,
                               max_bytes=self.max_document_bytes, index=index, offset=offset,
                               tokenizer=self.tokenizer)
         if self.token_cache is None or FORMATS[entry.format].pretokenized:
-            return read(), None   # (pre-tokenized formats already are what a cache holds)
+            return read(index, offset), None   # (pre-tokenized formats are what a cache holds)
         # The entry holds every record of the split, so only a lane reading all of it (a
         # stripe of 1) writes one, from the tokens it makes anyway; `mixer cache` fills the
         # splits that lanes share.
         text_field = self.text_field or FORMATS[entry.format].default_text_field
-        records, writer = self.token_cache.records(
-            read, entry=entry, split=split, source=self.table.name, text_field=text_field,
-            max_bytes=self.max_document_bytes, index=index, write=items[slot].stride == 1)
         self._writers = {k: w for k, w in self._writers.items() if k[0] == self.epoch}
-        if writer is not None:
-            self._writers[(self.epoch, slot)] = writer
+        adopt = None
+        if items[slot].stride == 1:
+            adopt = lambda writer, at=(self.epoch, slot): self._writers.update({at: writer})
+        records = self.token_cache.records(
+            read, entry=entry, split=split, source=self.table.name, text_field=text_field,
+            max_bytes=self.max_document_bytes, index=index, offset=offset, adopt=adopt)
         return records, None
+
+    def _keeps_reader_open(self, item: SliceItem) -> bool:
+        """Whether a reader paused at a full window stays open for the next window.
+
+        Re-opening at the cursor is cheap for seekable splits (a seek, or decoding part of a
+        parquet row group), so those readers close: an open one holds buffers (7 MB for a
+        parquet reader in a row group), and there is one per lane and source. A whole-file
+        compressed split would decompress from its start again, and a token-cache entry
+        would be loaded again: those stay open."""
+        return not self._splits[item.split].seekable or self.token_cache is not None
 
     def _read_window(self) -> _Window:
         items = self._lane_slice()
@@ -302,6 +314,22 @@ class SourceStream:
             item = items[slot]
             records, lookahead = self._records(slot, index, offset)
             pending = [lookahead] if lookahead is not None else []
+            if isinstance(records, Replay) and not pending:   # a cache hit: no record objects
+                taken = records.take(stride=item.stride, phase=item.phase,
+                                     docs=self.window_docs - len(texts),
+                                     size=self.window_bytes - size,
+                                     raise_errors=self.on_error == "raise")
+                self.records_read += taken.read
+                texts += taken.tokens
+                origins += [None] * len(taken.tokens)
+                size += taken.size
+                skipped += len(taken.skipped)
+                for reason in taken.skipped:
+                    reasons[reason] = reasons.get(reason, 0) + 1
+                if taken.stop is not None:
+                    index, offset = taken.stop
+                    self._live = ((self.epoch, slot, index, offset), records, None)
+                    break
             full = False
             for record in itertools.chain(pending, records):  # (does not close `records`)
                 if lookahead is None or record is not lookahead:
@@ -312,7 +340,10 @@ class SourceStream:
                     continue   # (a skipped record is counted by the lane that owns it)
                 if len(texts) >= self.window_docs or size >= self.window_bytes:
                     index, offset = record.index, record.offset
-                    self._live = ((self.epoch, slot, index, offset), records, record)
+                    if self._keeps_reader_open(item):
+                        self._live = ((self.epoch, slot, index, offset), records, record)
+                    else:
+                        records.close()
                     full = True
                     break
                 if record.error is None and record.images and not building:
@@ -442,10 +473,16 @@ class SourceStream:
         """Tokens for the chunk at `start`; keep the following chunks encoding meanwhile
         (`TEXT_CHUNKS_AHEAD` of text, one of built documents)."""
         if not (win.ahead and win.ahead[0][0] == start):
+            for _, _, queued in win.ahead:
+                queued.cancel()
             win.ahead = []   # a jump (a resume inside the window): start over from here
             self._submit_ahead(win, start, 1)
         if win.ahead:
-            encoded = win.ahead.pop(0)[1].result()
+            _, stop, future = win.ahead.pop(0)
+            # Not started yet (the threads are busy with other chunks): encode it here rather
+            # than wait behind them.
+            encoded = (self._encode(win, start, stop)
+                       if self.documents is None and future.cancel() else future.result())
         else:   # pre-tokenized items only: nothing was submitted, they pass through
             encoded = self._encode(win, start, self._chunk_stop(win, start))
         stop = start + len(encoded)
@@ -464,12 +501,12 @@ class SourceStream:
     def _submit_ahead(self, win: _Window, start: int, chunks: int) -> None:
         """Queue chunks after those already queued, from `start`, until `chunks` are."""
         pool = encoding_thread() if self.documents is not None else encoding_pool()
-        at = self._chunk_stop(win, win.ahead[-1][0]) if win.ahead else start
+        at = win.ahead[-1][1] if win.ahead else start
         while len(win.ahead) < chunks and at < len(win.texts):
             stop = self._chunk_stop(win, at)
             if not any(isinstance(win.texts[i], str) for i in range(at, stop)):
                 break   # pre-tokenized items: nothing to encode
-            win.ahead.append((at, pool.submit(self._encode, win, at, stop)))
+            win.ahead.append((at, stop, pool.submit(self._encode, win, at, stop)))
             at = stop
 
     def _prefetch(self, win: _Window) -> None:
@@ -482,8 +519,8 @@ class SourceStream:
             win.prefetch_tokens -= len(item)
         ahead: list[Any] = []
         first = win.ahead[0] if win.ahead else None
-        if first is not None and first[1].done() and not first[1].exception():
-            ahead = first[1].result()   # the next chunk, built in the background
+        if first is not None and first[2].done() and not first[2].exception():
+            ahead = first[2].result()   # the next chunk, built in the background
         while win.prefetch_end < len(win.tokens) and win.prefetch_tokens < self.prefetch_tokens:
             document = win.tokens[win.prefetch_end]
             if document is None and ahead and first is not None:
@@ -535,10 +572,16 @@ class SourceStream:
                 self._win = self._read_window()
             win = self._win
             if self.pos < len(win.texts):
-                if win.tokens[self.pos] is None:
+                item = win.tokens[self.pos]
+                if item is None and self.documents is None and not win.ahead and not isinstance(
+                        win.texts[self.pos], str):
+                    item = win.texts[self.pos]   # pre-tokenized (or cached): passes through
+                    win.texts[self.pos] = ""
+                elif item is None:
                     self._tokenize_from(win, self.pos)
+                    item = win.tokens[self.pos]
                 if self.documents is None:
-                    document = Document(win.tokens[self.pos])
+                    document = Document(item)
                 else:
                     document = self._built(win)
                 win.tokens[self.pos] = None

@@ -30,6 +30,10 @@ import weakref
 from collections.abc import Callable, Iterable
 from multiprocessing.process import BaseProcess
 
+from torch.utils.data import get_worker_info
+
+from mixer.tokenize.tokenizer import tokenizer_thread_budget, use_worker_encoding_threads
+
 POLL_S = 0.2          # how often a worker's watchdog looks at its parent
 STOP_GRACE_S = 2.0    # how long the owner waits for SIGTERMed workers before SIGKILL
 _PR_SET_PDEATHSIG = 1
@@ -83,11 +87,14 @@ def init_fn() -> Callable[[int], None]:
     the forking *thread* exits, and any other thread may end while the workers are in use.
     """
     deathsig = threading.current_thread() is threading.main_thread()
-    return functools.partial(worker_init, parent=os.getpid(), deathsig=deathsig)
+    return functools.partial(worker_init, parent=os.getpid(), deathsig=deathsig,
+                             tokenizer_threads=tokenizer_thread_budget())
 
 
-def worker_init(worker_id: int, *, parent: int, deathsig: bool) -> None:
-    """Inside a worker: die with the process `parent`."""
+def worker_init(worker_id: int, *, parent: int, deathsig: bool,
+                tokenizer_threads: int) -> None:
+    """Inside a worker: die with the process `parent`; take this worker's share of the
+    parent's `tokenizer_threads`."""
     del worker_id
     # Ctrl-C reaches the whole process group; the owner decides when its workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -95,6 +102,8 @@ def worker_init(worker_id: int, *, parent: int, deathsig: bool) -> None:
         _set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the guards were in place
         os._exit(0)
+    info = get_worker_info()
+    use_worker_encoding_threads(info.num_workers if info is not None else 1, tokenizer_threads)
     threading.Thread(target=_watch, args=(parent,), name="mixer-watchdog", daemon=True).start()
 
 

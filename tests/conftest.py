@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 from pathlib import Path
@@ -28,6 +29,45 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
 
     items.sort(key=rank)  # stable: the order within a module is kept
+
+
+# pytest-timeout (pyproject.toml) fails a test stuck past its limit with every thread's stack.
+# A test stuck where its signal cannot reach (the main thread inside a C++ wait) is ended by
+# this watchdog a little later: faulthandler writes the stacks to a file and exits the process
+# (xdist then names the test), and the run's summary prints that file.
+STUCK_EXIT_S = 330
+
+
+def _stacks_file(config: pytest.Config) -> Path:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    return config.rootpath / ".pytest_cache" / f"stuck-{worker}.txt"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller: forget an earlier run's stacks
+        for old in (config.rootpath / ".pytest_cache").glob("stuck-*.txt"):
+            old.unlink()
+
+
+_watchdog_out: list = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    if not _watchdog_out:
+        path = _stacks_file(item.config)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _watchdog_out.append(open(path, "w"))  # noqa: SIM115 (open for the process's life)
+    faulthandler.dump_traceback_later(STUCK_EXIT_S, exit=True, file=_watchdog_out[0])
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    for path in sorted((config.rootpath / ".pytest_cache").glob("stuck-*.txt")):
+        if path.stat().st_size:
+            terminalreporter.section(f"stacks of a stuck test process ({path.stem})")
+            terminalreporter.write(path.read_text(errors="replace"))
 
 
 @pytest.fixture

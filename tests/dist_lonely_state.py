@@ -18,3 +18,6 @@ if dist.get_rank() == 0:
         print(f"RAISED after {time.monotonic() - start:.0f}s: {exc}", flush=True)
 else:
     time.sleep(8)  # never calls state_dict(); exits without joining any collective
+# Every driver ends its process group (a group left to interpreter finalization can abort
+# the process: pytorch/pytorch#190489).
+dist.destroy_process_group()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
+import procs
 import yaml
 
 from mixer.cli import main
@@ -49,10 +49,8 @@ def test_preview_and_bench(three_sources, tmp_path, capsys):
 def test_console_script_reports_errors_with_non_zero_exit(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("seq_len: 4\nbatch_size: 1\nsources: []\n")
-    result = subprocess.run([sys.executable, "-m", "mixer.cli", "validate", str(path)],
-                            capture_output=True, text=True)
+    result = procs.run([sys.executable, "-m", "mixer.cli", "validate", str(path)], timeout=120)
     assert result.returncode != 0 and "tokenizer" in result.stderr
-    help_text = subprocess.run([sys.executable, "-m", "mixer.cli", "--help"],
-                               capture_output=True, text=True).stdout
+    help_text = procs.run([sys.executable, "-m", "mixer.cli", "--help"], timeout=120).stdout
     for command in ("validate", "inspect", "preview", "bench"):
         assert command in help_text

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import procs
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -55,6 +55,6 @@ def test_same_batches_across_processes_and_hash_seeds(three_sources):
     for seed, workers in (("0", 0), ("12345", 2)):
         code = SCRIPT.format(tests=tests, recipe=json.dumps(recipe), workers=workers)
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                                text=True, check=True, timeout=120)
+        result = procs.run([sys.executable, "-c", code], env=env, timeout=120)
+        assert result.returncode == 0, result.stderr[-3000:]
         assert json.loads(result.stdout.strip().splitlines()[-1]) == expected

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
+import procs
 import pytest
 from helpers import corpus, make_tokenizer, write_docs
 
@@ -54,8 +54,8 @@ def runs(tmp_path_factory) -> dict[str, list[dict]]:
     """Every ending, REPS times, interleaved; one driver so torch is imported once."""
     recipe = busy_recipe(tmp_path_factory.mktemp("lifetime"))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, str(DRIVER), str(recipe), str(REPS), *ENDINGS],
-                          capture_output=True, timeout=180, env=env, text=True)
+    done = procs.run([sys.executable, str(DRIVER), str(recipe), str(REPS), *ENDINGS],
+                     timeout=180, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from helpers import corpus, write_docs
 from hypothesis import given, settings
@@ -35,14 +36,34 @@ def _worst_rank_error(weights: list[float], lanes: int, world: int, batch: int,
     return worst
 
 
-@settings(max_examples=100, deadline=None)
-@given(raw=st.lists(st.integers(1, 100), min_size=2, max_size=5),
-       topology=st.sampled_from([(4, 1), (4, 2), (4, 4), (8, 2), (16, 4), (64, 8), (64, 2)]),
-       batch=st.sampled_from([4, 8]))
-def test_deficit_rule_keeps_every_rank_within_one_point(raw, topology, batch):
-    weights = [r / sum(raw) for r in raw]
+def _worst_rank_error_of(raw: list[int], topology: tuple[int, int], batch: int) -> float:
+    """`_worst_rank_error` for weights proportional to `raw` on (lanes, world_size)."""
     lanes, world = topology
-    assert _worst_rank_error(weights, lanes, world, batch) <= 0.01
+    return _worst_rank_error([r / sum(raw) for r in raw], lanes, world, batch)
+
+
+TOPOLOGIES = [(4, 1), (4, 2), (4, 4), (8, 2), (16, 4), (64, 8), (64, 2)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(raw=st.lists(st.integers(1, 100), min_size=2, max_size=4),
+       topology=st.sampled_from(TOPOLOGIES), batch=st.sampled_from([4, 8]))
+def test_deficit_rule_keeps_every_rank_within_one_point(raw, topology, batch):
+    assert _worst_rank_error_of(raw, topology, batch) <= 0.01
+
+
+@settings(max_examples=40, deadline=None)
+@given(raw=st.lists(st.integers(1, 100), min_size=5, max_size=6),
+       topology=st.sampled_from(TOPOLOGIES), batch=st.sampled_from([8, 16]))
+def test_with_five_or_more_sources_the_one_point_bound_needs_batch_size_8(raw, topology, batch):
+    assert _worst_rank_error_of(raw, topology, batch) <= 0.01
+
+
+@pytest.mark.xfail(strict=True, reason="five sources at batch_size 4: a rank's shares err by up "
+                   "to ~1.08 points after 25 batches per lane (each source within about a row "
+                   "of its target, and the rows of every lane err alike); docs/recipes.md")
+def test_five_sources_at_batch_size_4_can_exceed_one_point():
+    assert _worst_rank_error_of([1, 1, 1, 80, 80], (4, 1), 4) <= 0.01
 
 
 def test_realized_shares_per_rank_with_documents_longer_than_seq_len(tmp_path, tokenizer_path):

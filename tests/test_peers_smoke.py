@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
+
+import procs
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / "benchmarks" / "peers.py"
@@ -22,10 +23,10 @@ def _table(output: str) -> dict[str, list[str]]:
 def test_peers_table_on_a_tiny_corpus(tmp_path):
     # The peer libraries (datasets, torchdata) are optional extras: only mixer and the
     # hand-written generator run here, next to the tokenizer bound.
-    out = subprocess.run(
+    out = procs.run(
         [sys.executable, str(PEERS), "--mb", "1", "--vocab", "4096", "--batches", "4",
          "--loaders", "generator,mixer", "--workers", "0", "--workdir", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT)
+        timeout=240, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = _table(out.stdout)
     mixer_rows = ["mixer num_workers=0, cache cold", "mixer num_workers=0, cache warm"]

@@ -7,11 +7,11 @@ import errno
 import json
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import procs
 import pytest
 import yaml
 from conftest import s3_options
@@ -71,7 +71,7 @@ def run(recipe: dict, n: int = N, *, workers: int = 0, rank: int = 0, world: int
 
 
 def entries(recipe: dict) -> list[Path]:
-    return sorted(Path(recipe["token_cache"]).glob("*/*.json"))
+    return sorted(Path(recipe["token_cache"]).glob("??/*.json"))   # (not tokenizers/*.json)
 
 
 def test_cold_warm_and_partly_warm_give_the_same_batches(data, tmp_path):
@@ -193,15 +193,60 @@ def damage_index(entry: Path) -> None:
     entry.with_suffix(".idx").write_bytes(bytes(data))
 
 
+def counting_loads(monkeypatch) -> list[str]:
+    """Files `Tokenizer.from_file` is asked to load from now on (none loaded before)."""
+    from types import SimpleNamespace
+
+    from mixer.tokenize import tokenizer as tokenizer_module
+    loads: list[str] = []
+    real = tokenizer_module.Tokenizer.from_file
+    monkeypatch.setattr(tokenizer_module, "Tokenizer", SimpleNamespace(
+        from_file=lambda file: loads.append(file) or real(file)))
+    monkeypatch.setattr(tokenizer_module, "_loaded", {})
+    return loads
+
+
+def test_a_warm_run_never_loads_the_tokenizer(data, tmp_path, monkeypatch):
+    fill(data, tmp_path)   # (also keeps the resolved tokenizer in the cache)
+    reference, _, _ = run(without_cache(data))
+    assert list((Path(data["token_cache"]) / "tokenizers").glob("*.json"))
+    loads = counting_loads(monkeypatch)
+    CACHE_STATS.reset()
+    assert run(data)[0] == reference
+    assert loads == [] and CACHE_STATS.hits > 0 and CACHE_STATS.misses == 0
+
+
+@pytest.mark.parametrize("damage", ["garbage", "tampered", "truncated"])
+def test_a_damaged_tokenizer_info_means_a_real_load(data, tmp_path, monkeypatch, damage):
+    fill(data, tmp_path)
+    reference, _, _ = run(without_cache(data))
+    plain = resolve_tokenizer(data["tokenizer"])
+    [stored] = (Path(data["token_cache"]) / "tokenizers").glob("*.json")
+    good = stored.read_text()
+    kept = json.loads(good)
+    if damage == "garbage":
+        stored.write_bytes(b"\x00\xff{not json")
+    elif damage == "tampered":   # a plausible id, the checksum left as it was
+        stored.write_text(json.dumps({**kept, "eos_id": kept["eos_id"] + 1}))
+    else:
+        stored.write_text(good[:len(good) // 2])
+    loads = counting_loads(monkeypatch)
+    info = resolve_tokenizer(data["tokenizer"], info_cache=str(stored.parent))
+    assert info == plain and loads == [data["tokenizer"]]
+    assert stored.read_text() == good   # rewritten by the real load
+    assert run(data)[0] == reference
+
+
 def test_damaged_entries_are_detected_and_rebuilt(data, tmp_path):
     fill(data, tmp_path)
     reference, _, _ = run(without_cache(data))
     damaged = entries(data)
     cache = TokenCache(data["token_cache"], resolve_tokenizer(data["tokenizer"]))
-    assert all(cache.load(entry.stem) is not None for entry in damaged)
+    assert all(cache.load(entry.stem, check_tokens=True) is not None for entry in damaged)
     for i, entry in enumerate(damaged):   # each kind of damage on a third of the entries
         (damage_truncate, damage_flip, damage_index)[i % 3](entry)
-    assert all(cache.load(entry.stem) is None for entry in damaged)   # each one detected
+    assert all(cache.load(entry.stem, check_tokens=True) is None   # each one detected
+               for entry in damaged)
     CACHE_STATS.reset()
     assert run(data)[0] == reference
     assert CACHE_STATS.corrupt > 0 and CACHE_STATS.writes > 0   # the run rebuilt what it read
@@ -211,16 +256,46 @@ def test_damaged_entries_are_detected_and_rebuilt(data, tmp_path):
     assert CACHE_STATS.corrupt == 0 and CACHE_STATS.misses == 0
 
 
+def blocks_of(entry: Path) -> tuple[int, int]:
+    """(block size, number of blocks) of an entry's .bin, from its commit."""
+    size, block, crcs = json.loads(entry.read_text())["bin"]
+    return block, len(crcs)
+
+
+@pytest.mark.parametrize("k", [3, 11])
+def test_a_corrupt_block_met_after_a_resume_reads_the_source_from_there(data, tmp_path,
+                                                                         monkeypatch, k):
+    monkeypatch.setattr(cache_module, "BIN_BLOCK", 32)   # many blocks per entry
+    fill(data, tmp_path)
+    reference, _, _ = run(without_cache(data))
+    first, state, _ = run(data, k)
+    damaged = [e for e in entries(data) if blocks_of(e)[1] >= 4]
+    assert len(damaged) >= 4
+    for entry in damaged:   # a flipped byte in every block from the middle on
+        block, count = blocks_of(entry)
+        tokens = bytearray(entry.with_suffix(".bin").read_bytes())
+        for b in range(count // 2, count):
+            tokens[b * block] ^= 0x01
+        entry.with_suffix(".bin").write_bytes(bytes(tokens))
+    CACHE_STATS.reset()
+    rest, _, _ = run(data, N - k, state=state)
+    assert first + rest == reference
+    assert CACHE_STATS.corrupt > 0 and CACHE_STATS.hits > 0   # damage met inside replays
+    fill(data, tmp_path)   # what the run neither rebuilt nor dropped, `mixer cache` rewrites
+    CACHE_STATS.reset()
+    assert run(data)[0] == reference
+    assert CACHE_STATS.corrupt == 0 and CACHE_STATS.misses == 0
+
+
 def test_two_processes_filling_one_cache_at_once(data, tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(data))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", "mixer.cli", "cache", str(path),
-                               "--no-progress"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
+    started = [procs.spawn([sys.executable, "-m", "mixer.cli", "cache", str(path),
+                            "--no-progress"], env=env) for _ in range(2)]
+    for proc in started:
+        done = procs.finish(proc, timeout=120)
+        assert done.returncode == 0, done.stderr
     assert len(entries(data)) == splits_of(data)
     assert not list(Path(data["token_cache"]).glob("*/*.tmp-*"))
     reference, _, _ = run(without_cache(data))
@@ -337,10 +412,9 @@ def test_cache_under_torchrun_ranks_share_the_splits(data, tmp_path):
     path.write_text(yaml.safe_dump(data))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "PYTHONWARNINGS": "ignore"}
-    result = subprocess.run(
+    result = procs.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "mixer.cli", "cache", str(path), "--no-progress"],
-        capture_output=True, text=True, timeout=300, env=env)
+         "-m", "mixer.cli", "cache", str(path), "--no-progress"], timeout=180, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     total = splits_of(data)
     written = sorted(int(line.split(": ")[1].split()[0])

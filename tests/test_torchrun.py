@@ -10,6 +10,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import procs
 import pytest
 import yaml
 from helpers import corpus, expected_counts, make_tokenizer, write_docs
@@ -17,6 +18,7 @@ from helpers import corpus, expected_counts, make_tokenizer, write_docs
 import mixer
 
 ROOT = Path(__file__).resolve().parent.parent
+JOB_TIMEOUT_S = 180  # the longest job takes ~25 s on two busy cores
 TRAIN = ROOT / "examples" / "train.py"
 STEPS = 12
 
@@ -25,9 +27,9 @@ def torchrun(nproc: int, *args: str, check: bool = True) -> subprocess.Completed
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    result = procs.run(cmd, timeout=JOB_TIMEOUT_S, env=env)
     if check and result.returncode != 0:
-        raise AssertionError(result.stdout[-3000:] + result.stderr[-3000:])
+        raise AssertionError(result.stdout[-3000:] + result.stderr[-10000:])
     return result
 
 

@@ -5,29 +5,22 @@ uninterrupted job."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import yaml
 from helpers import write_docs
 from image_data import Sample, make_vlm_tokenizer, write_tar
+from test_torchrun import torchrun as run_torchrun
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train_vlm.py"
 
 
 def torchrun(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc_per_node=2", str(TRAIN), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    if check and result.returncode != 0:
-        raise AssertionError(result.stdout[-3000:] + result.stderr[-3000:])
-    return result
+    return run_torchrun(2, str(TRAIN), *args, check=check)
 
 
 def logs(prefix: Path) -> dict[int, tuple[str, float | None]]:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import procs
 import pytest
 import torch
 from tokenizers import Tokenizer, models
@@ -354,8 +354,7 @@ def test_train_vlm_model_trains_on_packed_batches(tmp_path):
 
 def test_train_vlm_help():
     root = Path(__file__).parents[1]
-    result = subprocess.run([sys.executable, str(root / "examples" / "train_vlm.py"), "--help"],
-                            capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(root)})
+    result = procs.run([sys.executable, str(root / "examples" / "train_vlm.py"), "--help"],
+                       timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
     assert result.returncode == 0, result.stderr
     assert "--recipe" in result.stdout and "--resume" in result.stdout

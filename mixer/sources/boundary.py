@@ -58,6 +58,8 @@ def read_records(fmt: Format, *, storage: Any, entry: FileEntry, split: Split, s
                                     location=fmt.describe_offset(split, record.offset))
                     record = Record(record.index, record.offset, None, err)
             yield record
+    except GeneratorExit:   # closed early (or at interpreter exit, when globals are gone)
+        raise
     except DataError as exc:  # raised by storage (not found, changed, retries spent)
         if exc.source is None:
             exc = DataError(str(exc), source=source, file=entry.url,

@@ -171,7 +171,8 @@ def read_npy(*, storage, entry: FileEntry, split: Split, source: str, text_field
                     where=f"token offset {lay.token(at) + bad} (byte offset {at + bad * size})"))
                 index += 1
                 continue
-            tokens = finish_document(ids, info)
+            # (A copy: a view would keep the whole read chunk alive while the document waits.)
+            tokens = finish_document(ids.copy() if ids.base is not None else ids, info)
             if tokens is None:
                 continue   # two EOS in a row: an empty document, skipped like a blank line
             yield Record(index, at, None, tokens=tokens, chars=BYTES_PER_TOKEN * len(tokens))

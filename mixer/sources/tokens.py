@@ -60,8 +60,9 @@ def bad_id_error(ids: np.ndarray, at: int, info: TokenizerInfo, *, source: str, 
 
 
 def finish_document(ids: np.ndarray, info: TokenizerInfo) -> np.ndarray | None:
-    """The document's final int64 ids (EOS appended, BOS prepended by the rule above), or
-    None for an empty document."""
+    """The document's final ids (EOS appended, BOS prepended by the rule above), or None for
+    an empty document: `ids` itself, in its stored dtype, when they already are final (packers
+    copy them into int64 rows), else a new int64 array."""
     eos, bos = info.eos_id, info.bos_id
     start = 1 if bos is not None and len(ids) and int(ids[0]) == bos else 0
     stop = len(ids) - 1 if len(ids) > start and int(ids[-1]) == eos else len(ids)
@@ -69,6 +70,8 @@ def finish_document(ids: np.ndarray, info: TokenizerInfo) -> np.ndarray | None:
         return None
     head = 0 if bos is None or start else 1
     tail = 0 if stop < len(ids) else 1
+    if not head and not tail:
+        return ids
     out = np.empty(len(ids) + head + tail, dtype=np.int64)
     out[head:head + len(ids)] = ids
     if head:

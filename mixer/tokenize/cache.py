@@ -7,14 +7,15 @@ An entry holds *every* record of one split (all stripes), in four objects under
     .idx   their lengths and pointers (MMIDIDX version 1, see `indexed.py`)
     .rec   int64 [records, 4]: record index, offset, chars (len of its text), document
            number in the .idx (or -1 - e for the e-th error record)
-    .json  the commit: format version, dtype, counts, the errors, and a CRC-32 and size of
-           each of the three objects above; written last, so a reader never sees half an entry
+    .json  the commit: format version, counts, the errors, a CRC-32 and size of the .idx and
+           .rec, and the .bin's size, block size (`BIN_BLOCK`) and a CRC-32 per block; written
+           last, so a reader never sees half an entry
 
-The key hashes everything that determines the tokens (tokenizer digest and BOS/EOS rule, the
-object's key, size and version, the split's bounds, text field, format, max_document_bytes,
-`CACHE_FORMAT`), so a changed tokenizer or file never hits a stale entry. A cached split
-yields exactly the records its reader would (same index, offset, chars, tokens, errors), so
-the stream's windows and state mean the same with the cache cold, warm or partly warm.
+Reading an entry reads its .json, .idx and .rec; the .bin is read lazily, by the blocks the
+replayed records need, each checked when read. A damaged block never yields its tokens: from
+that record on, the replay reads the split's source file (the same records, tokenized as on a
+miss), counts the entry as corrupt and drops its commit; a replay that began at the split's
+first record rebuilds it as it goes, otherwise the next full read (or `mixer cache`) does.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ import hashlib
 import json
 import logging
 import os
-import uuid
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,9 +31,12 @@ from typing import Any
 import numpy as np
 
 from mixer.errors import DataError
+from mixer.files import write_atomically
 from mixer.sources.base import FileEntry, Record, Split
 from mixer.sources.storage import filesystem
+from mixer.tokenize.blocks import CorruptBlock, TokenFile, block_crcs, crc, is_local
 from mixer.tokenize.indexed import encode_index, parse_index, token_dtype
+from mixer.tokenize.replay import Replay
 from mixer.tokenize.tokenizer import (
     TOKENIZE_BYTES,
     TOKENIZE_DOCS,
@@ -42,7 +44,8 @@ from mixer.tokenize.tokenizer import (
     encoding_thread,
 )
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
+BIN_BLOCK = 1 << 18   # bytes of .bin per CRC: what a resume inside a split over-reads at most
 _PARTS = ("bin", "idx", "rec")
 
 
@@ -58,7 +61,6 @@ def _chunks(records: Iterator[Record]) -> Iterator[list[Record]]:
             chunk, size = [], 0
     if chunk:
         yield chunk
-_BLOCK = 1 << 18   # tokens converted to int64 at once when replaying
 log = logging.getLogger("mixer.token_cache")
 _warned: set[Any] = set()   # cache roots this process already warned about
 
@@ -82,16 +84,13 @@ CACHE_STATS = CacheStats()
 
 @dataclass(frozen=True)
 class CachedSplit:
-    """A verified entry in memory: its tokens, index and per-record table."""
+    """An entry whose .json, .idx and .rec are checked: its tokens, index and record table."""
 
-    tokens: np.ndarray     # the .bin, in its stored dtype
+    tokens: TokenFile
     starts: np.ndarray     # int64[D + 1]: element offset of each document, then the end
     records: np.ndarray    # int64[R, 4]
     errors: list[list[Any]]
-
-
-def _crc(data: bytes) -> int:
-    return zlib.crc32(data) & 0xFFFFFFFF
+    key: str
 
 
 class TokenCache:
@@ -125,9 +124,11 @@ class TokenCache:
         return f"{self.filesystem()[1]}/{key[:2]}/{key}"
 
     # -- reading -----------------------------------------------------------------------------
-    def load(self, key: str) -> CachedSplit | None:
-        """The entry if it is complete and its checksums match; None on a miss. A damaged
-        entry counts in `CACHE_STATS.corrupt` and reads as a miss (then it is rewritten)."""
+    def load(self, key: str, *, check_tokens: bool = False) -> CachedSplit | None:
+        """The entry if it is complete and its .json, .idx and .rec match their checksums
+        (every block of its .bin too with `check_tokens`; otherwise each is checked when
+        replayed); None on a miss. A damaged entry counts in `CACHE_STATS.corrupt` and reads
+        as a miss (then it is rewritten)."""
         fs, _ = self.filesystem()
         base = self.path(key)
         try:
@@ -135,49 +136,58 @@ class TokenCache:
         except (OSError, ValueError):
             return None
         try:
-            data = {part: fs.cat_file(f"{base}.{part}") for part in _PARTS}
-            for part in _PARTS:
-                size, crc = commit[part]
-                if len(data[part]) != size or _crc(data[part]) != crc:
+            if commit["v"] != CACHE_FORMAT:
+                raise ValueError(f"cache format {commit['v']}")
+            data = {part: fs.cat_file(f"{base}.{part}") for part in ("idx", "rec")}
+            for part in data:
+                size, expected = commit[part]
+                if len(data[part]) != size or crc(data[part]) != expected:
                     raise ValueError(f"{part} checksum mismatch")
             index = parse_index(data["idx"])
             records = np.frombuffer(data["rec"], np.int64).reshape(-1, 4)
-            if commit["v"] != CACHE_FORMAT or len(records) != commit["records"]:
+            if len(records) != commit["records"]:
                 raise ValueError("record table does not match its commit")
-            tokens = np.frombuffer(data["bin"], index.dtype)
             starts = np.zeros(index.num_documents + 1, np.int64)
             np.cumsum(index.lengths, out=starts[1:])
-            if starts[-1] != len(tokens):
+            size, block, crcs = commit["bin"]
+            if starts[-1] * index.dtype.itemsize != size:
                 raise ValueError("index does not cover the token file")
+            tokens = TokenFile(fs, base + ".bin", index.dtype, size, block, crcs)
+            if check_tokens:
+                tokens.check_all()
         except (OSError, ValueError, KeyError, TypeError) as exc:
             CACHE_STATS.corrupt += 1
             log.info("token cache entry %s is damaged (%s); rebuilding it", base, exc)
             return None
-        return CachedSplit(tokens, starts, records, commit["errors"])
+        return CachedSplit(tokens, starts, records, commit["errors"], key)
 
-    def replay(self, cached: CachedSplit, *, index: int, source: str,
-               file: str) -> Iterator[Record]:
-        """The split's records from record index `index`, as its reader would yield them.
+    def replay(self, cached: CachedSplit, *, index: int, source: str, file: str,
+               read: Callable[[int, int], Iterator[Record]],
+               adopt: Callable[[SplitWriter], None] | None = None) -> Replay:
+        """The split's records from record index `index`, as its reader would yield them (see
+        `Replay`). From a record whose block is damaged on, they are `read(index, offset)`
+        from the source; when the replay started at the split's first record, `adopt` is
+        first handed a writer holding the records replayed so far, to feed with the rest (the
+        entry is rebuilt)."""
+        def damaged(row: int, doc: int, exc: CorruptBlock) -> None:
+            self._drop(cached, exc)
+            if adopt is not None and replay.first == 0 and self.writable:
+                adopt(SplitWriter.prefilled(self, cached, file, row, doc))
 
-        Tokens become int64 a block of documents at a time; each record's tokens are a view
-        into its block (one conversion per block instead of one per document)."""
-        rows = cached.records
-        first = int(np.searchsorted(rows[:, 0], index))
-        tokens, starts = cached.tokens, cached.starts.tolist()
-        block, base, block_end = tokens[:0].astype(np.int64), 0, 0
-        for record_index, offset, chars, doc in rows[first:].tolist():
-            if doc < 0:
-                message, same_file, other_file, location = cached.errors[-1 - doc]
-                yield Record(record_index, offset, None, _error(
-                    message, source, file if same_file else other_file, location))
-                continue
-            if doc >= block_end:   # documents [doc, block_end) share one int64 block
-                base = starts[doc]
-                block_end = max(int(np.searchsorted(cached.starts, base + _BLOCK, "right")) - 1,
-                                doc + 1)
-                block = tokens[base:starts[block_end]].astype(np.int64)
-            ids = block[starts[doc] - base:starts[doc + 1] - base]
-            yield Record(record_index, offset, None, tokens=ids, chars=chars)
+        replay = Replay(cached, index, source=source, file=file, read=read, damaged=damaged)
+        return replay
+
+    def _drop(self, cached: CachedSplit, exc: Exception) -> None:
+        """Count a damaged entry found while replaying it and remove its commit (best effort:
+        the next full read of the split rewrites it)."""
+        CACHE_STATS.corrupt += 1
+        base = self.path(cached.key)
+        log.info("token cache entry %s is damaged (%s); reading its split from the source "
+                 "from here on", base, exc)
+        try:
+            self.filesystem()[0].rm_file(base + ".json")
+        except OSError as err:
+            log.debug("cannot remove %s.json (%s)", base, err)
 
     # -- writing -----------------------------------------------------------------------------
     def store(self, key: str, records: list[tuple[int, int, int, int]], lengths: list[int],
@@ -192,7 +202,9 @@ class TokenCache:
                  "idx": encode_index(self.dtype, np.array(lengths, dtype=np.int32)),
                  "rec": np.array(records, dtype=np.int64).reshape(-1, 4).tobytes()}
         commit = {"v": CACHE_FORMAT, "records": len(records), "documents": len(lengths),
-                  "errors": errors, **{p: [len(d), _crc(d)] for p, d in parts.items()}}
+                  "errors": errors, "idx": [len(parts["idx"]), crc(parts["idx"])],
+                  "rec": [len(parts["rec"]), crc(parts["rec"])],
+                  "bin": [len(parts["bin"]), BIN_BLOCK, block_crcs(parts["bin"], BIN_BLOCK)]}
         parts["json"] = json.dumps(commit).encode()
         fs, _ = self.filesystem()
         base = self.path(key)
@@ -210,23 +222,28 @@ class TokenCache:
         CACHE_STATS.writes += 1
         return True
 
-    def records(self, read: Callable[[], Iterator[Record]], *, entry: FileEntry, split: Split,
-                source: str, text_field: str, max_bytes: int, index: int,
-                write: bool) -> tuple[Iterator[Record], SplitWriter | None]:
-        """The split's records from `index`, and a writer to feed when the entry is to be
-        written. A hit replays the entry; a miss reads with `read()`, and when `write` (and
-        reading starts at the split's first record) returns a `SplitWriter` that the stream
-        feeds with the records it reads and the tokens it makes of them (so caching costs no
-        tokenization of its own); the entry is stored once every record has its tokens."""
+    def records(self, read: Callable[[int, int], Iterator[Record]], *, entry: FileEntry,
+                split: Split, source: str, text_field: str, max_bytes: int, index: int,
+                offset: int, adopt: Callable[[SplitWriter], None] | None = None
+                ) -> Iterator[Record]:
+        """The split's records from the cursor (`index`, `offset`). With `adopt`, the entry is
+        to be written from what the caller reads: `adopt` is handed the `SplitWriter` that
+        the caller then feeds with the records it reads and the tokens it makes of them (so
+        caching costs no tokenization of its own; the entry is stored once every record has
+        its tokens). A miss reads with `read(index, offset)` and, when reading starts at the
+        split's first record, adopts a writer at once; a hit replays the entry, and from a
+        damaged block on reads the source with `read` and adopts the writer that rebuilds
+        the entry."""
         key = self.key(entry, split, text_field=text_field, max_bytes=max_bytes)
         cached = self.load(key)
         if cached is not None:
             CACHE_STATS.hits += 1
-            return self.replay(cached, index=index, source=source, file=entry.url), None
+            return self.replay(cached, index=index, source=source, file=entry.url, read=read,
+                               adopt=adopt)
         CACHE_STATS.misses += 1
-        if not write or index != 0 or not self.writable:
-            return read(), None
-        return read(), SplitWriter(self, key, entry.url)
+        if adopt is not None and index == 0 and self.writable:
+            adopt(SplitWriter(self, key, entry.url))
+        return read(index, offset)
 
     def write_through(self, records: Iterable[Record], key: str, file: str,
                       encode: Callable[[list[str]], list[np.ndarray]]) -> Iterator[Record]:
@@ -305,19 +322,23 @@ def open_cache(recipe: Any, tokenizer: TokenizerInfo) -> TokenCache | None:
     return _open[key]
 
 
+def tokenizer_info_dir(recipe: Any) -> str | None:
+    """Where `resolve_tokenizer` keeps resolved tokenizers for the recipe's token cache: its
+    `tokenizers/` folder when the cache is a local folder the recipe uses, else None (a read
+    from an object store costs about what loading the tokenizer does)."""
+    if recipe.token_cache is None or recipe.images is not None:
+        return None
+    root = recipe.resolve(recipe.token_cache)
+    if "://" in root and not root.startswith("file://"):
+        return None
+    return os.path.join(root.removeprefix("file://"), "tokenizers")
+
+
 def _put(fs: Any, path: str, data: bytes) -> None:
     """Write one object so no reader sees it half-written: a unique temporary name renamed
     into place on a local disk; one PUT (atomic per object) on object stores."""
-    if getattr(fs, "protocol", None) in ("file", ("file", "local")) or \
-            type(fs).__name__ == "LocalFileSystem":
-        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            with open(tmp, "wb") as out:
-                out.write(data)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    if is_local(fs):
+        write_atomically(path, data)
     else:
         fs.pipe_file(path, data)
 
@@ -332,10 +353,6 @@ def _error_fields(error: DataError, file: str) -> list[Any]:
         prefix += f", {error.location}"
     message = where[len(prefix) + 2:] if prefix and where.startswith(prefix + ": ") else where
     return [message, error.file == file, error.file, error.location]
-
-
-def _error(message: str, source: str, file: str | None, location: str | None) -> DataError:
-    return DataError(message, source=source, file=file, location=location)
 
 
 class SplitWriter:
@@ -355,6 +372,20 @@ class SplitWriter:
         self.last_error = False
         self.ended = False
         self.done = False
+
+    @classmethod
+    def prefilled(cls, cache: TokenCache, cached: CachedSplit, file: str, rows: int,
+                  documents: int) -> SplitWriter:
+        """A writer holding the first `rows` records of `cached` (whose `documents` documents
+        lie in blocks already checked), to be fed the split's remaining records."""
+        writer = cls(cache, cached.key, file)
+        writer.rows = [tuple(r) for r in cached.records[:rows].tolist()]
+        writer.errors = cached.errors[:int((cached.records[:rows, 3] < 0).sum())]
+        starts = cached.starts
+        writer.tokens = {d: cached.tokens.tokens(int(starts[d]), int(starts[d + 1]))
+                         for d in range(documents)}
+        writer.documents = documents
+        return writer
 
     def record(self, record: Record) -> int | None:
         """Note a record read from the split; the document number to feed tokens for (None

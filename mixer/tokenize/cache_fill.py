@@ -15,7 +15,7 @@ from typing import Any
 from mixer.errors import RecipeError
 from mixer.recipe import Recipe
 from mixer.sources import FORMATS, SourceTable, Storage, read_split
-from mixer.tokenize.cache import CACHE_STATS, TokenCache, open_cache
+from mixer.tokenize.cache import CACHE_STATS, TokenCache, open_cache, tokenizer_info_dir
 from mixer.tokenize.tokenizer import Encoder, TokenizerInfo, resolve_tokenizer
 
 
@@ -30,7 +30,7 @@ def fill_split(cache: TokenCache, table: SourceTable, split_index: int, *, text_
         return "pre-tokenized"
     field = text_field or FORMATS[entry.format].default_text_field
     key = cache.key(entry, split, text_field=field, max_bytes=max_bytes)
-    if cache.load(key) is not None:
+    if cache.load(key, check_tokens=True) is not None:
         return "cached"
     storage = Storage(table.name, storage_options)
     records = read_split(storage=storage, entry=entry, split=split, source=table.name,
@@ -59,7 +59,8 @@ def fill_cache(recipe: Recipe, *, tables: list[SourceTable], rank: int = 0, worl
                workers: int = 0, progress: bool = True,
                tokenizer: TokenizerInfo | None = None) -> Counter:
     """Fill this rank's share of the cache; counts of "cached", "written", "not cached"."""
-    info = tokenizer or resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
+    info = tokenizer or resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token,
+                                          info_cache=tokenizer_info_dir(recipe))
     if recipe.token_cache is None:
         raise RecipeError("token_cache: the recipe names no token cache to fill")
     cache = open_cache(recipe, info)

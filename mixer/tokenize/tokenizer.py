@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mixer.errors import RecipeError
+from mixer.files import write_atomically
 
 # One tokenizer call: at most this many documents, and about this much text (enough to keep
 # the tokenizer's threads busy, little enough that a lane's first rows wait for ~10k tokens).
@@ -21,18 +23,22 @@ TOKENIZE_BYTES = 32 << 10
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eos|>", "[EOS]")
 _PAD_CANDIDATES = ("<pad>", "<|pad|>", "[PAD]")
-# Tokenizers loaded in this process: file -> (pid, tokenizer). `resolve_tokenizer` loads the
-# file once, and the main process's encoder reuses it (loading a 32k-vocabulary file takes
-# ~0.1-0.3 s, which the first batch would otherwise wait for); a forked worker loads its own.
-_loaded: dict[str, tuple[int, Tokenizer]] = {}
+# Tokenizers loaded in this process: (file, digest) -> tokenizer. `resolve_tokenizer` loads the file
+# once (unless its info cache answers), and encoders reuse it, in this process and in the
+# DataLoader workers it forks (loading a 32k-vocabulary file takes ~0.1-0.3 s, which the
+# first batch would otherwise wait for). A loaded tokenizer is plain data and safe to use
+# after fork; the tokenizer library itself turns its thread pool off in a child whose
+# parent had already encoded in parallel, whichever object the child uses.
+_loaded: dict[tuple[str, str], Tokenizer] = {}
+log = logging.getLogger("mixer.tokenizer")
 
 
-def _load(file: str) -> Tokenizer:
-    cached = _loaded.get(file)
-    if cached is not None and cached[0] == os.getpid():
-        return cached[1]
-    tok = Tokenizer.from_file(file)
-    _loaded[file] = (os.getpid(), tok)
+def _load(file: str, digest: str) -> Tokenizer:
+    """The tokenizer of `file` as resolved with `digest` (a file rewritten since then loads
+    anew; its digest no longer matches, which the token cache keys also see)."""
+    tok = _loaded.get((file, digest))
+    if tok is None:
+        tok = _loaded[(file, digest)] = Tokenizer.from_file(file)
     return tok
 
 
@@ -83,14 +89,36 @@ def _bos_from_post_processor(tok: Tokenizer) -> int | None:
     return None
 
 
-def resolve_tokenizer(path: str, eos_token: str | None = None) -> TokenizerInfo:
-    """Load a tokenizer's metadata and refuse one without an EOS token."""
+def resolve_tokenizer(path: str, eos_token: str | None = None, *,
+                      info_cache: str | None = None) -> TokenizerInfo:
+    """Resolve a tokenizer's metadata and refuse one without an EOS token.
+
+    With `info_cache` (a local folder) the resolved ids are kept there under the tokenizer's
+    digest and the `eos_token` argument, so a later call skips loading the tokenizer (the
+    `Encoder` loads it when it first encodes; a run served by the token cache never does)."""
     try:
         file, config = _files(Path(path))
+        digest = hashlib.sha256(file.read_bytes())
     except (OSError, ValueError, TypeError) as exc:  # a path the OS refuses, a bad config file
         raise RecipeError(f"tokenizer: cannot read {path!r}: {exc}") from None
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+    hexdigest = digest.hexdigest()[:16]
+    stored = None
+    if info_cache is not None:
+        stored = _info_file(info_cache, hexdigest, eos_token)
+        info = _read_info(stored, str(file), hexdigest, eos_token)
+        if info is not None:
+            return info
+    info = _resolve(file, config, hexdigest, eos_token)
+    if stored is not None:
+        _write_info(stored, info, eos_token)
+    return info
+
+
+def _resolve(file: Path, config: dict, digest: str, eos_token: str | None) -> TokenizerInfo:
+    """Load the tokenizer and find its EOS, BOS and pad ids."""
     try:
-        tok = Tokenizer.from_file(str(file))
+        tok = _load(str(file), digest)
     except Exception as exc:
         raise RecipeError(f"tokenizer: cannot load {str(file)!r}: {exc}") from None
     vocab = tok.get_vocab(with_added_tokens=True)
@@ -111,6 +139,7 @@ def resolve_tokenizer(path: str, eos_token: str | None = None) -> TokenizerInfo:
         raise RecipeError(f"eos_token: the tokenizer {str(file)!r} defines no EOS token; name one "
                           "with `eos_token:` in the recipe")
     eos_id = lookup(eos_name, "eos_token")
+    assert eos_id is not None
     bos_id = None
     if config.get("add_bos_token"):
         bos_id = lookup(_token_content(config.get("bos_token")), "tokenizer.bos_token")
@@ -120,18 +149,64 @@ def resolve_tokenizer(path: str, eos_token: str | None = None) -> TokenizerInfo:
     if pad_name is None:
         pad_name = next((c for c in _PAD_CANDIDATES if c in vocab), None)
     pad_id = vocab[pad_name] if pad_name in vocab else eos_id
-    _loaded[str(file)] = (os.getpid(), tok)
-    digest = hashlib.sha256(file.read_bytes())
-    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
-    return TokenizerInfo(str(file), eos_id, bos_id, pad_id, digest.hexdigest()[:16],
+    return TokenizerInfo(str(file), eos_id, bos_id, pad_id, digest,
                          tok.get_vocab_size(with_added_tokens=True))
+
+
+# -- resolved tokenizers kept by digest --------------------------------------------------------
+_INFO_FIELDS = ("eos_id", "bos_id", "pad_id", "vocab_size")
+
+
+def _info_file(folder: str, digest: str, eos_token: str | None) -> Path:
+    eos = hashlib.sha256(json.dumps(eos_token).encode()).hexdigest()[:16]
+    return Path(folder) / f"{digest}-{eos}.json"
+
+
+def _info_check(fields: dict) -> str:
+    """A checksum of the stored fields, so a damaged file reads as a miss."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read_info(stored: Path, file: str, digest: str,
+               eos_token: str | None) -> TokenizerInfo | None:
+    """The TokenizerInfo kept in `stored`, or None when it is missing or not trustworthy."""
+    try:
+        data = json.loads(stored.read_bytes())
+        fields = {k: data[k] for k in ("digest", "eos_token", *_INFO_FIELDS)}
+        if data["check"] != _info_check(fields) or fields["digest"] != digest or \
+                fields["eos_token"] != eos_token:
+            raise ValueError("checksum or key mismatch")
+        vocab = fields["vocab_size"]
+        ids = [fields["eos_id"], fields["pad_id"]]
+        ids += [] if fields["bos_id"] is None else [fields["bos_id"]]
+        if type(vocab) is not int or not all(type(i) is int and 0 <= i < vocab for i in ids):
+            raise ValueError("ids out of range")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.debug("tokenizer info %s is unusable (%s); loading the tokenizer", stored, exc)
+        return None
+    return TokenizerInfo(file, fields["eos_id"], fields["bos_id"], fields["pad_id"], digest,
+                         vocab)
+
+
+def _write_info(stored: Path, info: TokenizerInfo, eos_token: str | None) -> None:
+    """Keep `info` in `stored` (a unique temporary name renamed into place); best effort."""
+    fields = {"digest": info.digest, "eos_token": eos_token,
+              **{k: getattr(info, k) for k in _INFO_FIELDS}}
+    try:
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(stored, json.dumps({**fields, "check": _info_check(fields)}).encode())
+    except OSError as exc:
+        log.debug("cannot keep tokenizer info in %s (%s)", stored, exc)
 
 
 class Encoder:
     """Batched encoding with EOS (and BOS where configured) added to every document.
 
-    The Rust tokenizer is created lazily in each process: forked DataLoader workers must not
-    share one created before the fork.
+    The Rust tokenizer is looked up lazily, by file and digest, in the process that encodes:
+    a forked DataLoader worker reuses the one its parent loaded (see `_loaded`), a spawned
+    one (or an unpickled encoder) loads its own.
     """
 
     def __init__(self, info: TokenizerInfo) -> None:
@@ -141,7 +216,7 @@ class Encoder:
 
     def _tokenizer(self) -> Tokenizer:
         if self._tok is None or self._pid != os.getpid():
-            self._tok = _load(self.info.path)
+            self._tok = _load(self.info.path, self.info.digest)
             self._pid = os.getpid()
         return self._tok
 
@@ -174,9 +249,58 @@ class Encoder:
         return {"info": self.info, "_tok": None, "_pid": -1}
 
 
-# Text chunks a stream keeps encoding ahead of the one it packs. 2 and 4 measured no faster:
-# the pool is first in, first out, so chunks queued far ahead delay the one a packer waits on.
-TEXT_CHUNKS_AHEAD = 1
+# Text chunks a stream keeps queued ahead of the one it packs, so that `ENCODING_THREADS`
+# calls find work; a chunk nobody has started when its packer needs it is encoded by the
+# packer's thread (stream.py), so a deep FIFO queue never delays it.
+TEXT_CHUNKS_AHEAD = 2
+# Concurrent text-encoding calls per process. One ~32 KB call holds a few documents, and a
+# document is the unit the tokenizer's threads share out, so two calls left a core idle part
+# of the time (1.63 of 2 cores busy): measured on the issue 9 corpus, 32 KB calls reached
+# 0.76-0.80x of 64-document calls with 2 at once, 0.91-0.93x with 3, 0.97-1.01x with 4; and
+# mixer at num_workers 0 went from 0.84x to 0.95x the tokenizer bound (mean of 3 rounds).
+ENCODING_THREADS = 4
+# In a DataLoader worker (several share the cores): two. With 2 workers on 2 cores, 4 threads
+# each measured no faster (0.86x vs 0.89x the bound with 2, within noise), and every call in
+# flight holds its own working memory (peak RSS at num_workers 0 rose ~40 MB with 4).
+WORKER_ENCODING_THREADS = 2
+_encoding_threads = ENCODING_THREADS
+
+
+# The TOKENIZERS_PARALLELISM values with which `tokenizers` runs every call on its calling
+# thread (its own list; compared lower-cased).
+_PARALLELISM_OFF = ("", "off", "false", "f", "no", "n", "0")
+
+
+def tokenizer_thread_budget() -> int:
+    """Threads the Rust tokenizer may use in this process, as its thread pool (rayon) reads
+    them: `RAYON_NUM_THREADS` when it is a positive number, else the CPUs this process may
+    run on (rayon's default, also for 0 or a value it cannot parse)."""
+    try:
+        threads = int(os.environ.get("RAYON_NUM_THREADS", ""))
+    except ValueError:
+        threads = 0
+    return threads if threads > 0 else max(1, len(os.sched_getaffinity(0)))
+
+
+def use_worker_encoding_threads(num_workers: int, budget: int) -> None:
+    """Called in each of `num_workers` DataLoader workers: encode with
+    `WORKER_ENCODING_THREADS` there, and give the tokenizer's own thread pool this worker's
+    share of the parent's `budget` (at least one thread).
+
+    Each worker would otherwise start a pool as large as the whole budget: with 2 workers on
+    2 cores, four pool threads contended for two cores and spent 15-30 % more CPU per token
+    (issue 9 corpus, five paired rounds). The share takes effect because the pool starts at
+    the worker's first encoding call; where the parent had already encoded before forking,
+    `tokenizers` runs each call on its calling thread instead (its fork guard), also no more
+    threads than the encoding threads. With `TOKENIZERS_PARALLELISM` off there is no pool
+    to share and nothing is set.
+    """
+    global _encoding_threads
+    _encoding_threads = WORKER_ENCODING_THREADS
+    setting = os.environ.get("TOKENIZERS_PARALLELISM")
+    if setting is None or setting.lower() not in _PARALLELISM_OFF:
+        os.environ["RAYON_NUM_THREADS"] = str(max(1, budget // max(1, num_workers)))
+
 
 _pools: dict[int, tuple[int, ThreadPoolExecutor]] = {}
 
@@ -196,10 +320,11 @@ def encoding_thread() -> ThreadPoolExecutor:
 
 
 def encoding_pool() -> ThreadPoolExecutor:
-    """Two background threads per process that encode text chunks ahead of the packers.
+    """`ENCODING_THREADS` background threads per process (`WORKER_ENCODING_THREADS` in a
+    DataLoader worker) that encode text chunks ahead of the packers.
 
-    The Rust tokenizer releases the GIL and spreads one call over its documents; a chunk of
-    a few long documents keeps one core busy, so two calls run at once to keep two busy
-    while Python reads and packs. The tokens are the same whichever thread computes them.
+    The Rust tokenizer releases the GIL and shares one call's documents out over its own
+    thread pool; several calls at once keep its threads busy while Python reads and packs.
+    The tokens are the same whichever thread computes them.
     """
-    return _pool(2)
+    return _pool(_encoding_threads)

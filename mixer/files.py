@@ -1,0 +1,21 @@
+"""Writing a local file so that no reader ever sees it half-written."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from pathlib import Path
+
+
+def write_atomically(path: str | Path, data: bytes) -> None:
+    """Write `data` under a unique temporary name beside `path`, then rename it into place
+    (concurrent writers of the same path each rename a whole file; the last one wins)."""
+    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):   # (gone once renamed; or the folder is blocked)
+            os.unlink(tmp)
