@@ -36,9 +36,10 @@ lint: setup
 	$(VENV)/bin/ruff check mixer tests benchmarks examples
 
 # two test processes (xdist), a file each at a time: module fixtures are built once
-# (tests/conftest.py gives each one OpenMP thread)
+# (tests/conftest.py gives each one OpenMP thread). A crashed test process ends the run:
+# xdist 3.8 replacing it under --dist loadfile can wait for ever (pytest-xdist#1323).
 test: lint
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 2 --dist loadfile --max-worker-restart=0
 
 bench: setup
 	$(PY) benchmarks/throughput.py

@@ -32,10 +32,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # pytest-timeout (pyproject.toml) fails a test stuck past its limit with every thread's stack.
-# A test stuck where its signal cannot reach (the main thread inside a C++ wait) is ended by
-# this watchdog a little later: faulthandler writes the stacks to a file and exits the process
-# (xdist then names the test), and the run's summary prints that file.
-STUCK_EXIT_S = 330
+# A test its alarm cannot end (the main thread inside a C++ wait, or the alarm's exception
+# raised inside a finalizer, where Python drops it) is ended by this watchdog later:
+# faulthandler writes the stacks to a file and exits the process, xdist names the test and
+# (`--max-worker-restart=0` in the Makefile) ends the run, whose summary prints that file.
+# The grace leaves a test that pytest-timeout did end the time to tear down.
+STUCK_GRACE_S = 90
+
+
+def _stuck_after(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("timeout")
+    limit = marker.args[0] if marker is not None and marker.args else item.config.getini("timeout")
+    return float(limit or 300) + STUCK_GRACE_S
 
 
 def _stacks_file(config: pytest.Config) -> Path:
@@ -58,7 +66,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         path = _stacks_file(item.config)
         path.parent.mkdir(parents=True, exist_ok=True)
         _watchdog_out.append(open(path, "w"))  # noqa: SIM115 (open for the process's life)
-    faulthandler.dump_traceback_later(STUCK_EXIT_S, exit=True, file=_watchdog_out[0])
+    faulthandler.dump_traceback_later(_stuck_after(item), exit=True,
+                                      file=_watchdog_out[0])
     yield
     faulthandler.cancel_dump_traceback_later()
 

@@ -7,18 +7,17 @@ whole file fast.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import hashlib
 import io
 import json
-import signal
 import tarfile
 import time
 import weakref
 
 import numpy as np
 import pytest
+from deadline import deadline
 from helpers import EOS_ID, word_id, write_docs
 from image_data import Sample, encode_image, make_image, make_vlm_tokenizer, vision_ids, write_tar
 from PIL import Image
@@ -28,26 +27,6 @@ from mixer.images import handle
 from mixer.images.handle import LazyImage
 
 QWEN = {"layout": "qwen2_vl", "min_pixels": 784, "max_pixels": 56 * 56}
-
-
-class Hang(BaseException):
-    """Raised by `deadline`; a BaseException, so no `except Exception` (or OSError, which
-    TimeoutError is) in the code under test swallows it."""
-
-
-@contextlib.contextmanager
-def deadline(seconds: int):
-    """Raise `Hang` in the main thread after `seconds` (a hang fails, never blocks)."""
-    def fire(*_):
-        raise Hang(f"no answer within {seconds} s: the loader hangs")
-
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def digest(batch: dict) -> str:

@@ -3,14 +3,13 @@ written as a new user would call them: each asserts a promise the contract makes
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
-import signal
 
 import numpy as np
 import pytest
+from deadline import Hang, deadline
 from helpers import batch_digest, corpus, make_tokenizer, write_docs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -348,20 +347,7 @@ def test_a_state_with_damaged_override_weights_is_refused(data, weights):
         mixer.build_loader(recipe(data)).load_state_dict(state)
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    def expire(*_):
-        raise TimeoutError(f"still running after {seconds} s")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason="a finite run whose remaining "
+@pytest.mark.xfail(strict=True, raises=Hang, reason="a finite run whose remaining "
                    "sources weigh 0 until a far later point produces (and holds back) padding "
                    "batches until that point: 10^12 tokens away it spins for ever")
 def test_finite_run_does_not_spin_until_a_far_point(data):
@@ -369,7 +355,7 @@ def test_finite_run_does_not_spin_until_a_far_point(data):
                            {"at_tokens": 10 * BATCH_TOKENS, "weights": {"prose": 1}},
                            {"at_tokens": 10**12, "weights": {"web": 1, "code": 1}}]}
     loader = mixer.build_loader(finite(recipe(data, schedule)))
-    with time_limit(5):
+    with deadline(5):
         for _ in loader:
             pass
 
@@ -411,7 +397,7 @@ def test_finite_run_ends_when_no_later_point_weighs_a_remaining_source(data):
         {"at_tokens": 10 * BATCH_TOKENS, "weights": {"prose": 1}},
         {"at_tokens": 10**12, "weights": {"prose": 2}}]}
     loader = mixer.build_loader(finite(recipe(data, schedule)))
-    with time_limit(20):
+    with deadline(20):
         list(loader)
     assert loader.metrics()["epochs"]["prose"] == 1.0
 
@@ -425,7 +411,7 @@ def test_set_weights_naming_only_a_spent_capped_source_says_so(data):
         if loader.metrics()["epochs"]["prose"] >= 1:
             break
     loader.set_weights({"prose": 1})
-    with time_limit(20), pytest.raises(mixer.DataError, match="weighs 0.*set_weights"):
+    with deadline(20), pytest.raises(mixer.DataError, match="weighs 0.*set_weights"):
         list(itertools.islice(it, 10_000))
 
 
