@@ -28,6 +28,14 @@ PIPE_EOF_S = 10.0   # after the owner exits, its pipe must close within this
 WORKERS_GONE_S = 5.0
 PR_SET_CHILD_SUBREAPER = 36
 KEEP: list = []     # iterators that stay alive until interpreter exit, as in a script's globals
+# Endings whose signal raises an exception in the script (KeyboardInterrupt, a handler's
+# SystemExit). Python drops such an exception when it is raised while a finalizer runs (torch
+# runs StorageWeakRef.__del__ for every batch a worker sends), and the script goes on, as a
+# Ctrl-C now and then needs pressing twice in any PyTorch script: the signal is sent again,
+# up to REPEATS times, REPEAT_S apart (`signals` in the report). Two suite runs failed on a
+# single signal (sigterm_handler once, sigint once); 200 repetitions under load did not.
+RAISING = ("sigint", "sigterm_handler")
+REPEATS, REPEAT_S = 3, 10.0
 
 
 def proc_start(pid: int) -> tuple[str, int] | None:
@@ -128,13 +136,18 @@ def run_once(recipe: dict, scenario: str) -> dict:
     except ValueError:
         pids = []
     time.sleep(random.random() * 0.3)  # vary what the workers are doing when it ends
-    if scenario in ("sigterm", "sigterm_handler"):
-        os.kill(pid, signal.SIGTERM)
-    elif scenario == "sigint":
-        os.killpg(pid, signal.SIGINT)  # Ctrl-C reaches the whole group
-    elif scenario.endswith("sigkill"):
-        os.kill(pid, signal.SIGKILL)
-    status = wait_exit(pid, time.monotonic() + 30)
+    status, signals = None, 0
+    for _ in range(REPEATS if scenario in RAISING else 1):
+        signals += 1
+        if scenario in ("sigterm", "sigterm_handler"):
+            os.kill(pid, signal.SIGTERM)
+        elif scenario == "sigint":
+            os.killpg(pid, signal.SIGINT)  # Ctrl-C reaches the whole group
+        elif scenario.endswith("sigkill"):
+            os.kill(pid, signal.SIGKILL)
+        status = wait_exit(pid, time.monotonic() + (REPEAT_S if scenario in RAISING else 30))
+        if status is not None:
+            break
     if status is None:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -149,7 +162,8 @@ def run_once(recipe: dict, scenario: str) -> dict:
     for pid in strays:
         os.kill(pid, signal.SIGKILL)
     reap()
-    return {"status": status, "workers": len(pids), "pipe_closed": eof, "gone_s": gone_s,
+    return {"status": status, "signals": signals, "workers": len(pids), "pipe_closed": eof,
+            "gone_s": gone_s,
             "survivors": survivors, "strays": strays,
             "output": (first + output).decode(errors="replace")[-2000:]}
 

@@ -3,7 +3,8 @@
 Real training scripts, forked from one driver process that imported torch once (see
 lifetime_driver.py), end in each way REPS times; per run we check the exit status, that the
 script's stdout/stderr pipe closes (no worker still holds it) and that no worker is alive a
-few seconds later.
+few seconds later. A Ctrl-C or a SIGTERM whose handler raises is sent again if the script
+goes on (Python can drop the exception, see lifetime_driver.RAISING).
 """
 
 from __future__ import annotations
