@@ -21,6 +21,7 @@ all-reduced losses). The loader records it in its state, so a resume reproduces 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -215,6 +216,12 @@ def main() -> None:
         log.close()
     if metrics_log:
         metrics_log.close()
+    # DDP's reducer holds the process group and sits in a reference cycle: left to the final
+    # garbage collection, the group is destroyed during interpreter shutdown with gloo's
+    # threads still running, which now and then aborts the process ("terminate called
+    # without an active exception", pytorch/pytorch#179291). Free it while Python is whole.
+    del model, optimizer
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 

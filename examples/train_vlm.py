@@ -19,6 +19,7 @@ complete one. With `--step-log FILE` every rank appends one JSON line per step.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -197,6 +198,12 @@ def main() -> None:
         print(f"done: {step} steps in {time.perf_counter() - start:.1f}s", flush=True)
     if log:
         log.close()
+    # DDP's reducer holds the process group and sits in a reference cycle: left to the final
+    # garbage collection, the group is destroyed during interpreter shutdown with gloo's
+    # threads still running, which now and then aborts the process ("terminate called
+    # without an active exception", pytorch/pytorch#179291). Free it while Python is whole.
+    del model, optimizer
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 
