@@ -30,10 +30,10 @@ PR_SET_CHILD_SUBREAPER = 36
 KEEP: list = []     # iterators that stay alive until interpreter exit, as in a script's globals
 # Endings whose signal raises an exception in the script (KeyboardInterrupt, a handler's
 # SystemExit). Python drops such an exception when it is raised while a finalizer runs (torch
-# runs StorageWeakRef.__del__ for every batch a worker sends), and the script goes on, as a
+# runs StorageWeakRef.__del__ as it frees the storages workers sent), and the script goes on, as a
 # Ctrl-C now and then needs pressing twice in any PyTorch script: the signal is sent again,
 # up to REPEATS times, REPEAT_S apart (`signals` in the report). Two suite runs failed on a
-# single signal (sigterm_handler once, sigint once); 200 repetitions under load did not.
+# single signal (sigterm_handler once, sigint once); ~120 repetitions of the two under load did not.
 RAISING = ("sigint", "sigterm_handler")
 REPEATS, REPEAT_S = 3, 10.0
 
