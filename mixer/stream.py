@@ -9,6 +9,7 @@ plus the position inside the window, so resuming re-reads at most one window.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -308,7 +309,7 @@ class SourceStream:
         locations: list[str] = []
         origins: list[Any] = []   # (cache writer, document) per text, or None
         size = skipped = 0
-        reasons: dict[str, int] = {}
+        reasons: Counter[str] = Counter()
         slot, index, offset = self.start
         while slot < len(items) and len(texts) < self.window_docs and size < self.window_bytes:
             item = items[slot]
@@ -324,8 +325,7 @@ class SourceStream:
                 origins += [None] * len(taken.tokens)
                 size += taken.size
                 skipped += len(taken.skipped)
-                for reason in taken.skipped:
-                    reasons[reason] = reasons.get(reason, 0) + 1
+                reasons.update(taken.skipped)
                 if taken.stop is not None:
                     index, offset = taken.stop
                     self._live = ((self.epoch, slot, index, offset), records, None)
@@ -354,8 +354,7 @@ class SourceStream:
                 doc = writer.record(record) if writer is not None else None
                 if record.error is not None:
                     skipped += 1
-                    reason = record.error.reason
-                    reasons[reason] = reasons.get(reason, 0) + 1
+                    reasons[record.error.reason] += 1
                     continue
                 texts.append(record.text if record.tokens is None else record.tokens)
                 size += record.size

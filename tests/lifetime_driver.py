@@ -137,7 +137,8 @@ def run_once(recipe: dict, scenario: str) -> dict:
         pids = []
     time.sleep(random.random() * 0.3)  # vary what the workers are doing when it ends
     status, signals = None, 0
-    for _ in range(REPEATS if scenario in RAISING else 1):
+    sends, wait_s = (REPEATS, REPEAT_S) if scenario in RAISING else (1, 30.0)
+    for _ in range(sends):
         signals += 1
         if scenario in ("sigterm", "sigterm_handler"):
             os.kill(pid, signal.SIGTERM)
@@ -145,7 +146,7 @@ def run_once(recipe: dict, scenario: str) -> dict:
             os.killpg(pid, signal.SIGINT)  # Ctrl-C reaches the whole group
         elif scenario.endswith("sigkill"):
             os.kill(pid, signal.SIGKILL)
-        status = wait_exit(pid, time.monotonic() + (REPEAT_S if scenario in RAISING else 30))
+        status = wait_exit(pid, time.monotonic() + wait_s)
         if status is not None:
             break
     if status is None:
