@@ -27,6 +27,7 @@ from mixer.tokenize.replay import Replay
 from mixer.tokenize.tokenizer import (
     TEXT_CHUNKS_AHEAD,
     TOKENIZE_BYTES,
+    TOKENIZE_BYTES_AHEAD,
     TOKENIZE_DOCS,
     encoding_pool,
     encoding_thread,
@@ -69,6 +70,7 @@ class _Window:
     prefetch_end: int = 0       # documents before this one have their images decoding
     prefetch_tokens: int = 0    # tokens of the documents after `pos` and before that
     origins: list[Any] | None = None   # per document: (token-cache writer, document) or None
+    chunk_bytes: int = TOKENIZE_BYTES  # text budget of the next chunk cut (doubles per chunk)
 
 
 def source_has_documents(stream: SourceStream) -> bool:
@@ -457,14 +459,19 @@ class SourceStream:
 
     def _chunk_stop(self, win: _Window, start: int) -> int:
         """End of the tokenizer chunk at `start`: up to `TOKENIZE_DOCS` documents and, for
-        text, until `TOKENIZE_BYTES` of it (image documents keep whole 64-document chunks)."""
+        text, until the window's next chunk budget of it (image documents keep whole
+        64-document chunks). The budget starts at `TOKENIZE_BYTES`, so a window's first rows
+        wait for one small call, and doubles with each chunk cut up to
+        `TOKENIZE_BYTES_AHEAD`, where the tokenizer spends least per token."""
         stop = min(start + TOKENIZE_DOCS, len(win.texts))
         if self.documents is not None:
             return stop
+        budget = win.chunk_bytes
+        win.chunk_bytes = min(2 * budget, TOKENIZE_BYTES_AHEAD)
         size = 0
         for i in range(start, stop):
             size += len(win.texts[i])
-            if size >= TOKENIZE_BYTES:
+            if size >= budget:
                 return i + 1
         return stop
 
@@ -475,6 +482,7 @@ class SourceStream:
             for _, _, queued in win.ahead:
                 queued.cancel()
             win.ahead = []   # a jump (a resume inside the window): start over from here
+            win.chunk_bytes = TOKENIZE_BYTES
             self._submit_ahead(win, start, 1)
         if win.ahead:
             _, stop, future = win.ahead.pop(0)

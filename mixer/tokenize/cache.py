@@ -39,6 +39,7 @@ from mixer.tokenize.indexed import encode_index, parse_index, token_dtype
 from mixer.tokenize.replay import Replay
 from mixer.tokenize.tokenizer import (
     TOKENIZE_BYTES,
+    TOKENIZE_BYTES_AHEAD,
     TOKENIZE_DOCS,
     TokenizerInfo,
     encoding_thread,
@@ -50,17 +51,23 @@ _PARTS = ("bin", "idx", "rec")
 
 
 def _chunks(records: Iterator[Record]) -> Iterator[list[Record]]:
-    """Records in chunks of at most TOKENIZE_DOCS records and about TOKENIZE_BYTES of text."""
+    """Records in chunks of at most TOKENIZE_DOCS records and a text budget that starts at
+    TOKENIZE_BYTES (the first rows wait for one small call) and doubles per chunk up to
+    TOKENIZE_BYTES_AHEAD (larger calls cost the tokenizer less per token)."""
     chunk: list[Record] = []
     size = 0
+    budget = TOKENIZE_BYTES
     for record in records:
         chunk.append(record)
         size += len(record.text) if record.text is not None else 0
-        if len(chunk) >= TOKENIZE_DOCS or size >= TOKENIZE_BYTES:
+        if len(chunk) >= TOKENIZE_DOCS or size >= budget:
             yield chunk
             chunk, size = [], 0
+            budget = min(2 * budget, TOKENIZE_BYTES_AHEAD)
     if chunk:
         yield chunk
+
+
 log = logging.getLogger("mixer.token_cache")
 _warned: set[Any] = set()   # cache roots this process already warned about
 

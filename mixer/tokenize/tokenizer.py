@@ -16,10 +16,17 @@ from tokenizers import Tokenizer
 from mixer.errors import RecipeError
 from mixer.files import write_atomically
 
-# One tokenizer call: at most this many documents, and about this much text (enough to keep
-# the tokenizer's threads busy, little enough that a lane's first rows wait for ~10k tokens).
+# One tokenizer call: at most this many documents and, for text, a budget of bytes that starts
+# at TOKENIZE_BYTES for a window's first call (its first rows wait for ~10k tokens, not more)
+# and doubles with each following call up to TOKENIZE_BYTES_AHEAD. Small calls cost the
+# tokenizer more per token: a call of one or two documents runs on its calling thread, and
+# its thread pool spins up and down around each call. Measured on the issue 9 corpus (in one
+# process, mixer and the tokenizer alone alternating, docs/benchmarks.md): 32 KB calls spent
+# ~7 % more CPU a token than 64-document calls, and mixer at num_workers 0 rose from 0.88-0.90x
+# to 0.96-0.98x the tokenizer alone with calls growing to 128 KB.
 TOKENIZE_DOCS = 64
 TOKENIZE_BYTES = 32 << 10
+TOKENIZE_BYTES_AHEAD = 128 << 10
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eos|>", "[EOS]")
 _PAD_CANDIDATES = ("<pad>", "<|pad|>", "[PAD]")
@@ -251,18 +258,21 @@ class Encoder:
 
 # Text chunks a stream keeps queued ahead of the one it packs, so that `ENCODING_THREADS`
 # calls find work; a chunk nobody has started when its packer needs it is encoded by the
-# packer's thread (stream.py), so a deep FIFO queue never delays it.
-TEXT_CHUNKS_AHEAD = 2
-# Concurrent text-encoding calls per process. One ~32 KB call holds a few documents, and a
-# document is the unit the tokenizer's threads share out, so two calls left a core idle part
-# of the time (1.63 of 2 cores busy): measured on the issue 9 corpus, 32 KB calls reached
-# 0.76-0.80x of 64-document calls with 2 at once, 0.91-0.93x with 3, 0.97-1.01x with 4; and
-# mixer at num_workers 0 went from 0.84x to 0.95x the tokenizer bound (mean of 3 rounds).
+# packer's thread (stream.py), so a deep FIFO queue never delays it. One: with chunks of up to
+# 128 KB, twelve streams keep four threads busy, and every chunk queued is tokens encoded
+# before they are needed (at the end of a run, encoded and never delivered: with two ahead,
+# 1-2 M tokens, a tenth of an 800-batch benchmark run).
+TEXT_CHUNKS_AHEAD = 1
+# Concurrent text-encoding calls per process. One call holds a few documents, and a document
+# is the unit the tokenizer's threads share out, so two calls left a core idle part of the
+# time (1.63 of 2 cores busy with 32 KB calls): measured on the issue 9 corpus, 32 KB calls
+# reached 0.76-0.80x of 64-document calls with 2 at once, 0.91-0.93x with 3, 0.97-1.01x with 4.
 ENCODING_THREADS = 4
-# In a DataLoader worker (several share the cores): two. With 2 workers on 2 cores, 4 threads
-# each measured no faster (0.86x vs 0.89x the bound with 2, within noise), and every call in
-# flight holds its own working memory (peak RSS at num_workers 0 rose ~40 MB with 4).
-WORKER_ENCODING_THREADS = 2
+# In a DataLoader worker (several share the cores): one. With 2 workers on 2 cores, a worker
+# whose pool has one thread spent 1.04-1.12 CPU µs a token encoding with one thread feeding
+# it and 1.21-1.30 with two (calls in flight contend for the pool; issue 9 corpus, paired
+# rounds), and every call in flight holds its own working memory.
+WORKER_ENCODING_THREADS = 1
 _encoding_threads = ENCODING_THREADS
 
 
