@@ -1,0 +1,176 @@
+"""mixer and the tokenizer alone, alternating in one process: a ratio that machine drift
+does not swamp.
+
+    python benchmarks/paired.py [--workers 0|2] [--rounds 12] [--phase 60] [--workdir DIR]
+
+`peers.py` runs each loader in its own process, one after another; on a shared 2-core
+machine the tokenizer's own rate moves by a third between minutes, so one run's ratio says
+little. Here one process builds mixer's loader (the corpus and recipe of `peers.py`, rank 0
+of 2) and, round after round, takes `--phase` batches from it and then has the tokenizer
+alone encode as many tokens (64-document calls, EOS appended; texts of the other rank's
+files, mixed by tokens in the recipe's weights, read before the clock starts). Before a
+phase ends, mixer's background work is let finish (its encoding threads; with workers,
+until they stop using CPU), so work done ahead counts in mixer's time. Each side's time and
+CPU (per thread: the loader's main thread, its encoding threads, the tokenizer's pool,
+DataLoader workers) are summed over the rounds; the ratio is mixer's tokens/s over the
+bound's. mixer starts after 20 batches (its start-up is `peers.py`'s first-batch column).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from corpus import WEIGHTS, Corpus, build  # noqa: E402
+from peer_loaders import SOURCES, TOKENIZE_CHUNK, encoder, read_documents  # noqa: E402
+from peers import mixer_recipe  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+WARMUP_BATCHES = 20
+
+
+def thread_cpu() -> collections.Counter:
+    """CPU seconds of this process's threads, by role."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: collections.Counter = collections.Counter()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        name = names.get(int(tid))
+        role = ("main" if int(tid) == os.getpid() else
+                "tokenizer pool" if name is None else re.sub(r"_\d+$", "", name))
+        out[role] += (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children (DataLoader workers)."""
+    total = 0
+    for pid in Path(f"/proc/self/task/{os.getpid()}/children").read_text().split():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
+def let_mixer_finish(workers: int) -> None:
+    """Wait for mixer's background work: the encoding threads (all of them free), or with
+    workers until their CPU stops growing."""
+    if workers:
+        last = children_cpu()
+        while True:
+            time.sleep(0.03)
+            now = children_cpu()
+            if now - last < 0.01:
+                return
+            last = now
+    from mixer.tokenize.tokenizer import encoding_pool
+
+    pool = encoding_pool()
+    threads = pool._max_workers
+    barrier = threading.Barrier(threads + 1)
+    for _ in range(threads):
+        pool.submit(barrier.wait)
+    barrier.wait()
+
+
+def bound_texts(corpus: Corpus, tokens: int) -> list[str]:
+    """Texts of rank 1's files, mixed by (estimated) tokens in the recipe's weights."""
+    encode = encoder(corpus)
+    streams = {s: read_documents(corpus, s, 1, 2) for s in SOURCES}
+    chars_per_token = {}
+    for source in SOURCES:
+        sample = [next(streams[source]) for _ in range(32)]
+        chars_per_token[source] = sum(map(len, sample)) / sum(map(len, encode(sample)))
+    texts: list[str] = []
+    given: collections.Counter = collections.Counter()
+    while sum(given.values()) < tokens and streams:
+        source = min(streams, key=lambda s: given[s] / WEIGHTS[s])
+        text = next(streams[source], None)
+        if text is None:
+            del streams[source]
+            continue
+        texts.append(text)
+        given[source] += len(text) / chars_per_token[source]
+    return texts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--phase", type=int, default=60, help="mixer batches per round")
+    parser.add_argument("--mb", type=float, default=210)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/mixer-peers"))
+    args = parser.parse_args()
+
+    corpus = build(args.workdir, args.mb)
+    import mixer
+
+    recipe = mixer_recipe(corpus)
+    tokens_per_batch = recipe["batch_size"] * recipe["seq_len"]
+    texts = bound_texts(corpus, int(1.2 * args.rounds * args.phase * tokens_per_batch))
+    encode = encoder(corpus)
+    loader = mixer.build_loader(recipe, rank=0, world_size=2, num_workers=args.workers)
+    batches = iter(loader)
+    for _ in range(WARMUP_BATCHES):
+        next(batches)
+    let_mixer_finish(args.workers)
+
+    sides = {side: [0, 0.0, collections.Counter()] for side in ("mixer", "tokenizer alone")}
+    rows, at = [], 0
+    for round_ in range(args.rounds):
+        before, workers_before, start = thread_cpu(), children_cpu(), time.perf_counter()
+        got = 0
+        for _ in range(args.phase):
+            batch = next(batches)
+            got += int((batch["source_ids"] >= 0).sum())   # not padding
+        let_mixer_finish(args.workers)
+        mixer_s = time.perf_counter() - start
+        cpu = thread_cpu() - before
+        cpu["workers"] += children_cpu() - workers_before
+        sides["mixer"][0] += got
+        sides["mixer"][1] += mixer_s
+        sides["mixer"][2] += cpu
+
+        before, start, done = thread_cpu(), time.perf_counter(), 0
+        while done < got and at < len(texts):
+            done += sum(map(len, encode(texts[at:at + TOKENIZE_CHUNK])))
+            at += TOKENIZE_CHUNK
+        bound_s = time.perf_counter() - start
+        sides["tokenizer alone"][0] += done
+        sides["tokenizer alone"][1] += bound_s
+        sides["tokenizer alone"][2] += thread_cpu() - before
+        ratio = (got / mixer_s) / (done / bound_s)
+        rows.append(f"| {round_ + 1} | {got / mixer_s:,.0f} | {done / bound_s:,.0f} "
+                    f"| {ratio:.3f} |")
+    loader.close()
+
+    print(f"mixer num_workers={args.workers}, {args.rounds} rounds of {args.phase} batches\n")
+    print("| round | mixer tokens/s | tokenizer alone | ratio |\n|---|---|---|---|")
+    print("\n".join(rows))
+    rate = {side: tokens / seconds for side, (tokens, seconds, _) in sides.items()}
+    print(f"\n**all rounds: mixer {rate['mixer']:,.0f}, tokenizer alone "
+          f"{rate['tokenizer alone']:,.0f} tokens/s, ratio "
+          f"{rate['mixer'] / rate['tokenizer alone']:.3f}**\n")
+    print("| side | cores busy | CPU µs a token, by thread |\n|---|---|---|")
+    for side, (tokens, seconds, cpu) in sides.items():
+        parts = ", ".join(f"{role} {value / tokens * 1e6:.3f}" for role, value in cpu.most_common()
+                          if value > 0)
+        print(f"| {side} | {sum(cpu.values()) / seconds:.2f} | "
+              f"{sum(cpu.values()) / tokens * 1e6:.3f} ({parts}) |")
+
+
+if __name__ == "__main__":
+    main()
