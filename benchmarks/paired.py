@@ -7,7 +7,7 @@ does not swamp.
 machine the tokenizer's own rate moves by a third between minutes, so one run's ratio says
 little. Here one process builds mixer's loader (the corpus and recipe of `peers.py`, rank 0
 of 2) and, round after round, takes `--phase` batches from it and then has the tokenizer
-alone encode as many tokens (64-document calls, EOS appended; texts of the other rank's
+alone encode as many tokens (64-document calls, EOS appended; texts of the same rank's
 files, mixed by tokens in the recipe's weights, read before the clock starts). Before a
 phase ends, mixer's background work is let finish (its encoding threads; with workers,
 until they stop using CPU), so work done ahead counts in mixer's time. Each side's time and
@@ -86,9 +86,10 @@ def let_mixer_finish(workers: int) -> None:
 
 
 def bound_texts(corpus: Corpus, tokens: int) -> list[str]:
-    """Texts of rank 1's files, mixed by (estimated) tokens in the recipe's weights."""
+    """Texts of rank 0's files (the ones mixer reads), mixed by (estimated) tokens in the
+    recipe's weights."""
     encode = encoder(corpus)
-    streams = {s: read_documents(corpus, s, 1, 2) for s in SOURCES}
+    streams = {s: read_documents(corpus, s, 0, 2) for s in SOURCES}
     chars_per_token = {}
     for source in SOURCES:
         sample = [next(streams[source]) for _ in range(32)]
