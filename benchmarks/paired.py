@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import os
 import re
 import sys
@@ -89,11 +90,13 @@ def bound_texts(corpus: Corpus, tokens: int) -> list[str]:
     """Texts of rank 0's files (the ones mixer reads), mixed by (estimated) tokens in the
     recipe's weights."""
     encode = encoder(corpus)
-    streams = {s: read_documents(corpus, s, 0, 2) for s in SOURCES}
-    chars_per_token = {}
+    streams, chars_per_token = {}, {}
     for source in SOURCES:
-        sample = [next(streams[source]) for _ in range(32)]
-        chars_per_token[source] = sum(map(len, sample)) / sum(map(len, encode(sample)))
+        documents = read_documents(corpus, source, 0, 2)
+        sample = list(itertools.islice(documents, 32))
+        if sample:
+            chars_per_token[source] = sum(map(len, sample)) / sum(map(len, encode(sample)))
+            streams[source] = itertools.chain(sample, documents)
     texts: list[str] = []
     given: collections.Counter = collections.Counter()
     while sum(given.values()) < tokens and streams:
@@ -112,11 +115,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--phase", type=int, default=60, help="mixer batches per round")
-    parser.add_argument("--mb", type=float, default=210)
+    parser.add_argument("--mb", type=float, default=210, help="corpus size, MB of text")
+    parser.add_argument("--vocab", type=int, default=32768, help="BPE vocabulary size")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/mixer-peers"))
     args = parser.parse_args()
 
-    corpus = build(args.workdir, args.mb)
+    corpus = build(args.workdir, args.mb, args.vocab)
     import mixer
 
     recipe = mixer_recipe(corpus)
@@ -146,9 +150,9 @@ def main() -> None:
         sides["mixer"][2] += cpu
 
         before, start, done = thread_cpu(), time.perf_counter(), 0
-        while done < got and at < len(texts):
+        while done < got:   # a small corpus's texts come round again
             done += sum(map(len, encode(texts[at:at + TOKENIZE_CHUNK])))
-            at += TOKENIZE_CHUNK
+            at = at + TOKENIZE_CHUNK if at + TOKENIZE_CHUNK < len(texts) else 0
         bound_s = time.perf_counter() - start
         sides["tokenizer alone"][0] += done
         sides["tokenizer alone"][1] += bound_s

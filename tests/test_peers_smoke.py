@@ -55,3 +55,23 @@ def test_missing_peer_library_becomes_a_skipped_row(monkeypatch, tmp_path):
     assert notes["HF datasets streaming"] == "datasets not installed"
     assert notes["torchdata.nodes"] == "torchdata not installed"
     assert notes["hand-written generator"] is None
+
+
+def test_paired_harness_on_a_tiny_corpus(tmp_path):
+    """benchmarks/paired.py alternates mixer (with and without workers) and the tokenizer
+    alone in one process and reports both sides' rates and CPU."""
+    for workers in ("0", "2"):
+        out = procs.run(
+            [sys.executable, str(ROOT / "benchmarks" / "paired.py"), "--mb", "1", "--vocab",
+             "4096", "--rounds", "2", "--phase", "3", "--workers", workers,
+             "--workdir", str(tmp_path)], timeout=240, cwd=ROOT)
+        assert out.returncode == 0, out.stderr[-2000:]
+        rounds = [line for line in out.stdout.splitlines() if line.startswith("| 1 |")
+                  or line.startswith("| 2 |")]
+        assert len(rounds) == 2, out.stdout
+        for line in rounds:
+            mixer_rate, bound_rate, ratio = (float(c.strip().replace(",", ""))
+                                             for c in line.strip("|").split("|")[1:])
+            assert mixer_rate > 0 and bound_rate > 0 and ratio > 0
+        assert f"mixer num_workers={workers}" in out.stdout
+        assert "| tokenizer alone |" in out.stdout and "| mixer |" in out.stdout
