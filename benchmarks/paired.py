@@ -65,17 +65,20 @@ def children_cpu() -> float:
     return total / TICK
 
 
-def let_mixer_finish(workers: int) -> None:
-    """Wait for mixer's background work: the encoding threads (all of them free), or with
-    workers until their CPU stops growing."""
+def let_mixer_finish(workers: int, limit_s: float = 10.0) -> float:
+    """Wait for mixer's background work and return when it ended (`time.perf_counter()`):
+    the encoding threads (all of them free), or with workers the last moment their CPU grew
+    (polled every 30 ms, for at most `limit_s`)."""
     if workers:
-        last = children_cpu()
-        while True:
+        last, busy_until = children_cpu(), time.perf_counter()
+        deadline = busy_until + limit_s
+        while time.perf_counter() < deadline:
             time.sleep(0.03)
             now = children_cpu()
             if now - last < 0.01:
-                return
-            last = now
+                return busy_until
+            last, busy_until = now, time.perf_counter()
+        return busy_until
     from mixer.tokenize.tokenizer import encoding_pool
 
     pool = encoding_pool()
@@ -84,6 +87,7 @@ def let_mixer_finish(workers: int) -> None:
     for _ in range(threads):
         pool.submit(barrier.wait)
     barrier.wait()
+    return time.perf_counter()
 
 
 def bound_texts(corpus: Corpus, tokens: int) -> list[str]:
@@ -107,6 +111,8 @@ def bound_texts(corpus: Corpus, tokens: int) -> list[str]:
             continue
         texts.append(text)
         given[source] += len(text) / chars_per_token[source]
+    if not texts:
+        raise SystemExit(f"no texts in rank 0's files of {corpus.folder}")
     return texts
 
 
@@ -125,12 +131,14 @@ def main() -> None:
 
     recipe = mixer_recipe(corpus)
     tokens_per_batch = recipe["batch_size"] * recipe["seq_len"]
-    texts = bound_texts(corpus, int(1.2 * args.rounds * args.phase * tokens_per_batch))
-    encode = encoder(corpus)
     loader = mixer.build_loader(recipe, rank=0, world_size=2, num_workers=args.workers)
     batches = iter(loader)
+    # Workers fork at the first batch: the parent must not have encoded before then, or the
+    # tokenizer library turns the workers' thread pools off (its fork guard).
     for _ in range(WARMUP_BATCHES):
         next(batches)
+    texts = bound_texts(corpus, int(1.2 * args.rounds * args.phase * tokens_per_batch))
+    encode = encoder(corpus)
     let_mixer_finish(args.workers)
 
     sides = {side: [0, 0.0, collections.Counter()] for side in ("mixer", "tokenizer alone")}
@@ -141,8 +149,7 @@ def main() -> None:
         for _ in range(args.phase):
             batch = next(batches)
             got += int((batch["source_ids"] >= 0).sum())   # not padding
-        let_mixer_finish(args.workers)
-        mixer_s = time.perf_counter() - start
+        mixer_s = let_mixer_finish(args.workers) - start
         cpu = thread_cpu() - before
         cpu["workers"] += children_cpu() - workers_before
         sides["mixer"][0] += got

