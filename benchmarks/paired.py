@@ -7,30 +7,31 @@ does not swamp.
 machine the tokenizer's own rate moves by a third between minutes, so one run's ratio says
 little. Here one process builds mixer's loader (the corpus and recipe of `peers.py`, rank 0
 of 2) and, round after round, takes `--phase` batches from it and then has the tokenizer
-alone encode as many tokens (64-document calls, EOS appended; texts of the same rank's
-files, mixed by tokens in the recipe's weights, read before the clock starts). Before a
-phase ends, mixer's background work is let finish (its encoding threads; with workers,
-until they stop using CPU), so work done ahead counts in mixer's time. Each side's time and
-CPU (per thread: the loader's main thread, its encoding threads, the tokenizer's pool,
-DataLoader workers) are summed over the rounds; the ratio is mixer's tokens/s over the
-bound's. mixer starts after 20 batches (its start-up is `peers.py`'s first-batch column).
+alone encode as many tokens (64-document calls, EOS appended) of the very texts mixer
+encodes (recorded from a second loader of the same stream before the clock starts).
+Before a phase ends, mixer's background work is let finish (its encoding threads; with
+workers, until their CPU stops growing), so work done ahead counts in mixer's time. Each
+side's time and CPU (per thread: the loader's main thread, its encoding threads, the
+tokenizer's pool, DataLoader workers) are summed over the rounds; the ratio is mixer's
+tokens/s over the bound's. mixer starts after 20 batches (its start-up is `peers.py`'s
+first-batch column).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import itertools
 import os
 import re
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import WEIGHTS, Corpus, build  # noqa: E402
-from peer_loaders import SOURCES, TOKENIZE_CHUNK, encoder, read_documents  # noqa: E402
+from corpus import build  # noqa: E402
+from peer_loaders import TOKENIZE_CHUNK, encoder  # noqa: E402
 from peers import mixer_recipe  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -90,29 +91,33 @@ def let_mixer_finish(workers: int, limit_s: float = 10.0) -> float:
     return time.perf_counter()
 
 
-def bound_texts(corpus: Corpus, tokens: int) -> list[str]:
-    """Texts of rank 0's files (the ones mixer reads), mixed by (estimated) tokens in the
-    recipe's weights."""
-    encode = encoder(corpus)
-    streams, chars_per_token = {}, {}
-    for source in SOURCES:
-        documents = read_documents(corpus, source, 0, 2)
-        sample = list(itertools.islice(documents, 32))
-        if sample:
-            chars_per_token[source] = sum(map(len, sample)) / sum(map(len, encode(sample)))
-            streams[source] = itertools.chain(sample, documents)
-    texts: list[str] = []
-    given: collections.Counter = collections.Counter()
-    while sum(given.values()) < tokens and streams:
-        source = min(streams, key=lambda s: given[s] / WEIGHTS[s])
-        text = next(streams[source], None)
-        if text is None:
-            del streams[source]
-            continue
-        texts.append(text)
-        given[source] += len(text) / chars_per_token[source]
+def mixer_texts(recipe: dict, batches: int) -> list[str]:
+    """The texts mixer's tokenizer is given while a loader like the measured one (rank 0 of 2,
+    num_workers 0: the same stream) yields `batches` batches, in the order they were given.
+    The tokenizer's CPU per token moves by several percent with the documents (the other
+    rank's files, or a mix estimated from characters, shifted the ratio by 2-7 %), so the
+    bound encodes exactly mixer's documents."""
+    import mixer
+    from mixer.tokenize.tokenizer import Encoder
+
+    given: list[list[str]] = []
+    original = Encoder.__call__
+
+    def recording(self: Encoder, texts: list[str]) -> Any:
+        given.append(list(texts))
+        return original(self, texts)
+
+    Encoder.__call__ = recording   # type: ignore[method-assign]
+    try:
+        loader = mixer.build_loader(recipe, rank=0, world_size=2, num_workers=0)
+        for _ in zip(range(batches), loader):
+            pass
+        loader.close()
+    finally:
+        Encoder.__call__ = original   # type: ignore[method-assign]
+    texts = [text for call in given for text in call]
     if not texts:
-        raise SystemExit(f"no texts in rank 0's files of {corpus.folder}")
+        raise SystemExit("mixer encoded no text")
     return texts
 
 
@@ -130,15 +135,15 @@ def main() -> None:
     import mixer
 
     recipe = mixer_recipe(corpus)
-    tokens_per_batch = recipe["batch_size"] * recipe["seq_len"]
     loader = mixer.build_loader(recipe, rank=0, world_size=2, num_workers=args.workers)
     batches = iter(loader)
     # Workers fork at the first batch: the parent must not have encoded before then, or the
     # tokenizer library turns the workers' thread pools off (its fork guard).
     for _ in range(WARMUP_BATCHES):
         next(batches)
-    texts = bound_texts(corpus, int(1.2 * args.rounds * args.phase * tokens_per_batch))
+    texts = mixer_texts(recipe, WARMUP_BATCHES + args.rounds * args.phase)
     encode = encoder(corpus)
+    let_mixer_finish(0)   # the recording loader's encoding threads
     let_mixer_finish(args.workers)
 
     sides = {side: [0, 0.0, collections.Counter()] for side in ("mixer", "tokenizer alone")}
