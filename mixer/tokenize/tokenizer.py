@@ -238,8 +238,9 @@ class Encoder:
             ids.append(eos)
             if bos is not None:
                 ids.insert(0, bos)
-            # Through a C array: a third of np.array's time on a list of ints.
-            out.append(np.frombuffer(array.array("I", ids), dtype=np.uint32).astype(np.int64))
+            # uint32 (packers copy tokens into int64 rows): half the memory of int64 while a
+            # chunk waits, and through a C array a third of np.array's time on a list of ints.
+            out.append(np.frombuffer(array.array("I", ids), dtype=np.uint32))
         return out
 
     def encode_raw(self, texts: list[str]) -> list[list[int]]:
