@@ -19,7 +19,6 @@ import numpy as np
 
 from mixer.document import Document
 from mixer.errors import DataError, StateError
-from mixer.open_readers import open_readers
 from mixer.rng import derive_key, permutation
 from mixer.slices import SliceItem, lane_slice
 from mixer.sources import FORMATS, EncodedImage, Record, SourceTable, Storage, read_split
@@ -265,10 +264,8 @@ class SourceStream:
 
     def _records(self, slot: int, index: int, offset: int):
         """Records of the slice from a cursor, reusing the open reader when it is already there."""
-        with open_readers.lock:   # (not closed by another stream from here on)
-            live = self._live
-            self._live = None
-            open_readers.release(self)
+        live = self._live
+        self._live = None
         if live is not None and live[0] == (self.epoch, slot, index, offset):
             return live[1], live[2]
         items = self._lane_slice()
@@ -295,13 +292,6 @@ class SourceStream:
             max_bytes=self.max_document_bytes, index=index, offset=offset, adopt=adopt)
         return records, None
 
-    def close_reader(self) -> None:
-        """Close the reader kept open between windows (`open_readers` bounds how many are);
-        the next window re-opens it at the cursor."""
-        live, self._live = self._live, None
-        if live is not None:
-            live[1].close()
-
     def _keeps_reader_open(self, item: SliceItem) -> bool:
         """Whether a reader paused at a full window stays open for the next window.
 
@@ -309,8 +299,7 @@ class SourceStream:
         parquet row group), so those readers close: an open one holds buffers (7 MB for a
         parquet reader in a row group), and there is one per lane and source. A whole-file
         compressed split would decompress from its start again, and a token-cache entry
-        would be loaded again: those stay open (the former at most
-        `open_readers.OPEN_READERS_MAX` per process, least recently used closed first)."""
+        would be loaded again: those stay open."""
         return not self._splits[item.split].seekable or self.token_cache is not None
 
     def _read_window(self) -> _Window:
@@ -355,8 +344,6 @@ class SourceStream:
                     index, offset = record.index, record.offset
                     if self._keeps_reader_open(item):
                         self._live = ((self.epoch, slot, index, offset), records, record)
-                        if self.token_cache is None:   # (a cache entry's writer stays open)
-                            open_readers.hold(self)
                     else:
                         records.close()
                     full = True
