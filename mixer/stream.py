@@ -284,6 +284,10 @@ class SourceStream:
         # splits that lanes share.
         text_field = self.text_field or FORMATS[entry.format].default_text_field
         self._writers = {k: w for k, w in self._writers.items() if k[0] == self.epoch}
+        if (self.epoch, slot) in self._writers:
+            # This stream writes the split's entry and re-opens its reader at the cursor: read
+            # on (a replay of an entry another process stored meanwhile would not feed ours).
+            return read(index, offset), None
         adopt = None
         if items[slot].stride == 1:
             adopt = lambda writer, at=(self.epoch, slot): self._writers.update({at: writer})
@@ -292,15 +296,16 @@ class SourceStream:
             max_bytes=self.max_document_bytes, index=index, offset=offset, adopt=adopt)
         return records, None
 
-    def _keeps_reader_open(self, item: SliceItem) -> bool:
+    def _keeps_reader_open(self, item: SliceItem, records: Any) -> bool:
         """Whether a reader paused at a full window stays open for the next window.
 
         Re-opening at the cursor is cheap for seekable splits (a seek, or decoding part of a
         parquet row group), so those readers close: an open one holds buffers (7 MB for a
         parquet reader in a row group), and there is one per lane and source. A whole-file
-        compressed split would decompress from its start again, and a token-cache entry
-        would be loaded again: those stay open."""
-        return not self._splits[item.split].seekable or self.token_cache is not None
+        compressed split would decompress from its start again, and a token-cache replay
+        would load its entry again: those stay open. (A cache entry being written lives in
+        `_writers`, not in the reader: the reader of a cache miss closes as without a cache.)"""
+        return not self._splits[item.split].seekable or isinstance(records, Replay)
 
     def _read_window(self) -> _Window:
         items = self._lane_slice()
@@ -342,7 +347,7 @@ class SourceStream:
                     continue   # (a skipped record is counted by the lane that owns it)
                 if len(texts) >= self.window_docs or size >= self.window_bytes:
                     index, offset = record.index, record.offset
-                    if self._keeps_reader_open(item):
+                    if self._keeps_reader_open(item, records):
                         self._live = ((self.epoch, slot, index, offset), records, record)
                     else:
                         records.close()

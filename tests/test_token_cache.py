@@ -16,6 +16,8 @@ import pytest
 import yaml
 from conftest import s3_options
 from helpers import batch_digest, corpus, make_tokenizer, word_id, write_docs
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mixer
 from mixer.cli import main as cli
@@ -448,3 +450,59 @@ def test_image_recipes_bypass_the_cache_and_say_so(caplog, tmp_path):
         assert open_cache(recipe, None) is None
         assert open_cache(recipe, None) is None
     assert len(warnings_of(caplog)) == 1 and "image" in warnings_of(caplog)[0].getMessage()
+
+
+def test_a_run_caches_seekable_splits_read_over_many_windows(tmp_path):
+    """Parquet row groups and plain-jsonl ranges close their reader at every full window (as
+    without a cache) while the stream writes their entries: a later run replays every one."""
+    tok = make_tokenizer(tmp_path / "tok.json")
+    write_docs(tmp_path / "p" / "p0.parquet", corpus(0, 120, min_len=5, max_len=40),
+               "parquet", row_group_size=7)
+    write_docs(tmp_path / "j" / "j0.jsonl", corpus(500, 90, max_len=30), "jsonl")
+    recipe = {"seed": 2, "tokenizer": str(tok), "seq_len": 16, "batch_size": 2, "lanes": 1,
+              "shuffle_window": 5, "token_cache": str(tmp_path / "cache"),
+              "sources": [{"name": "p", "path": str(tmp_path / "p" / "*.parquet"),
+                           "weight": 0.6},
+                          {"name": "j", "path": str(tmp_path / "j" / "*.jsonl"),
+                           "weight": 0.4}]}
+    n = 300   # past the end of both sources' first epoch
+    reference = run(without_cache(recipe), n)[0]
+    CACHE_STATS.reset()
+    assert run(recipe, n)[0] == reference
+    assert CACHE_STATS.writes == splits_of(recipe)
+    CACHE_STATS.reset()
+    assert run(recipe, n)[0] == reference
+    assert CACHE_STATS.misses == 0 and CACHE_STATS.hits >= splits_of(recipe)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_a_writer_holds_only_documents_ahead_of_an_earlier_one(tmp_path_factory, draw):
+    """Tokens arrive in any order within a window; the writer spills each document once every
+    earlier one is in, so it never holds more than a window, and the entry it stores is the
+    documents in order."""
+    from mixer.sources.base import Record
+    from mixer.tokenize.cache import SplitWriter
+    from mixer.tokenize.tokenizer import TokenizerInfo
+
+    folder = tmp_path_factory.mktemp("cache")
+    info = TokenizerInfo(path="t", eos_id=1, bos_id=None, pad_id=0, digest="d", vocab_size=1000)
+    cache = TokenCache(str(folder), info)
+    count = draw.draw(st.integers(0, 60))
+    window = draw.draw(st.integers(1, 8))
+    docs = [np.arange(i, i + draw.draw(st.integers(0, 9)), dtype=np.uint32) % 1000
+            for i in range(count)]
+    writer = SplitWriter(cache, "k" * 32, "file")
+    for start in range(0, count, window):
+        numbers = [writer.record(Record(i, i * 10, f"t{i}")) for i in
+                   range(start, min(start + window, count))]
+        for doc in draw.draw(st.permutations(numbers)):
+            writer.add_tokens(doc, docs[doc])
+            assert len(writer.ahead) < window
+    writer.end()
+    stored = cache.load("k" * 32, check_tokens=True)
+    assert stored is not None and len(stored.starts) == count + 1
+    for d, ids in enumerate(docs):
+        got = stored.tokens.tokens(int(stored.starts[d]), int(stored.starts[d + 1]))
+        assert np.array_equal(got, ids)
+    assert stored.records[:, 0].tolist() == list(range(count))

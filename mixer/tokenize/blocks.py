@@ -88,12 +88,6 @@ def crc(data: Any) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
 
-def block_crcs(data: bytes, block: int) -> list[int]:
-    """CRC-32 of each `block` bytes of `data`."""
-    view = memoryview(data)
-    return [crc(view[at:at + block]) for at in range(0, len(data), block)]
-
-
 def is_local(fs: Any) -> bool:
     """Whether `fs` is fsspec's local filesystem."""
     return getattr(fs, "protocol", None) in ("file", ("file", "local")) or \

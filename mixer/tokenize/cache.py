@@ -20,10 +20,13 @@ first record rebuilds it as it goes, otherwise the next full read (or `mixer cac
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import uuid
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,9 +37,10 @@ from mixer.errors import DataError
 from mixer.files import write_atomically
 from mixer.sources.base import FileEntry, Record, Split
 from mixer.sources.storage import filesystem
-from mixer.tokenize.blocks import CorruptBlock, TokenFile, block_crcs, crc, is_local
+from mixer.tokenize.blocks import CorruptBlock, TokenFile, crc, is_local
 from mixer.tokenize.indexed import encode_index, parse_index, token_dtype
 from mixer.tokenize.replay import Replay
+from mixer.tokenize.spill import TokenSpill
 from mixer.tokenize.tokenizer import (
     TOKENIZE_BYTES,
     TOKENIZE_BYTES_AHEAD,
@@ -47,7 +51,6 @@ from mixer.tokenize.tokenizer import (
 
 CACHE_FORMAT = 2
 BIN_BLOCK = 1 << 18   # bytes of .bin per CRC: what a resume inside a split over-reads at most
-_PARTS = ("bin", "idx", "rec")
 
 
 def _chunks(records: Iterator[Record]) -> Iterator[list[Record]]:
@@ -197,37 +200,50 @@ class TokenCache:
             log.debug("cannot remove %s.json (%s)", base, err)
 
     # -- writing -----------------------------------------------------------------------------
-    def store(self, key: str, records: list[tuple[int, int, int, int]], lengths: list[int],
-              tokens: list[np.ndarray], errors: list[list[Any]]) -> bool:
-        """Write an entry (data objects first, the commit last) from its record rows, its
-        documents' lengths and their tokens (arrays in the cache's dtype, back to back);
-        False when the cache cannot be written (warned once per process and root, then not
-        tried again)."""
-        if not self.writable:
-            return False
-        parts = {"bin": b"".join(t.tobytes() for t in tokens),
-                 "idx": encode_index(self.dtype, np.array(lengths, dtype=np.int32)),
-                 "rec": np.array(records, dtype=np.int64).reshape(-1, 4).tobytes()}
-        commit = {"v": CACHE_FORMAT, "records": len(records), "documents": len(lengths),
-                  "errors": errors, "idx": [len(parts["idx"]), crc(parts["idx"])],
-                  "rec": [len(parts["rec"]), crc(parts["rec"])],
-                  "bin": [len(parts["bin"]), BIN_BLOCK, block_crcs(parts["bin"], BIN_BLOCK)]}
-        parts["json"] = json.dumps(commit).encode()
-        fs, _ = self.filesystem()
-        base = self.path(key)
+    def spill(self) -> TokenSpill:
+        """An empty spill for an entry's tokens: beside the entries when the cache is a local
+        folder (stored by a copy on the same disk; no RAM-backed /tmp), otherwise in the
+        system's temporary folder."""
+        fs, root = self.filesystem()
+        return TokenSpill(self.dtype, root if is_local(fs) else None)
+
+    def store(self, key: str, records: array, tokens: TokenSpill,
+              errors: list[list[Any]]) -> bool:
+        """Write an entry (data objects first, the commit last) from its record rows (int64,
+        4 per record, flat), its documents' tokens and the errors; False when the cache
+        cannot be written (warned once per process and root, then not tried again). Closes
+        `tokens`."""
         try:
+            if not self.writable:
+                return False
+            fs, _ = self.filesystem()
+            base = self.path(key)
             fs.makedirs(base.rsplit("/", 1)[0], exist_ok=True)
-            for suffix in (*_PARTS, "json"):
+            bin_crcs = _put_chunks(fs, f"{base}.bin", tokens.chunks(BIN_BLOCK))
+            parts = {"idx": encode_index(self.dtype, np.array(tokens.lengths, dtype=np.int32)),
+                     "rec": records.tobytes()}
+            commit = {"v": CACHE_FORMAT, "records": len(records) // 4, "documents": len(tokens),
+                      "errors": errors, "idx": [len(parts["idx"]), crc(parts["idx"])],
+                      "rec": [len(parts["rec"]), crc(parts["rec"])],
+                      "bin": [tokens.nbytes, BIN_BLOCK, bin_crcs]}
+            parts["json"] = json.dumps(commit).encode()
+            for suffix in ("idx", "rec", "json"):
                 _put(fs, f"{base}.{suffix}", parts[suffix])
         except OSError as exc:
-            self.writable = False
-            if self.root not in _warned:
-                _warned.add(self.root)
-                log.warning("token cache %s cannot be written (%s): reading tokens from the "
-                            "cache where present, tokenizing the rest", self.root, exc)
+            self.unwritable(exc)
             return False
+        finally:
+            tokens.close()
         CACHE_STATS.writes += 1
         return True
+
+    def unwritable(self, exc: OSError) -> None:
+        """Stop writing to this cache (reads go on), warning once per process and root."""
+        self.writable = False
+        if self.root not in _warned:
+            _warned.add(self.root)
+            log.warning("token cache %s cannot be written (%s): reading tokens from the "
+                        "cache where present, tokenizing the rest", self.root, exc)
 
     def records(self, read: Callable[[int, int], Iterator[Record]], *, entry: FileEntry,
                 split: Split, source: str, text_field: str, max_bytes: int, index: int,
@@ -257,13 +273,7 @@ class TokenCache:
         """`records` of a whole split with their texts tokenized (token records, same
         `chars`); once they are all read, the entry `key` is stored (unless the split ends
         in an error or holds images: then it stays uncached)."""
-        rows: list[tuple[int, int, int, int]] = []
-        lengths: list[int] = []
-        tokens: list[np.ndarray] = []   # per chunk, in the cache's dtype (2-4 bytes a token)
-        errors: list[list[Any]] = []
-        keep = True   # False once a record cannot be cached (images, ids beyond the dtype)
-        last_error = False
-        limit = np.iinfo(self.dtype).max
+        writer = SplitWriter(self, key, file)
 
         def texts_of(chunk: list[Record]) -> list[str]:
             return [r.text for r in chunk if r.error is None and r.tokens is None
@@ -282,31 +292,16 @@ class TokenCache:
             pending = None if following is None else (
                 following, encoding_thread().submit(encode, texts_of(following)))
             encoded = iter(future.result())
-            kept = []
             for record in chunk:
-                last_error = record.error is not None
-                if record.images:
-                    keep = False
-                elif record.error is not None:
-                    rows.append((record.index, record.offset, 0, -1 - len(errors)))
-                    errors.append(_error_fields(record.error, file))
-                else:
-                    chars = record.size
+                doc = writer.record(record)
+                if record.error is None and not record.images:
                     ids = record.tokens if record.tokens is not None else next(encoded)
-                    rows.append((record.index, record.offset, chars, len(lengths)))
-                    lengths.append(len(ids))
-                    kept.append(ids)
-                    record = Record(record.index, record.offset, None, tokens=ids, chars=chars)
+                    if doc is not None:
+                        writer.add_tokens(doc, ids)
+                    record = Record(record.index, record.offset, None, tokens=ids,
+                                    chars=record.size)
                 yield record
-            if kept and keep:
-                joined = np.concatenate(kept)
-                if len(joined) and (joined.min() < 0 or joined.max() > limit):
-                    keep = False   # pre-tokenized ids of another vocabulary
-                tokens.append(joined.astype(self.dtype))
-        # A split that ends in an error may have been cut short by a storage failure: such an
-        # error must not outlive this run, so the split stays uncached.
-        if keep and not last_error:
-            self.store(key, rows, lengths, tokens, errors)
+        writer.end()
 
 
 _open: dict[tuple, TokenCache] = {}
@@ -350,6 +345,35 @@ def _put(fs: Any, path: str, data: bytes) -> None:
         fs.pipe_file(path, data)
 
 
+def _put_chunks(fs: Any, path: str, chunks: Iterable[bytes]) -> list[int]:
+    """Write one object from `chunks` as `_put` does (no reader sees it half-written) and
+    return the CRC-32 of each chunk."""
+    crcs = []
+    if is_local(fs):
+        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            with open(tmp, "wb") as out:
+                for chunk in chunks:
+                    crcs.append(crc(chunk))
+                    out.write(chunk)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):   # (gone once renamed)
+                os.unlink(tmp)
+        return crcs
+    out = fs.open(path, "wb")   # an object store publishes the object when it is closed
+    try:
+        for chunk in chunks:
+            crcs.append(crc(chunk))
+            out.write(chunk)
+    except BaseException:
+        if hasattr(out, "discard"):
+            out.discard()
+        raise
+    out.close()
+    return crcs
+
+
 def _error_fields(error: DataError, file: str) -> list[Any]:
     """[message, same_file, file, location] of an error record (message without its place)."""
     where = str(error)
@@ -365,15 +389,18 @@ def _error_fields(error: DataError, file: str) -> list[Any]:
 class SplitWriter:
     """An entry filled as a stream reads its split (every record, in order) and tokenizes
     its documents (in any order); stored when the split was read to its end and every
-    document has its tokens, unless it ends in an error or holds images."""
+    document has its tokens, unless it ends in an error or holds images. Tokens go to a
+    `TokenSpill` as soon as every earlier document has its own: a writer holds in memory
+    only the documents that finished ahead of an earlier one."""
 
     def __init__(self, cache: TokenCache, key: str, file: str) -> None:
         self.cache = cache
         self.key = key
         self.file = file
-        self.rows: list[tuple[int, int, int, int]] = []
+        self.rows = array("q")   # (record index, offset, chars, document) per record, flat
         self.errors: list[list[Any]] = []
-        self.tokens: dict[int, np.ndarray] = {}
+        self.spill = cache.spill()
+        self.ahead: dict[int, np.ndarray] = {}   # documents waiting for an earlier one
         self.documents = 0
         self.keep = True
         self.last_error = False
@@ -386,35 +413,38 @@ class SplitWriter:
         """A writer holding the first `rows` records of `cached` (whose `documents` documents
         lie in blocks already checked), to be fed the split's remaining records."""
         writer = cls(cache, cached.key, file)
-        writer.rows = [tuple(r) for r in cached.records[:rows].tolist()]
+        writer.rows.extend(cached.records[:rows].ravel().tolist())
         writer.errors = cached.errors[:int((cached.records[:rows, 3] < 0).sum())]
         starts = cached.starts
-        writer.tokens = {d: cached.tokens.tokens(int(starts[d]), int(starts[d + 1]))
-                         for d in range(documents)}
         writer.documents = documents
+        for d in range(documents):
+            writer._spill(cached.tokens.tokens(int(starts[d]), int(starts[d + 1])))
         return writer
 
     def record(self, record: Record) -> int | None:
         """Note a record read from the split; the document number to feed tokens for (None
         for an error, or a document that already carries its tokens)."""
         if record.images:
-            self.keep = False
+            self._abandon()
             return None
         self.last_error = record.error is not None
         if record.error is not None:
-            self.rows.append((record.index, record.offset, 0, -1 - len(self.errors)))
+            self.rows.extend((record.index, record.offset, 0, -1 - len(self.errors)))
             self.errors.append(_error_fields(record.error, self.file))
             return None
         doc = self.documents
         self.documents += 1
-        self.rows.append((record.index, record.offset, record.size, doc))
+        self.rows.extend((record.index, record.offset, record.size, doc))
         if record.tokens is not None:
-            self.tokens[doc] = record.tokens
+            self.add_tokens(doc, record.tokens)
             return None
         return doc
 
     def add_tokens(self, doc: int, ids: np.ndarray) -> None:
-        self.tokens[doc] = ids
+        if self.keep:
+            self.ahead[doc] = ids
+            while len(self.spill) in self.ahead and self.keep:
+                self._spill(self.ahead.pop(len(self.spill)))
         self._maybe_store()
 
     def end(self) -> None:
@@ -422,18 +452,25 @@ class SplitWriter:
         self.ended = True
         self._maybe_store()
 
+    def _spill(self, ids: np.ndarray) -> None:
+        try:
+            fits = self.spill.append(ids)
+        except OSError as exc:
+            self.cache.unwritable(exc)
+            fits = False
+        if not fits:   # pre-tokenized ids of another vocabulary, or a cache we cannot write
+            self._abandon()
+
+    def _abandon(self) -> None:
+        self.keep = False
+        self.ahead.clear()
+        self.spill.close()
+
     def _maybe_store(self) -> None:
-        if self.done or not self.ended or len(self.tokens) < self.documents:
+        if self.done or not self.ended or (self.keep and len(self.spill) < self.documents):
             return
         self.done = True
         if not self.keep or self.last_error:
+            self.spill.close()
             return   # (an error at the end may be a storage failure: it must not outlive us)
-        arrays = [self.tokens[d] for d in range(self.documents)]
-        lengths = [len(a) for a in arrays]
-        joined = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
-        limit = np.iinfo(self.cache.dtype).max
-        if len(joined) and (joined.min() < 0 or joined.max() > limit):
-            return   # pre-tokenized ids of another vocabulary
-        self.cache.store(self.key, self.rows, lengths, [joined.astype(self.cache.dtype)],
-                         self.errors)
-        self.tokens.clear()
+        self.cache.store(self.key, self.rows, self.spill, self.errors)
