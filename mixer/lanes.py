@@ -33,6 +33,7 @@ class Lane:
         self.pad_id = encoder.info.pad_id
         self.layout = layout or layout_for(recipe, encoder.info)
         self.packers = []
+        self.streams: list[SourceStream] = []
         cache = open_cache(recipe, encoder.info)
         for src, table in zip(recipe.sources, tables):
             stream = SourceStream(
@@ -46,11 +47,17 @@ class Lane:
                 prefetch_tokens=2 * recipe.batch_size * recipe.seq_len,
                 clock=self._global_batch, batch_tokens=recipe.batch_size * recipe.seq_len,
                 lanes_per_batch=recipe.lanes, token_cache=cache)
+            self.streams.append(stream)
             self.packers.append(make_packer(
                 recipe.packing, stream, seq_len=recipe.seq_len, pad_id=self.pad_id,
                 mask_document_boundaries=recipe.mask_document_boundaries,
                 window=recipe.pack_window, caps=self.layout.budget()))
         self.load_state_dict(state)
+
+    def close(self) -> None:
+        """Close the streams' open readers and give up their unfinished cache entries."""
+        for stream in self.streams:
+            stream.close()
 
     def _global_batch(self) -> int:
         """The global index of the batch this lane makes next."""

@@ -87,6 +87,15 @@ class _LaneDataset(IterableDataset):
         streams = self.recipe.lanes // (workers * self.world_size) * len(self.recipe.sources)
         block = min(max(self.recipe.read_ahead_bytes // max(streams, 1), 256 << 10), 16 << 20)
         lanes: dict[int, Lane] = {}
+        try:
+            yield from self._batches(lanes, worker, workers, info, encoder, layout, block)
+        finally:   # (not left to the cycle collector: open files, temporary files)
+            for lane in lanes.values():
+                lane.close()
+
+    def _batches(self, lanes: dict[int, Lane], worker: int, workers: int, info: Any,
+                 encoder: Encoder, layout: BatchLayout, block: int
+                 ) -> Iterator[tuple[Any, dict[str, Any]]]:
         step = worker
         while True:  # never stop: the main process decides the end
             g = self.start + step * self.world_size + self.rank
@@ -371,6 +380,8 @@ class Loader:
             traceback.clear_frames(exc.__traceback__)
             raise
         finally:
+            if self.num_workers == 0:
+                source.close()   # closes the lanes' readers and unfinished cache entries
             del source  # shuts DataLoader workers down
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:

@@ -171,6 +171,7 @@ class SourceStream:
         self._slice: tuple[SliceItem, ...] = ()
         self.records_read = 0   # work counter (tests assert resume cost with it)
         self._writers: dict[tuple[int, int], Any] = {}   # token-cache entries being filled
+        self._live: Any = None   # the reader paused at a full window, with its cursor
         self._has_documents: bool | None = None   # asked once a lane's epoch came up empty
         self.load_state_dict(None)
 
@@ -206,8 +207,9 @@ class SourceStream:
         # Whether this epoch has yielded a document yet. Loaded mid-epoch, unknown: taken as
         # yes (the epoch does not count as empty), so a resumed lane never gives up early.
         self._yielded = not (self.window_index == 0 and self.pos == 0)
-        self._live = None
-        self._writers = {}   # a resumed stream fills no entry it did not read from the start
+        self.close()   # a resumed stream fills no entry it did not read from the start
+        self._missed: set[tuple[int, int]] = set()   # (epoch, slot)s whose lookup missed
+        self._resumed_window = (self.epoch, self.window_index) if self.pos else None
 
     @property
     def skipped(self) -> int:
@@ -268,6 +270,8 @@ class SourceStream:
         self._live = None
         if live is not None and live[0] == (self.epoch, slot, index, offset):
             return live[1], live[2]
+        if live is not None and hasattr(live[1], "close"):
+            live[1].close()
         items = self._lane_slice()
         split = self._splits[items[slot].split]
         entry = self.table.files[split.file]
@@ -283,18 +287,35 @@ class SourceStream:
         # stripe of 1) writes one, from the tokens it makes anyway; `mixer cache` fills the
         # splits that lanes share.
         text_field = self.text_field or FORMATS[entry.format].default_text_field
-        self._writers = {k: w for k, w in self._writers.items() if k[0] == self.epoch}
-        if (self.epoch, slot) in self._writers:
-            # This stream writes the split's entry and re-opens its reader at the cursor: read
-            # on (a replay of an entry another process stored meanwhile would not feed ours).
+        for key in [k for k in self._writers if k[0] != self.epoch]:
+            self._writers.pop(key).close()
+        self._missed = {k for k in self._missed if k[0] == self.epoch}
+        if (self.epoch, slot) in self._writers or (self.epoch, slot) in self._missed:
+            # The reader re-opens at the cursor in a split that missed: read on (one lookup
+            # per split, not per window; and a replay of an entry another process stored
+            # meanwhile would not feed the entry this stream writes).
             return read(index, offset), None
         adopt = None
-        if items[slot].stride == 1:
+        # A resumed window skips the documents before its position: they are not tokenized
+        # again, so no entry can be completed from it.
+        if items[slot].stride == 1 and (self.epoch, self.window_index) != self._resumed_window:
             adopt = lambda writer, at=(self.epoch, slot): self._writers.update({at: writer})
         records = self.token_cache.records(
             read, entry=entry, split=split, source=self.table.name, text_field=text_field,
             max_bytes=self.max_document_bytes, index=index, offset=offset, adopt=adopt)
+        if not isinstance(records, Replay):
+            self._missed.add((self.epoch, slot))
         return records, None
+
+    def close(self) -> None:
+        """Give up the cache entries being written and close the open reader (the stream can
+        go on from its cursor; a new one can resume from its state)."""
+        for writer in self._writers.values():
+            writer.close()
+        self._writers = {}
+        live, self._live = self._live, None
+        if live is not None and hasattr(live[1], "close"):
+            live[1].close()
 
     def _keeps_reader_open(self, item: SliceItem, records: Any) -> bool:
         """Whether a reader paused at a full window stays open for the next window.

@@ -23,6 +23,7 @@ import mixer
 from mixer.cli import main as cli
 from mixer.tokenize import cache as cache_module
 from mixer.tokenize import resolve_tokenizer
+from mixer.tokenize import spill as spill_module
 from mixer.tokenize.cache import CACHE_STATS, TokenCache
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -452,9 +453,14 @@ def test_image_recipes_bypass_the_cache_and_say_so(caplog, tmp_path):
     assert len(warnings_of(caplog)) == 1 and "image" in warnings_of(caplog)[0].getMessage()
 
 
-def test_a_run_caches_seekable_splits_read_over_many_windows(tmp_path):
+def test_a_run_caches_seekable_splits_read_over_many_windows(tmp_path, monkeypatch):
     """Parquet row groups and plain-jsonl ranges close their reader at every full window (as
-    without a cache) while the stream writes their entries: a later run replays every one."""
+    without a cache) while the stream writes their entries: a later run replays every one.
+    The cache is looked up once per split read, not once per window."""
+    loads = []
+    original = TokenCache.load
+    monkeypatch.setattr(TokenCache, "load", lambda self, *a, **k: loads.append(1) or
+                        original(self, *a, **k))
     tok = make_tokenizer(tmp_path / "tok.json")
     write_docs(tmp_path / "p" / "p0.parquet", corpus(0, 120, min_len=5, max_len=40),
                "parquet", row_group_size=7)
@@ -470,6 +476,11 @@ def test_a_run_caches_seekable_splits_read_over_many_windows(tmp_path):
     CACHE_STATS.reset()
     assert run(recipe, n)[0] == reference
     assert CACHE_STATS.writes == splits_of(recipe)
+    assert len(loads) <= 4 * splits_of(recipe)   # (< 4 epochs; 5-document windows)
+    loads.clear()   # 4 lanes: still one lookup per split read
+    striped = {**recipe, "lanes": 4, "token_cache": str(tmp_path / "cache-2")}
+    assert run(striped, n)[0] == run(without_cache(striped), n)[0]
+    assert len(loads) <= 3 * splits_of(striped)   # (fewer than 3 epochs of each split)
     CACHE_STATS.reset()
     assert run(recipe, n)[0] == reference
     assert CACHE_STATS.misses == 0 and CACHE_STATS.hits >= splits_of(recipe)
@@ -506,3 +517,117 @@ def test_a_writer_holds_only_documents_ahead_of_an_earlier_one(tmp_path_factory,
         got = stored.tokens.tokens(int(stored.starts[d]), int(stored.starts[d + 1]))
         assert np.array_equal(got, ids)
     assert stored.records[:, 0].tolist() == list(range(count))
+
+
+@pytest.mark.parametrize("where", ["spill", "store"])
+def test_a_disk_that_fills_while_writing_warns_once_and_keeps_the_stream(
+        data, tmp_path, caplog, monkeypatch, where):
+    """ENOSPC while a split's tokens go to their temporary file (flushed every 64 bytes here),
+    or while the entry is copied into the cache: one warning, the stream as without a cache,
+    and `mixer cache` still exits 0."""
+    monkeypatch.setattr(spill_module, "SPILL_BUFFER", 64)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    if where == "spill":
+        monkeypatch.setattr(os, "pwrite", full)
+    else:
+        monkeypatch.setattr(cache_module, "_put_chunks", full)
+    reference, _, _ = run(without_cache(data), 200)
+    with caplog.at_level(logging.WARNING, logger="mixer.token_cache"):
+        assert run(data, 200)[0] == reference
+        assert run({**data, "lanes": 1}, 50)[0] == run(without_cache({**data, "lanes": 1}),
+                                                        50)[0]
+        fill(data, tmp_path)
+    assert len(warnings_of(caplog)) == 1
+    assert not entries(data) and spill_module._open_files.count == 0
+
+
+def test_spill_files_are_capped_per_process_and_closed_with_the_loader(data, monkeypatch):
+    """Beyond its share of file descriptors a writer gives its entry up (the cache stays
+    writable: later splits are cached); closing the loader closes every spill file."""
+    monkeypatch.setattr(spill_module, "SPILL_BUFFER", 16)
+    monkeypatch.setattr(spill_module, "_max_open_files", lambda: 2)
+    peak = []
+    original = spill_module.TokenSpill._open
+
+    def counting(self):
+        original(self)
+        peak.append(spill_module._open_files.count)
+    monkeypatch.setattr(spill_module.TokenSpill, "_open", counting)
+    reference, _, _ = run(without_cache(data), 400)
+    CACHE_STATS.reset()
+    loader = mixer.build_loader(data)
+    out = []
+    for batch in loader:
+        out.append(batch_digest(batch))
+        if len(out) == 400:
+            break
+    assert out == reference
+    assert CACHE_STATS.writes > 0 and max(peak) <= 2
+    loader = mixer.build_loader({**data, "token_cache": data["token_cache"] + "-2"})
+    for _batch in loader:
+        if spill_module._open_files.count:   # entries under way
+            break
+    loader.close()
+    assert spill_module._open_files.count == 0
+
+
+def test_a_window_resumed_past_its_start_writes_no_entry(tmp_path, monkeypatch):
+    """Resumed inside a split's first window, the documents before the position are not
+    tokenized again: no entry is adopted (it could never complete and would hold the whole
+    split), and the stream is the same."""
+    tok = make_tokenizer(tmp_path / "tok.json")
+    write_docs(tmp_path / "j" / "j0.jsonl", corpus(0, 300, max_len=12), "jsonl")
+    recipe = {"seed": 4, "tokenizer": str(tok), "seq_len": 16, "batch_size": 2, "lanes": 1,
+              "shuffle_window": 64, "token_cache": str(tmp_path / "cache"),
+              "sources": [{"name": "j", "path": str(tmp_path / "j" / "*.jsonl"),
+                           "weight": 1.0}]}
+    reference, _, _ = run(without_cache(recipe), 30)
+    _, state, _ = run(without_cache(recipe), 3)
+    assert state   # (three batches: inside the first window of 64 documents)
+    ahead = []
+    original = cache_module.SplitWriter.add_tokens
+
+    def watching(self, doc, ids):
+        original(self, doc, ids)
+        ahead.append(len(self.ahead))
+    monkeypatch.setattr(cache_module.SplitWriter, "add_tokens", watching)
+    assert run(recipe, 27, state=state)[0] == reference[3:]
+    assert max(ahead, default=0) < 64
+
+
+def test_a_forked_child_that_exits_normally_leaves_the_entry_intact(tmp_path):
+    """A child forked mid-split (exiting through the interpreter, finalizers and all) writes
+    nothing into its parent's temporary files: the entry the parent stores replays the same
+    stream."""
+    tok = make_tokenizer(tmp_path / "tok.json")
+    write_docs(tmp_path / "a" / "a0.jsonl", corpus(0, 600, min_len=5, max_len=40), "jsonl")
+    recipe = {"seed": 1, "tokenizer": str(tok), "seq_len": 64, "batch_size": 2, "lanes": 1,
+              "shuffle_window": 16, "split_bytes": 1 << 30, "token_cache": str(tmp_path / "c"),
+              "sources": [{"name": "a", "path": str(tmp_path / "a" / "*.jsonl"),
+                           "weight": 1.0}]}
+    reference, _, _ = run(without_cache(recipe), 300)
+    script = f"""
+import os, sys, json
+sys.path.insert(0, {str(ROOT / 'tests')!r})
+import mixer
+from helpers import batch_digest
+loader = mixer.build_loader(json.loads({json.dumps(json.dumps(recipe))}))
+out = []
+for batch in loader:
+    out.append(batch_digest(batch))
+    if len(out) % 20 == 0:
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)
+        os.waitpid(pid, 0)
+    if len(out) == 300:
+        break
+print(json.dumps(out))
+"""
+    done = procs.run([sys.executable, "-c", script], timeout=120)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == reference
+    assert entries(recipe)
+    CACHE_STATS.reset()
+    assert run(recipe, 300)[0] == reference and CACHE_STATS.hits > 0

@@ -40,7 +40,7 @@ from mixer.sources.storage import filesystem
 from mixer.tokenize.blocks import CorruptBlock, TokenFile, crc, is_local
 from mixer.tokenize.indexed import encode_index, parse_index, token_dtype
 from mixer.tokenize.replay import Replay
-from mixer.tokenize.spill import TokenSpill
+from mixer.tokenize.spill import SpillUnavailable, TokenSpill
 from mixer.tokenize.tokenizer import (
     TOKENIZE_BYTES,
     TOKENIZE_BYTES_AHEAD,
@@ -229,6 +229,9 @@ class TokenCache:
             parts["json"] = json.dumps(commit).encode()
             for suffix in ("idx", "rec", "json"):
                 _put(fs, f"{base}.{suffix}", parts[suffix])
+        except SpillUnavailable as exc:
+            log.debug("token cache entry %s not written (%s)", key, exc)
+            return False
         except OSError as exc:
             self.unwritable(exc)
             return False
@@ -455,11 +458,19 @@ class SplitWriter:
     def _spill(self, ids: np.ndarray) -> None:
         try:
             fits = self.spill.append(ids)
+        except SpillUnavailable as exc:   # this entry only: the next may find a file
+            log.debug("token cache entry %s not written (%s)", self.key, exc)
+            fits = False
         except OSError as exc:
             self.cache.unwritable(exc)
             fits = False
         if not fits:   # pre-tokenized ids of another vocabulary, or a cache we cannot write
             self._abandon()
+
+    def close(self) -> None:
+        """Give the entry up (its stream stops before the split's end)."""
+        self.done = True
+        self._abandon()
 
     def _abandon(self) -> None:
         self.keep = False
