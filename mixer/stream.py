@@ -9,6 +9,7 @@ plus the position inside the window, so resuming re-reads at most one window.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -32,6 +33,8 @@ from mixer.tokenize.tokenizer import (
     encoding_pool,
     encoding_thread,
 )
+
+log = logging.getLogger("mixer.stream")
 
 STATE_KEYS = ("epoch", "window", "slot", "index", "offset", "pos", "skipped", "done")
 _EMPTY_EPOCH_LIMIT = 64  # consecutive empty epochs after which a lane's source counts as empty
@@ -315,7 +318,10 @@ class SourceStream:
         self._writers = {}
         live, self._live = self._live, None
         if live is not None and hasattr(live[1], "close"):
-            live[1].close()
+            try:
+                live[1].close()
+            except Exception as exc:   # (cleanup: must not hide an error or stop the others)
+                log.debug("closing a reader of source %r failed: %s", self.table.name, exc)
 
     def _keeps_reader_open(self, item: SliceItem, records: Any) -> bool:
         """Whether a reader paused at a full window stays open for the next window.

@@ -115,7 +115,7 @@ class TokenSpill:
     def close(self) -> None:
         """Drop the tokens and delete the file (never writes, never raises)."""
         self._buffer = bytearray()
-        fd, self._fd = self._fd, None
+        fd, self._fd = getattr(self, "_fd", None), None   # (None: __init__ did not finish)
         self._closed = True
         if fd is not None and os.getpid() == self._pid:
             try:
