@@ -5,16 +5,19 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 
-def write_atomically(path: str | Path, data: bytes) -> None:
-    """Write `data` under a unique temporary name beside `path`, then rename it into place
-    (concurrent writers of the same path each rename a whole file; the last one wins)."""
+def write_atomically(path: str | Path, data: bytes | Iterable[bytes]) -> None:
+    """Write `data` (bytes, or chunks of them) under a unique temporary name beside `path`,
+    then rename it into place (concurrent writers of the same path each rename a whole file;
+    the last one wins)."""
     tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         with open(tmp, "wb") as out:
-            out.write(data)
+            for chunk in [data] if isinstance(data, bytes | bytearray) else data:
+                out.write(chunk)
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):   # (gone once renamed; or the folder is blocked)

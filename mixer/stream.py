@@ -273,8 +273,8 @@ class SourceStream:
         self._live = None
         if live is not None and live[0] == (self.epoch, slot, index, offset):
             return live[1], live[2]
-        if live is not None and hasattr(live[1], "close"):
-            live[1].close()
+        if live is not None:
+            self._close_reader(live[1])
         items = self._lane_slice()
         split = self._splits[items[slot].split]
         entry = self.table.files[split.file]
@@ -317,11 +317,17 @@ class SourceStream:
             writer.close()
         self._writers = {}
         live, self._live = self._live, None
-        if live is not None and hasattr(live[1], "close"):
-            try:
-                live[1].close()
-            except Exception as exc:   # (cleanup: must not hide an error or stop the others)
-                log.debug("closing a reader of source %r failed: %s", self.table.name, exc)
+        if live is not None:
+            self._close_reader(live[1])
+
+    def _close_reader(self, records: Any) -> None:
+        """Close a paused reader; a failure is logged, not raised (cleanup must not hide an
+        error or stop the other streams from closing)."""
+        try:
+            if hasattr(records, "close"):
+                records.close()
+        except Exception as exc:
+            log.debug("closing a reader of source %r failed: %s", self.table.name, exc)
 
     def _keeps_reader_open(self, item: SliceItem, records: Any) -> bool:
         """Whether a reader paused at a full window stays open for the next window.

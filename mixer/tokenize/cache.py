@@ -20,12 +20,10 @@ first record rebuilds it as it goes, otherwise the next full read (or `mixer cac
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import uuid
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -351,23 +349,18 @@ def _put(fs: Any, path: str, data: bytes) -> None:
 def _put_chunks(fs: Any, path: str, chunks: Iterable[bytes]) -> list[int]:
     """Write one object from `chunks` as `_put` does (no reader sees it half-written) and
     return the CRC-32 of each chunk."""
-    crcs = []
+    crcs: list[int] = []
+
+    def checked() -> Iterator[bytes]:
+        for chunk in chunks:
+            crcs.append(crc(chunk))
+            yield chunk
     if is_local(fs):
-        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            with open(tmp, "wb") as out:
-                for chunk in chunks:
-                    crcs.append(crc(chunk))
-                    out.write(chunk)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(OSError):   # (gone once renamed)
-                os.unlink(tmp)
+        write_atomically(path, checked())
         return crcs
     out = fs.open(path, "wb")   # an object store publishes the object when it is closed
     try:
-        for chunk in chunks:
-            crcs.append(crc(chunk))
+        for chunk in checked():
             out.write(chunk)
     except BaseException:
         if hasattr(out, "discard"):
