@@ -74,6 +74,10 @@ class _Window:
     prefetch_tokens: int = 0    # tokens of the documents after `pos` and before that
     origins: list[Any] | None = None   # per document: (token-cache writer, document) or None
     chunk_bytes: int = TOKENIZE_BYTES  # text budget of the next chunk cut (doubles per chunk)
+    # The part of the split read at the window's start and end cursors, where the cursor's
+    # offset does not tell (whole compressed files, cache replays); -1: unknown.
+    inner_start: float = -1.0
+    inner_end: float = -1.0
 
 
 def source_has_documents(stream: SourceStream) -> bool:
@@ -240,24 +244,44 @@ class SourceStream:
         items = self._lane_slice()
         if not items:
             return float(self.epoch)
-        done = self._fraction(items, self.start)
         win = self._win
+        done = self._fraction(items, self.start, win.inner_start if win else -1.0)
         if win is not None and win.texts:
-            end = 1.0 if win.end_of_epoch else self._fraction(items, win.end)
+            end = 1.0 if win.end_of_epoch else self._fraction(items, win.end, win.inner_end)
             done += (end - done) * min(self.pos / len(win.texts), 1.0)
         return self.epoch + done
 
-    def _fraction(self, items: tuple[SliceItem, ...], cursor: tuple[int, int, int]) -> float:
+    def _fraction(self, items: tuple[SliceItem, ...], cursor: tuple[int, int, int],
+                  inner: float = -1.0) -> float:
+        """The part of the slice before `cursor`; `inner`: the part of the cursor's split
+        before it, where known otherwise (-1: from the split's record count or range)."""
         slot, index, offset = cursor
         if slot >= len(items):
             return 1.0
         split = self._splits[items[slot].split]
-        inner = 0.0
-        if split.records > 0:
-            inner = index / split.records
-        elif split.seekable and split.dend < 0 and split.end > split.start and offset:
-            inner = (offset - split.start) / (split.end - split.start)
-        return (slot + min(max(inner, 0.0), 1.0)) / len(items)
+        if inner < 0:
+            inner = 0.0
+            if split.records > 0:
+                inner = index / split.records
+            elif split.dend >= 0 and offset:   # a group of zstd frames: decompressed bytes
+                inner = (offset - split.dstart) / max(split.dend - split.dstart, 1)
+            elif split.seekable and split.end > split.start and offset:
+                inner = (offset - split.start) / (split.end - split.start)
+        # A split is done only once the cursor has left it (a whole compressed file may be
+        # read to its end while its last records still wait in the window).
+        return (slot + min(max(inner, 0.0), 0.999)) / len(items)
+
+    def _inner(self, slot: int, record: Record | None, records: Any) -> float:
+        """The part of the slice's split `slot` before `record`, measured where the cursor's
+        offset cannot measure it: stored bytes consumed, or a cache entry's records."""
+        if record is None:
+            return -1.0
+        if isinstance(records, Replay):
+            return records.fraction(record.index)
+        if record.consumed < 0:
+            return -1.0
+        size = self.table.files[self._splits[self._lane_slice()[slot].split].file].size
+        return record.consumed / max(size, 1)
 
     # -- reading -----------------------------------------------------------------------------
     def _lane_slice(self) -> tuple[SliceItem, ...]:
@@ -351,10 +375,14 @@ class SourceStream:
         size = skipped = 0
         reasons: Counter[str] = Counter()
         slot, index, offset = self.start
+        inner_start = inner_end = -1.0
         while slot < len(items) and len(texts) < self.window_docs and size < self.window_bytes:
             item = items[slot]
             records, lookahead = self._records(slot, index, offset)
             pending = [lookahead] if lookahead is not None else []
+            measure_start = (slot, index, offset) == self.start and index > 0
+            if measure_start and isinstance(records, Replay):
+                measure_start, inner_start = False, records.fraction(index)
             if isinstance(records, Replay) and not pending:   # a cache hit: no record objects
                 taken = records.take(stride=item.stride, phase=item.phase,
                                      docs=self.window_docs - len(texts),
@@ -368,6 +396,7 @@ class SourceStream:
                 reasons.update(taken.skipped)
                 if taken.stop is not None:
                     index, offset = taken.stop
+                    inner_end = records.fraction(index)
                     self._live = ((self.epoch, slot, index, offset), records, None)
                     break
             full = False
@@ -376,10 +405,14 @@ class SourceStream:
                     self.records_read += 1
                 if record.error is not None and self.on_error == "raise":
                     raise record.error   # in every lane striping the split, not just one
+                if measure_start:   # the first record read at a cursor inside a split
+                    measure_start = False
+                    inner_start = self._inner(slot, record, records)
                 if record.index % item.stride != item.phase:
                     continue   # (a skipped record is counted by the lane that owns it)
                 if len(texts) >= self.window_docs or size >= self.window_bytes:
                     index, offset = record.index, record.offset
+                    inner_end = self._inner(slot, record, records)
                     if self._keeps_reader_open(item, records):
                         self._live = ((self.epoch, slot, index, offset), records, record)
                     else:
@@ -418,7 +451,7 @@ class SourceStream:
                                                    self.lane, self.epoch, self.window_index))
         shuffled = [texts[i] for i in order]
         window = _Window(shuffled, [None] * len(shuffled), (slot, index, offset), end_of_epoch,
-                         skipped, reasons)
+                         skipped, reasons, inner_start=inner_start, inner_end=inner_end)
         if any(o is not None for o in origins):
             window.origins = [origins[i] for i in order]
         if building:

@@ -87,6 +87,10 @@ class Record:
     A pre-tokenized record (`format: megatron`/`npy`, or a token-cache hit) has `tokens`
     (the document's final ids, EOS included) instead of `text`, and `chars`: the size that
     counts against the shuffle window's byte budget in place of the text's length.
+
+    `consumed` is how many stored bytes of the file the reader had consumed when it yielded
+    the record, where `offset` does not count stored bytes (whole compressed files); -1 where
+    it does. Metrics measure progress inside such a split by it.
     """
 
     index: int
@@ -97,6 +101,7 @@ class Record:
     location: str | None = None
     tokens: Any = None       # np.ndarray of token ids, or None for a text record
     chars: int = 0
+    consumed: int = -1
 
     @property
     def size(self) -> int:

@@ -35,8 +35,15 @@ def _read_line(stream: IO[bytes], max_bytes: int) -> tuple[bytes | None, int]:
 
 def _parse(line: bytes, text_field: str) -> str:
     try:
-        obj = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as exc:
+        decoded = line.decode("utf-8")
+    except UnicodeDecodeError as exc:   # the record's own bytes: counted as bad text
+        raise ValueError(f"line is not valid UTF-8 ({exc.reason} at byte {exc.start} of the "
+                         "line)") from None
+    if decoded.startswith("\ufeff"):   # a byte-order mark (json.loads of bytes allowed one)
+        decoded = decoded[1:]
+    try:
+        obj = json.loads(decoded)
+    except ValueError as exc:
         raise ValueError(f"malformed JSON: {exc}") from None
     except RecursionError:
         raise ValueError("malformed JSON: nested too deeply to parse") from None
@@ -52,8 +59,10 @@ def _parse(line: bytes, text_field: str) -> str:
 
 def _records(stream: IO[bytes], *, entry: FileEntry, source: str, text_field: str,
              max_bytes: int, index: int, offset: int, end: int | None,
-             compressed: bool, lines: bool = True) -> Iterator[Record]:
-    """Records from `offset` while it is below `end`; `lines`: index counts the file's lines."""
+             compressed: bool, lines: bool = True,
+             raw: IO[bytes] | None = None) -> Iterator[Record]:
+    """Records from `offset` while it is below `end`; `lines`: index counts the file's lines;
+    `raw`: the compressed file under `stream`, whose position each record reports."""
     def where(line_offset: int) -> str:
         if compressed and lines:
             return f"line {index + 1} (decompressed byte offset {line_offset})"
@@ -71,17 +80,18 @@ def _records(stream: IO[bytes], *, entry: FileEntry, source: str, text_field: st
             return
         if size == 0:
             return
+        consumed = raw.tell() if raw is not None else -1
         if line is None:
             err = DataError(f"record longer than max_document_bytes ({max_bytes})",
                             source=source, file=entry.url, location=where(offset))
-            yield Record(index, offset, None, err)
+            yield Record(index, offset, None, err, consumed=consumed)
         elif line.strip():
             try:
-                yield Record(index, offset, _parse(line, text_field))
+                yield Record(index, offset, _parse(line, text_field), consumed=consumed)
             except ValueError as exc:
                 yield Record(index, offset, None,
                              DataError(str(exc), source=source, file=entry.url,
-                                       location=where(offset)))
+                                       location=where(offset)), consumed=consumed)
         else:
             index -= 1  # blank lines are not records
         index += 1
@@ -128,7 +138,7 @@ def _read_compressed(opener, *, storage, entry: FileEntry, source: str, text_fie
             return
         yield from _records(stream, entry=entry, source=source, text_field=text_field,
                             max_bytes=max_bytes, index=index, offset=offset, end=None,
-                            compressed=True)
+                            compressed=True, raw=raw)
 
 
 def _gzip(raw: IO[bytes]) -> IO[bytes]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mixer.errors import DataError
@@ -24,7 +26,9 @@ def read_parquet(*, storage, entry: FileEntry, split: Split, source: str, text_f
     """Records of one row group, from row `index` of that group.
 
     The group's column is decoded 64 rows at a time: a reader paused in the middle of a
-    group (a full shuffle window) holds its pages, not the whole decoded group."""
+    group (a full shuffle window) holds its pages, not the whole decoded group. A bad value
+    (not valid UTF-8, too long, not a string) is its own row's error; the rows beside it are
+    read as usual."""
     group = split.start
     with storage.open(entry) as f:
         row = 0
@@ -42,9 +46,10 @@ def read_parquet(*, storage, entry: FileEntry, split: Split, source: str, text_f
                 first, row = row, row + batch.num_rows
                 if row <= index:
                     continue   # before the cursor: skipped without converting
-                values = batch.column(0).slice(max(index - first, 0)).to_pylist()
-                yield from _records(values, max(index, first), source, text_field, max_bytes,
-                                    entry, group)
+                start = max(index, first)
+                column = batch.column(0).slice(start - first)
+                for at, value in enumerate(_values(column, max_bytes), start=start):
+                    yield _record(value, at, source, text_field, max_bytes, entry, group)
         except KeyError:
             err = DataError(f"missing text field {text_field!r} (columns: "
                             f"{', '.join(pf.schema_arrow.names)})", source=source,
@@ -57,17 +62,65 @@ def read_parquet(*, storage, entry: FileEntry, split: Split, source: str, text_f
             yield Record(at, at, None, err)
 
 
-def _records(values: list, start: int, source: str, text_field: str, max_bytes: int,
-             entry: FileEntry, group: int) -> Iterator[Record]:
-    for row, text in enumerate(values, start=start):
-        where = f"row group {group}, row {row}"
-        if not isinstance(text, str):
-            err = DataError(f"text field {text_field!r} is {type(text).__name__}, not a string",
-                            source=source, file=entry.url, location=where)
-            yield Record(row, row, None, err)
-        elif len(text) > max_bytes and len(text.encode()) > max_bytes:
-            err = DataError(f"record longer than max_document_bytes ({max_bytes})",
-                            source=source, file=entry.url, location=where)
-            yield Record(row, row, None, err)
-        else:
-            yield Record(row, row, text)
+class _TooLong:
+    """A value longer than `max_document_bytes`, never converted to a Python string."""
+
+
+class _BadUtf8:
+    """A string or binary value whose bytes are not valid UTF-8."""
+
+    def __init__(self, error: UnicodeDecodeError) -> None:
+        self.error = error
+
+
+_TEXTUAL = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+            pa.types.is_large_binary)
+
+
+def _values(column: pa.Array, max_bytes: int) -> list:
+    """The column's values as Python objects, one per row: a string for each valid text;
+    `_TooLong` or `_BadUtf8` in place of a value that cannot be one (the others unaffected).
+
+    Binary columns hold text as UTF-8 bytes (as some exporters write it): they are decoded."""
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if not any(test(column.type) for test in _TEXTUAL):
+        return column.to_pylist()   # not text: each row is its own error
+    lengths = pc.binary_length(column).to_pylist()
+    long = [n is not None and n > max_bytes for n in lengths]
+    if any(long):   # too long: replaced before conversion, so never copied into Python
+        column = pc.if_else(pa.array(long), pa.scalar(None, column.type), column)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        try:
+            values = column.to_pylist()
+        except UnicodeDecodeError:   # some value is not UTF-8: decode row by row
+            binary = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
+            values = [_decode(v) for v in column.view(binary).to_pylist()]
+    else:
+        values = [_decode(v) for v in column.to_pylist()]
+    return [_TooLong() if too_long else v for v, too_long in zip(values, long)]
+
+
+def _decode(value: bytes | None) -> str | _BadUtf8 | None:
+    if value is None:
+        return None
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return _BadUtf8(exc)
+
+
+def _record(value, row: int, source: str, text_field: str, max_bytes: int, entry: FileEntry,
+            group: int) -> Record:
+    where = f"row group {group}, row {row}"
+    if isinstance(value, str):
+        return Record(row, row, value)
+    if isinstance(value, _TooLong):
+        message = f"record longer than max_document_bytes ({max_bytes})"
+    elif isinstance(value, _BadUtf8):
+        message = (f"text field {text_field!r} is not valid UTF-8 ({value.error.reason} at byte "
+                   f"{value.error.start} of the value)")
+    else:
+        message = f"text field {text_field!r} is {type(value).__name__}, not a string"
+    return Record(row, row, None, DataError(message, source=source, file=entry.url,
+                                            location=where))

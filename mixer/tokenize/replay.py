@@ -44,6 +44,7 @@ class Replay:
                  read: Callable[[int, int], Iterator[Record]],
                  damaged: Callable[[int, int, CorruptBlock], None]) -> None:
         self.first = int(np.searchsorted(cached.records[:, 0], index))
+        self._indices = cached.records[:, 0]
         self._rows = cached.records[self.first:].tolist()
         self._at = 0
         self._tokens, self._starts = cached.tokens, cached.starts.tolist()
@@ -52,6 +53,10 @@ class Replay:
         self._read, self._damaged = read, damaged
         self._fallback: Iterator[Record] | None = None
         self._peeked = False   # a window stopped at the record at `_at` (and counted it read)
+
+    def fraction(self, index: int) -> float:
+        """The part of the split's records before record `index` (metrics' progress)."""
+        return float(np.searchsorted(self._indices, index)) / max(len(self._indices), 1)
 
     def __iter__(self) -> Replay:
         return self
