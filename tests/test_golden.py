@@ -1,0 +1,145 @@
+"""Golden digests: the batches and states of every bundled recipe, recorded before the
+redesign of the package (issue 21) and checked after every change since.
+
+Each case digests the first batches a loader yields (every tensor, its dtype and shape) and
+the state after each, for: every recipe in `recipes/`, the image recipe under both layouts,
+num_workers 0 and 2, a resume from a mid-stream state, a state written by the code before
+the redesign (`tests/data/state_before_house.json`), and a cold and a warm token cache.
+A change that alters any batch or state fails here; a deliberate one is recorded with
+`python tests/test_golden.py --write` and said in its commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import mixer
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).parent / "data" / "golden_batches.json"
+OLD_STATE = Path(__file__).parent / "data" / "state_before_house.json"
+BATCHES = 4
+RESUME_AT = 3
+
+
+def _recipe(name: str, **changes) -> mixer.Recipe:
+    path = ROOT / "recipes" / f"{name}.yaml"
+    data = yaml.safe_load(path.read_text())
+    for key, value in changes.items():
+        target = data
+        *parents, last = key.split(".")
+        for part in parents:
+            target = target[part]
+        if value is None:
+            target.pop(last, None)
+        else:
+            target[last] = value
+    return mixer.load_recipe({**data, "base_dir": str(path.parent)})
+
+
+def _digest_batch(batch: dict) -> str:
+    h = hashlib.sha256()
+    for key in sorted(batch):
+        value = batch[key]
+        h.update(key.encode())
+        h.update(f"{value.dtype}{tuple(value.shape)}".encode())
+        h.update(value.contiguous().numpy().tobytes())
+    return h.hexdigest()[:20]
+
+
+def _digest_state(state: dict) -> str:
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _run(recipe: mixer.Recipe, *, num_workers: int = 0, state: dict | None = None,
+         batches: int = BATCHES, rank: int = 0, world_size: int = 2) -> list[list[str]]:
+    out = []
+    with mixer.build_loader(recipe, rank=rank, world_size=world_size,
+                            num_workers=num_workers) as loader:
+        if state is not None:
+            loader.load_state_dict(state)
+        for batch, _ in zip(loader, range(batches)):
+            out.append([_digest_batch(batch), _digest_state(loader.state_dict())])
+    return out
+
+
+def _state_after(recipe: mixer.Recipe, steps: int) -> dict:
+    with mixer.build_loader(recipe, rank=0, world_size=2, num_workers=0) as loader:
+        for _, _ in zip(loader, range(steps)):
+            pass
+        return loader.state_dict()
+
+
+RECIPES = ["demo", "schedule_demo", "train_demo", "multimodal_demo"]
+CASES = ([f"{name}/w0" for name in RECIPES] + ["demo/w2", "multimodal_demo/w2",
+         "multimodal_llava/w0", "multimodal_llava/w2", "demo/resume", "multimodal_demo/resume",
+         "demo/old_state", "demo/cache_cold", "demo/cache_warm"])
+
+
+def _case_recipe(name: str, tmp: Path | None = None) -> mixer.Recipe:
+    if name == "multimodal_llava":
+        return _recipe("multimodal_demo", **{"images.layout": "llava", "images.image_size": 336,
+                                             "images.max_patches_per_batch": None,
+                                             "seq_len": 2048})
+    if tmp is not None:
+        return _recipe(name, token_cache=str(tmp / "cache"))
+    return _recipe(name)
+
+
+def compute(case: str, tmp: Path) -> list[list[str]]:
+    """The digests of one case (`tmp`: a fresh folder for its token cache)."""
+    name, kind = case.split("/")
+    if kind in ("w0", "w2"):
+        return _run(_case_recipe(name), num_workers=int(kind[1]))
+    if kind == "resume":
+        recipe = _case_recipe(name)
+        return _run(recipe, state=_state_after(recipe, RESUME_AT), num_workers=2)
+    if kind == "old_state":
+        return _run(_case_recipe(name), state=json.loads(OLD_STATE.read_text()))
+    recipe = _case_recipe(name, tmp)
+    if kind == "cache_warm":
+        _run(recipe, batches=120)   # fills the entries its lanes read whole
+        assert list((tmp / "cache").glob("*/*.bin")), "the cold run stored no entry"
+    return _run(recipe)
+
+
+def _golden() -> dict:
+    return json.loads(GOLDEN.read_text())
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_batches_and_states_match_the_golden_digests(case, tmp_path):
+    assert compute(case, tmp_path) == _golden()[case], (
+        f"{case}: the batches or states changed (python tests/test_golden.py --write records "
+        "a deliberate change)")
+
+
+def test_the_golden_file_covers_every_case():
+    assert sorted(_golden()) == sorted(CASES)
+
+
+def _write() -> None:
+    import tempfile
+
+    OLD_STATE.parent.mkdir(exist_ok=True)
+    if not OLD_STATE.exists():
+        OLD_STATE.write_text(json.dumps(_state_after(_recipe("demo"), 5), indent=1) + "\n")
+    out = {}
+    for case in CASES:
+        with tempfile.TemporaryDirectory() as tmp:
+            out[case] = compute(case, Path(tmp))
+        print(case, out[case][0])
+    GOLDEN.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--write"]:
+        _write()
+    else:
+        sys.exit(f"usage: {sys.argv[0]} --write")
