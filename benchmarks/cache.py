@@ -27,7 +27,7 @@ from common import cpu_count, peak_rss_mb, recipe_for, table, write_corpus  # no
 
 def loader_run(folder: str, cache: str | None, workers: int) -> dict:
     import mixer
-    from mixer.tokenize.cache import CACHE_STATS
+    from mixer.cache.store import CACHE_STATS
 
     recipe = recipe_for(Path(folder))
     recipe["sources"] = [{**s, "epochs": 1} for s in recipe["sources"]]
@@ -44,9 +44,9 @@ def loader_run(folder: str, cache: str | None, workers: int) -> dict:
 
 
 def fill_run(folder: str, cache: str, workers: int) -> dict:
-    from mixer.recipe import load_recipe
+    from mixer.cache.fill import fill_cache
+    from mixer.config.recipe import load_recipe
     from mixer.sources.manifest import list_sources
-    from mixer.tokenize.cache_fill import fill_cache
 
     recipe = load_recipe({**recipe_for(Path(folder)), "token_cache": cache})
     start, cpu = time.perf_counter(), time.process_time()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import zstandard
 
-from mixer.cli import format_table, peak_rss_mb  # noqa: F401  (re-exported)
+from mixer.tools.cli import format_table, peak_rss_mb  # noqa: F401  (re-exported)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "sample"

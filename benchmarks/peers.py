@@ -51,7 +51,7 @@ SEED, BATCH_SIZE, SEQ_LEN, LANES, RANK, WORLD = 1234, 8, 2048, 8, 0, 2
 
 
 def has_token_cache() -> bool:
-    from mixer.recipe import Recipe
+    from mixer.config.recipe import Recipe
 
     return "token_cache" in Recipe.model_fields
 
@@ -204,8 +204,8 @@ def fill_token_cache(corpus: Corpus, cache: str) -> None:
     """What `mixer cache` does: every split of every source in the cache (a run of 800
     batches reads only part of each split, so it leaves the cache mostly cold)."""
     import mixer
+    from mixer.cache.fill import fill_cache
     from mixer.sources.manifest import list_sources
-    from mixer.tokenize.cache_fill import fill_cache
 
     recipe = mixer.load_recipe(mixer_recipe(corpus, cache))
     fill_cache(recipe, tables=list_sources(recipe), workers=2, progress=False)

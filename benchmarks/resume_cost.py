@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import TOKENIZER, sample_texts, table  # noqa: E402
 
 import mixer  # noqa: E402
-from mixer.lanes import Lane  # noqa: E402
+from mixer.pipeline.lanes import Lane  # noqa: E402
 from mixer.sources import list_source  # noqa: E402
 from mixer.tokenize import Encoder, resolve_tokenizer  # noqa: E402
 

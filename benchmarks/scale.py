@@ -34,11 +34,11 @@ from helpers import doc_text, make_tokenizer  # noqa: E402
 from s3 import OPTIONS, start_moto  # noqa: E402
 
 import mixer  # noqa: E402
-from mixer.loader import Loader  # noqa: E402
+from mixer.runtime.loader import Loader  # noqa: E402
+from mixer.runtime.state import pack, unpack  # noqa: E402
 from mixer.sources import IO_STATS  # noqa: E402
 from mixer.sources.manifest import list_sources  # noqa: E402
 from mixer.sources.storage import _fs_cache  # noqa: E402
-from mixer.state import pack, unpack  # noqa: E402
 from mixer.tokenize import resolve_tokenizer  # noqa: E402
 
 WORKERS = 8

@@ -27,11 +27,11 @@ The data path, one module per stage::
                      and plots.py: the metrics log and its figure)
 """
 
-from mixer.batch import BatchLayout
-from mixer.errors import DataError, MixerError, RecipeError, StateError, TopologyError
-from mixer.loader import BATCH_KEYS, Loader, build_loader
-from mixer.recipe import Recipe, SourceConfig, load_recipe
-from mixer.state import merge_states
+from mixer.config.recipe import Recipe, SourceConfig, load_recipe
+from mixer.core.errors import DataError, MixerError, RecipeError, StateError, TopologyError
+from mixer.pipeline.batch import BatchLayout
+from mixer.runtime.loader import BATCH_KEYS, Loader, build_loader
+from mixer.runtime.state import merge_states
 
 __version__ = "0.1.0"
 

@@ -12,8 +12,8 @@ import zstandard
 from helpers import corpus, doc_text, expected_counts, token_counts, write_docs
 
 import mixer
-from mixer.cli import main as cli_main
-from mixer.state import unpack
+from mixer.runtime.state import unpack
+from mixer.tools.cli import main as cli_main
 
 
 def recipe_for(path, tokenizer_path, *, on_error="raise", epochs=1, lanes=2, **extra) -> dict:

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixer
-from mixer.cli import main as cli_main
+from mixer.tools.cli import main as cli_main
 
 EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "15"))
 BAD_BYTES = [b"\xed\xa0\x80", b"\xff", b"\xc3", b"\xe2\x82", b"\xf4\x90\x80\x80", b"\xc0\xaf"]

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import mixer
-from mixer.tokenize.best_fit import plan_rows
+from mixer.pipeline.best_fit import plan_rows
 
 
 @given(lengths=st.lists(st.integers(1, 16), max_size=60), seq_len=st.integers(16, 40))

@@ -8,7 +8,7 @@ import sys
 import procs
 import yaml
 
-from mixer.cli import main
+from mixer.tools.cli import main
 
 
 def write_recipe(tmp_path, recipe: dict):
@@ -49,8 +49,9 @@ def test_preview_and_bench(three_sources, tmp_path, capsys):
 def test_console_script_reports_errors_with_non_zero_exit(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("seq_len: 4\nbatch_size: 1\nsources: []\n")
-    result = procs.run([sys.executable, "-m", "mixer.cli", "validate", str(path)], timeout=120)
+    result = procs.run([sys.executable, "-m", "mixer.tools.cli", "validate", str(path)],
+                       timeout=120)
     assert result.returncode != 0 and "tokenizer" in result.stderr
-    help_text = procs.run([sys.executable, "-m", "mixer.cli", "--help"], timeout=120).stdout
+    help_text = procs.run([sys.executable, "-m", "mixer.tools.cli", "--help"], timeout=120).stdout
     for command in ("validate", "inspect", "preview", "bench"):
         assert command in help_text

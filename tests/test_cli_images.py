@@ -14,7 +14,7 @@ from helpers import doc_text
 from image_data import Sample, make_image, make_vlm_tokenizer, write_tar
 from PIL import Image
 
-from mixer.cli import main
+from mixer.tools.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 # Sides are multiples of 28 inside [min_pixels, max_pixels]: qwen2_vl keeps each size, so a

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import mixer
-from mixer.rng import derive_key, permutation, splitmix64
+from mixer.core.rng import derive_key, permutation, splitmix64
 
 SCRIPT = """
 import json, sys

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from mixer import dist as mixer_dist
+from mixer.runtime import dist as mixer_dist
 
 
 def _init(store: str) -> None:

@@ -11,7 +11,7 @@ import zstandard
 from helpers import corpus, doc_text, expected_counts, token_counts, write_docs
 
 import mixer
-from mixer.state import unpack
+from mixer.runtime.state import unpack
 
 
 def recipe_for(tmp_path, tokenizer_path, path, *, on_error="raise", **source) -> dict:

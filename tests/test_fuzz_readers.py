@@ -92,7 +92,7 @@ def _run(path: Path, tokenizer: Path, on_error: str, manifest: Path | None) -> N
         recipe["manifest"] = str(manifest)
         (manifest.parent / "r.json").write_text(json.dumps(recipe))
         try:
-            mixer.cli.main(["index", str(manifest.parent / "r.json")])
+            mixer.tools.cli.main(["index", str(manifest.parent / "r.json")])
         except mixer.DataError:
             pass
     try:
@@ -112,7 +112,7 @@ def _run(path: Path, tokenizer: Path, on_error: str, manifest: Path | None) -> N
 @given(text_ops=ops, byte_ops=st.one_of(st.just([]), ops))
 def test_mutated_shards_give_batches_or_named_data_errors(tokenizer, fmt, on_error, text_ops,
                                                           byte_ops):
-    import mixer.cli  # noqa: F401  (the index command, for zstd frames)
+    import mixer.tools.cli  # noqa: F401  (the index command, for zstd frames)
 
     with tempfile.TemporaryDirectory() as folder:
         path = _write(Path(folder), fmt, text_ops, byte_ops)

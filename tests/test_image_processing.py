@@ -23,7 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mixer.errors import DataError
+from mixer.config.recipe import ImageSettings
+from mixer.core.errors import DataError
+from mixer.core.records import EncodedImage
 from mixer.images import handle
 from mixer.images.decode import decode_rgb, probe, to_rgb
 from mixer.images.handle import LazyImage, set_decode_threads
@@ -33,8 +35,6 @@ from mixer.images.processing import (
     processing_for,
     smart_resize,
 )
-from mixer.recipe import ImageSettings
-from mixer.sources.base import EncodedImage
 
 transformers = pytest.importorskip("transformers")
 

@@ -302,7 +302,7 @@ def test_changing_an_image_setting_is_refused_naming_it(tmp_path, tokenizer):
 
 
 def test_inspect_counts_image_tokens(tmp_path, tokenizer):
-    from mixer.report import inspect_recipe
+    from mixer.tools.report import inspect_recipe
 
     # 4 samples: 2 words + EOS + one 56x56 image (4 placeholders + start + end) = 9 tokens
     write_tar(tmp_path / "a.tar", [Sample(d, 2, [(56, 56)]) for d in range(4)])
@@ -458,7 +458,7 @@ def test_a_lowered_image_never_has_fewer_than_min_pixels(tmp_path, tokenizer):
 def test_validate_refuses_a_tokenizer_without_the_layouts_image_tokens(tmp_path, capsys):
     from helpers import make_tokenizer
 
-    from mixer.cli import main as cli_main
+    from mixer.tools.cli import main as cli_main
 
     plain = make_tokenizer(tmp_path / "plain.json")
     write_tar(tmp_path / "a.tar", [Sample(1, 2, [(28, 28)])])
@@ -473,9 +473,9 @@ def test_validate_refuses_a_tokenizer_without_the_layouts_image_tokens(tmp_path,
 
 
 def test_the_pixel_budget_is_given_back_by_release_and_by_dropped_handles():
+    from mixer.config.recipe import ImageSettings
+    from mixer.core.records import EncodedImage
     from mixer.images.processing import processing_for
-    from mixer.recipe import ImageSettings
-    from mixer.sources.base import EncodedImage
 
     processing = processing_for(ImageSettings(**QWEN))
 

@@ -12,7 +12,7 @@ from helpers import EOS_ID, FIRST_WORD_ID, word_id, write_docs
 from image_data import Sample, make_image, make_vlm_tokenizer, vision_ids, write_tar
 
 import mixer
-from mixer.state import unpack
+from mixer.runtime.state import unpack
 
 SEQ_LEN = 96
 SIZES = [(56, 56), (84, 112), (140, 70), (28, 28), (30, 45), (200, 150)]

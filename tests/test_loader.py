@@ -10,7 +10,7 @@ import torch
 from helpers import EOS_ID, PAD_ID, batch_digest, expected_counts, token_counts
 
 import mixer
-from mixer.state import unpack
+from mixer.runtime.state import unpack
 
 
 def take(loader, n: int) -> list[dict]:

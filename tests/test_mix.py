@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mixer
-from mixer.mix import choose_source, grow_targets
+from mixer.pipeline.mix import choose_source, grow_targets
 
 
 def _worst_rank_error(weights: list[float], lanes: int, world: int, batch: int,

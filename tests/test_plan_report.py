@@ -12,12 +12,12 @@ from helpers import write_docs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixer.cli import main
-from mixer.errors import DataError, MixerError, TopologyError
-from mixer.loader import Loader, build_loader, check_topology
-from mixer.metrics_log import complete, read_metrics
-from mixer.plan import SourceSize, plan, simulate
-from mixer.recipe import load_recipe
+from mixer.config.recipe import load_recipe
+from mixer.core.errors import DataError, MixerError, TopologyError
+from mixer.runtime.loader import Loader, build_loader, check_topology
+from mixer.tools.cli import main
+from mixer.tools.metrics_log import complete, read_metrics
+from mixer.tools.plan import SourceSize, plan, simulate
 
 # Documents of one source all have the same length and ids of the same number of digits, so
 # inspect's estimate of its size (the plan's input) is exact up to rounding.
@@ -279,7 +279,7 @@ def panels(fig) -> dict:
 
 def test_report_figure_has_a_share_line_per_source_and_loss_only_when_logged(tmp_path):
     pytest.importorskip("matplotlib")
-    from mixer.plots import report_figure, stretch_shares, write_report
+    from mixer.tools.plots import report_figure, stretch_shares, write_report
 
     fig = report_figure(log_lines())
     axes = panels(fig)
@@ -337,7 +337,7 @@ def test_bad_metrics_log_names_the_line(tmp_path, capsys, bad, problem):
 
 
 def test_report_without_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys):
-    from mixer import plots
+    from mixer.tools import plots
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     log = write_log(tmp_path, log_lines())

@@ -28,14 +28,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixer
-from mixer.recipe import load_recipe
-from mixer.report import inspect_recipe
+from mixer.config.recipe import load_recipe
+from mixer.runtime.state import unpack
 from mixer.sources import IO_STATS, Storage, list_source, read_split
+from mixer.sources.formats.tokens import finish_document
+from mixer.sources.indexed import encode_index, parse_index, read_index_slice
 from mixer.sources.manifest import list_sources, write_manifest
-from mixer.sources.tokens import finish_document
-from mixer.state import unpack
 from mixer.tokenize import TokenizerInfo, resolve_tokenizer
-from mixer.tokenize.indexed import encode_index, parse_index, read_index_slice
+from mixer.tools.report import inspect_recipe
 
 # -- oracle: Megatron-LM's indexed dataset layout, written from its documentation --------------
 

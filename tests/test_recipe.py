@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 import mixer
-from mixer.cli import main
+from mixer.tools.cli import main
 
 
 def base(**overrides) -> dict:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixer
-from mixer.cli import main
+from mixer.tools.cli import main
 
 EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "60"))
 # CI runs a fixed sequence of examples (a random one may, rarely, miss one of the outcomes the

@@ -5,7 +5,7 @@ from __future__ import annotations
 from helpers import corpus, write_docs
 
 import mixer
-from mixer.lanes import Lane
+from mixer.pipeline.lanes import Lane
 from mixer.sources import list_source
 from mixer.tokenize import Encoder, resolve_tokenizer
 

@@ -19,7 +19,7 @@ from helpers import batch_digest, corpus, doc_text, expected_counts, make_tokeni
 from s3server import FaultProxy
 
 import mixer
-from mixer.cli import main as cli
+from mixer.tools.cli import main as cli
 
 BUCKET = "corpus"
 

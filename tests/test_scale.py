@@ -15,7 +15,7 @@ import pytest
 from helpers import batch_digest, corpus, expected_counts, token_counts, write_docs
 
 import mixer
-from mixer.loader import Loader
+from mixer.runtime.loader import Loader
 from mixer.sources.manifest import list_sources
 from mixer.tokenize import resolve_tokenizer
 

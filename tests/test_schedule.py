@@ -10,7 +10,7 @@ import pytest
 from helpers import batch_digest, corpus, write_docs
 
 import mixer
-from mixer.errors import RecipeError, StateError
+from mixer.core.errors import RecipeError, StateError
 
 NAMES = ("prose", "code", "web")
 SEQ, BATCH, LANES = 16, 4, 4

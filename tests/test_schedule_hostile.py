@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from test_schedule import BATCH, BATCH_TOKENS, LANES, NAMES, SEQ, recipe
 
 import mixer
-from mixer.errors import RecipeError, StateError
+from mixer.core.errors import RecipeError, StateError
 
 EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "8"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None,

@@ -10,10 +10,11 @@ import pytest
 from helpers import corpus, write_docs
 
 import mixer
-from mixer.lanes import Lane
+from mixer.pipeline.lanes import Lane
+from mixer.pipeline.packing import Packer
+from mixer.pipeline.stream import SourceStream
 from mixer.sources import list_source
-from mixer.stream import SourceStream
-from mixer.tokenize import Encoder, Packer, resolve_tokenizer
+from mixer.tokenize import Encoder, resolve_tokenizer
 
 
 def check_resume(make: Callable[[], Any], step: Callable[[Any], Any], total: int,
@@ -115,7 +116,7 @@ def test_lane_resumes_exactly(setup):
 
 
 def test_best_fit_packer_resumes_exactly(setup):
-    from mixer.tokenize.best_fit import BestFitPacker
+    from mixer.pipeline.best_fit import BestFitPacker
 
     recipe, tables, encoder = setup
 

@@ -11,8 +11,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import mixer
-from mixer.state import pack, unpack
-from mixer.state_codec import decode_lanes, encode_lanes
+from mixer.runtime.state import pack, unpack
+from mixer.runtime.state_codec import decode_lanes, encode_lanes
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
                     st.floats(allow_nan=False), st.text(max_size=4))

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixer
-from mixer.state import pack, unpack
+from mixer.runtime.state import pack, unpack
 
 EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "30"))
 # CI runs a fixed sequence of examples (a random one may, rarely, miss one of the outcomes the
@@ -37,7 +37,8 @@ def saved(request, three_sources):
 
 
 def with_json(text: str) -> dict:
-    return {"format": "mixer.loader", "version": mixer.state.STATE_VERSION, "json": text}
+    return {"format": "mixer.loader", "version": mixer.runtime.state.STATE_VERSION,
+            "json": text}
 
 
 @pytest.mark.parametrize("text", ["{}", "[]", "null", "1", '"x"', "[" * 100_000, "{" * 3000,

@@ -20,11 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mixer
-from mixer.cli import main as cli
-from mixer.tokenize import cache as cache_module
+from mixer.cache import spill as spill_module
+from mixer.cache import store as cache_module
+from mixer.cache.store import CACHE_STATS, TokenCache
 from mixer.tokenize import resolve_tokenizer
-from mixer.tokenize import spill as spill_module
-from mixer.tokenize.cache import CACHE_STATS, TokenCache
+from mixer.tools.cli import main as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 40   # batches compared per run (the recipe's sources run through several epochs)
@@ -294,7 +294,7 @@ def test_two_processes_filling_one_cache_at_once(data, tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(data))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    started = [procs.spawn([sys.executable, "-m", "mixer.cli", "cache", str(path),
+    started = [procs.spawn([sys.executable, "-m", "mixer.tools.cli", "cache", str(path),
                             "--no-progress"], env=env) for _ in range(2)]
     for proc in started:
         done = procs.finish(proc, timeout=120)
@@ -417,7 +417,7 @@ def test_cache_under_torchrun_ranks_share_the_splits(data, tmp_path):
            "PYTHONWARNINGS": "ignore"}
     result = procs.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "mixer.cli", "cache", str(path), "--no-progress"], timeout=180, env=env)
+         "-m", "mixer.tools.cli", "cache", str(path), "--no-progress"], timeout=180, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     total = splits_of(data)
     written = sorted(int(line.split(": ")[1].split()[0])
@@ -444,7 +444,7 @@ def test_local_files_alike_in_key_size_and_mtime_do_not_share_an_entry(data, tmp
 def test_image_recipes_bypass_the_cache_and_say_so(caplog, tmp_path):
     from types import SimpleNamespace
 
-    from mixer.tokenize.cache import open_cache
+    from mixer.cache.store import open_cache
     recipe = SimpleNamespace(token_cache=str(tmp_path / "c"), images=object(),
                              token_cache_storage_options={}, resolve=lambda p: p)
     with caplog.at_level(logging.WARNING, logger="mixer.token_cache"):
@@ -492,8 +492,8 @@ def test_a_writer_holds_only_documents_ahead_of_an_earlier_one(tmp_path_factory,
     """Tokens arrive in any order within a window; the writer spills each document once every
     earlier one is in, so it never holds more than a window, and the entry it stores is the
     documents in order."""
-    from mixer.sources.base import Record
-    from mixer.tokenize.cache import SplitWriter
+    from mixer.cache.store import SplitWriter
+    from mixer.core.records import Record
     from mixer.tokenize.tokenizer import TokenizerInfo
 
     folder = tmp_path_factory.mktemp("cache")

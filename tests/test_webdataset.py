@@ -18,7 +18,7 @@ from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 import mixer
 from mixer.sources import FORMATS, FileEntry, Split, Storage, infer_format, list_source, read_split
-from mixer.sources.webdataset import read_webdataset
+from mixer.sources.formats.webdataset import read_webdataset
 
 JPEG = b"\xff\xd8\xff\xe0fake-jpeg"
 PNG = b"\x89PNG\r\n\x1a\nfake-png"

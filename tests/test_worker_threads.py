@@ -8,7 +8,7 @@ import os
 import pytest
 from torch.utils.data import DataLoader, IterableDataset
 
-from mixer import workers
+from mixer.runtime import workers
 
 
 class _WorkerEnv(IterableDataset):

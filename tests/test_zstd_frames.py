@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixer
-from mixer.lanes import Lane
+from mixer.pipeline.lanes import Lane
 from mixer.sources import READERS, Storage, list_source
 from mixer.sources.manifest import write_manifest
 from mixer.tokenize import Encoder, resolve_tokenizer

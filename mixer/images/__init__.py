@@ -9,4 +9,5 @@
     documents.py   records -> documents: markers, placeholder spans, fitting a row (oversize)
     rope.py        Qwen2-VL M-RoPE positions of one document, as the model computes them
     layouts.py     the qwen2_vl and llava batch layouts (keys, M-RoPE positions, pixels)
+    select.py      which layout a recipe's batches have (text or one of those)
 """

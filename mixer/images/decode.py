@@ -29,8 +29,8 @@ import struct
 
 from PIL import Image, ImageFile
 
-from mixer.errors import DataError
-from mixer.sources.base import EncodedImage
+from mixer.core.errors import DataError
+from mixer.core.records import EncodedImage
 
 # PIL plugins (`Image.ID`) tried on an image member's bytes; no other format is opened.
 IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")

@@ -19,14 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixer.document import Document, Placement
-from mixer.errors import DataError
+from mixer.config.recipe import ImageSettings
+from mixer.core.document import Document, Placement, Rejected
+from mixer.core.errors import DataError
 from mixer.images.decode import probe
 from mixer.images.handle import LazyImage
 from mixer.images.processing import ImagePlan
-from mixer.recipe import ImageSettings
 from mixer.sources import EncodedImage
-from mixer.stream import Rejected
 from mixer.tokenize import Encoder
 
 

@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from mixer.errors import DataError
+from mixer.core.errors import DataError
+from mixer.core.records import EncodedImage
 from mixer.images.decode import decode_rgb, probe, where
 from mixer.images.pool import PriorityPool
 from mixer.images.processing import ImagePlan, Processing
-from mixer.sources.base import EncodedImage
 
 _lock = threading.Lock()
 _threads = min(4, os.cpu_count() or 1)
@@ -119,7 +119,7 @@ if hasattr(os, "register_at_fork"):
 
 
 class LazyImage:
-    """An image of a document (implements `mixer.document.ImageHandle`)."""
+    """An image of a document (implements `mixer.core.document.ImageHandle`)."""
 
     def __init__(self, encoded: EncodedImage, size: tuple[int, int], plan: ImagePlan,
                  processing: Processing, extra_tokens: int, source: str, file: str,

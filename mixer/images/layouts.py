@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixer.batch import ArraySpec, Batch, BatchLayout
-from mixer.document import Budget
-from mixer.errors import RecipeError
+from mixer.config.recipe import Recipe
+from mixer.core.document import Budget
+from mixer.core.errors import RecipeError
+from mixer.core.token_info import TokenizerInfo
 from mixer.images.documents import ImageDocuments, VisionTokens
 from mixer.images.processing import processing_for
 from mixer.images.rope import mrope_positions
-from mixer.recipe import Recipe
-from mixer.tokenize import IGNORE_INDEX, Encoder, Row, TokenizerInfo
+from mixer.pipeline.batch import ArraySpec, Batch, BatchLayout
+from mixer.pipeline.packing import IGNORE_INDEX, Row
+from mixer.tokenize import Encoder
 
 _INT64, _INT32, _FLOAT32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
 QWEN2_VL_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from mixer.sources.base import EncodedImage, FileEntry, Reader, Record, Split
+from mixer.core.records import EncodedImage, FileEntry, Reader, Record, Split
 from mixer.sources.boundary import read_records
-from mixer.sources.formats import FORMATS, Format, infer_format
+from mixer.sources.formats.registry import FORMATS, Format, infer_format
 from mixer.sources.listing import SourceTable, list_source
 from mixer.sources.storage import IO_STATS, Storage, filesystem
 

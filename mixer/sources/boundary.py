@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from mixer.errors import DataError
-from mixer.sources.base import FileEntry, Record, Split
-from mixer.sources.formats import Format
+from mixer.core.errors import DataError
+from mixer.core.records import FileEntry, Record, Split
+from mixer.sources.formats.registry import Format
 from mixer.sources.storage import redact
 
 if TYPE_CHECKING:
-    from mixer.tokenize import TokenizerInfo
+    from mixer.core.token_info import TokenizerInfo
 
 
 def _invalid_text(text: Any) -> str | None:

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field, replace
 
 from fsspec.implementations.local import LocalFileSystem
 
-from mixer.errors import DataError
-from mixer.recipe import Recipe, SourceConfig
-from mixer.sources.base import FileEntry, Split
-from mixer.sources.formats import FORMATS, SplitRequest, infer_format
+from mixer.config.recipe import Recipe, SourceConfig
+from mixer.core.errors import DataError
+from mixer.core.records import FileEntry, Split
+from mixer.sources.formats.registry import FORMATS, SplitRequest, infer_format
 from mixer.sources.storage import RetryPolicy, Storage, call_with_retries, filesystem, redact
 
 

@@ -16,10 +16,10 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, Field, StrictInt, StrictStr, ValidationError
 
-from mixer.errors import RecipeError
-from mixer.recipe import Recipe, SourceConfig, field_path
-from mixer.sources.base import FileEntry, Split
-from mixer.sources.formats import FORMATS
+from mixer.config.recipe import Recipe, SourceConfig, field_path
+from mixer.core.errors import RecipeError
+from mixer.core.records import FileEntry, Split
+from mixer.sources.formats.registry import FORMATS
 from mixer.sources.listing import SourceTable, list_source
 
 MANIFEST_FORMAT = "mixer.manifest"

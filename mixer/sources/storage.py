@@ -20,8 +20,8 @@ from typing import IO, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from mixer.errors import DataError
-from mixer.sources.base import FileEntry
+from mixer.core.errors import DataError
+from mixer.core.records import FileEntry
 
 _fs_cache: dict[tuple, Any] = {}
 DEFAULT_BLOCK = 8 << 20

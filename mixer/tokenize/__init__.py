@@ -1,8 +1,6 @@
-"""Tokenizer adapter and packers."""
+"""The tokenizer: resolving a recipe's tokenizer once, and encoding text with it."""
 
-from mixer.tokenize.packers import PACKERS, RowPacker, make_packer
-from mixer.tokenize.packing import BLOCKED, IGNORE_INDEX, Packer, Piece, Row
-from mixer.tokenize.tokenizer import Encoder, TokenizerInfo, resolve_tokenizer
+from mixer.core.token_info import TokenizerInfo
+from mixer.tokenize.tokenizer import Encoder, resolve_tokenizer
 
-__all__ = ["BLOCKED", "IGNORE_INDEX", "PACKERS", "Encoder", "Packer", "Piece", "Row", "RowPacker",
-           "TokenizerInfo", "make_packer", "resolve_tokenizer"]
+__all__ = ["Encoder", "TokenizerInfo", "resolve_tokenizer"]

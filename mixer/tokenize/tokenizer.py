@@ -8,14 +8,14 @@ import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from mixer.errors import RecipeError
-from mixer.files import write_atomically
+from mixer.core.errors import RecipeError
+from mixer.core.files import write_atomically
+from mixer.core.token_info import TokenizerInfo
 
 # One tokenizer call: at most this many documents and, for text, a budget of bytes that starts
 # at TOKENIZE_BYTES for a window's first call (its first rows wait for ~10k tokens, not more)
@@ -57,18 +57,6 @@ def _token_content(value: object) -> str | None:
         content = value.get("content")
         return content if isinstance(content, str) else None
     return None
-
-
-@dataclass(frozen=True)
-class TokenizerInfo:
-    """What mixer needs to know about a tokenizer, resolved once."""
-
-    path: str
-    eos_id: int
-    bos_id: int | None
-    pad_id: int
-    digest: str
-    vocab_size: int
 
 
 def _files(path: Path) -> tuple[Path, dict]:

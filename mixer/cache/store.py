@@ -1,0 +1,470 @@
+"""Token cache: a split's documents as token ids, so later epochs and runs skip tokenizing.
+
+An entry holds *every* record of one split (all stripes), in four objects under
+`<root>/<key[:2]>/<key>`:
+
+    .bin   token ids of the kept documents, back to back (Megatron-LM's indexed dataset)
+    .idx   their lengths and pointers (MMIDIDX version 1, see `indexed.py`)
+    .rec   int64 [records, 4]: record index, offset, chars (len of its text), document
+           number in the .idx (or -1 - e for the e-th error record)
+    .json  the commit: format version, counts, the errors, a CRC-32 and size of the .idx and
+           .rec, and the .bin's size, block size (`BIN_BLOCK`) and a CRC-32 per block; written
+           last, so a reader never sees half an entry
+
+Reading an entry reads its .json, .idx and .rec; the .bin is read lazily, by the blocks the
+replayed records need, each checked when read. A damaged block never yields its tokens: from
+that record on, the replay reads the split's source file (the same records, tokenized as on a
+miss), counts the entry as corrupt and drops its commit; a replay that began at the split's
+first record rebuilds it as it goes, otherwise the next full read (or `mixer cache`) does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from array import array
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mixer.cache.blocks import CorruptBlock, TokenFile, crc, is_local
+from mixer.cache.entry import CachedSplit
+from mixer.cache.replay import Replay
+from mixer.cache.spill import SpillUnavailable, TokenSpill
+from mixer.core.errors import DataError
+from mixer.core.files import write_atomically
+from mixer.core.records import FileEntry, Record, Split
+from mixer.sources.indexed import encode_index, parse_index, token_dtype
+from mixer.sources.storage import filesystem
+from mixer.tokenize.tokenizer import (
+    TOKENIZE_BYTES,
+    TOKENIZE_BYTES_AHEAD,
+    TOKENIZE_DOCS,
+    TokenizerInfo,
+    encoding_thread,
+)
+
+CACHE_FORMAT = 2
+BIN_BLOCK = 1 << 18   # bytes of .bin per CRC: what a resume inside a split over-reads at most
+
+
+def _chunks(records: Iterator[Record]) -> Iterator[list[Record]]:
+    """Records in chunks of at most TOKENIZE_DOCS records and a text budget that starts at
+    TOKENIZE_BYTES (the first rows wait for one small call) and doubles per chunk up to
+    TOKENIZE_BYTES_AHEAD (larger calls cost the tokenizer less per token)."""
+    chunk: list[Record] = []
+    size = 0
+    budget = TOKENIZE_BYTES
+    for record in records:
+        chunk.append(record)
+        size += len(record.text) if record.text is not None else 0
+        if len(chunk) >= TOKENIZE_DOCS or size >= budget:
+            yield chunk
+            chunk, size = [], 0
+            budget = min(2 * budget, TOKENIZE_BYTES_AHEAD)
+    if chunk:
+        yield chunk
+
+
+log = logging.getLogger("mixer.token_cache")
+_warned: set[Any] = set()   # cache roots this process already warned about
+
+
+@dataclass
+class CacheStats:
+    """Per-process counters: splits served from the cache, read from source files (`misses`),
+    entries written, and entries found damaged (then rebuilt)."""
+
+    hits: int = 0
+    misses: int = 0
+    writes: int = 0
+    corrupt: int = 0
+
+    def reset(self) -> None:
+        self.hits = self.misses = self.writes = self.corrupt = 0
+
+
+CACHE_STATS = CacheStats()
+
+
+class TokenCache:
+    """The token cache at `root` (a folder or fsspec URL) for one tokenizer."""
+
+    def __init__(self, root: str, tokenizer: TokenizerInfo,
+                 storage_options: dict[str, Any] | None = None) -> None:
+        self.root = root.rstrip("/")
+        self.tokenizer = tokenizer
+        self.storage_options = dict(storage_options or {})
+        self.dtype = token_dtype(tokenizer.vocab_size)
+        self.writable = True
+
+    def filesystem(self) -> tuple[Any, str]:
+        """(fs, root path) of the cache in this process."""
+        return filesystem(self.root, self.storage_options, source="token_cache")
+
+    def key(self, entry: FileEntry, split: Split, *, text_field: str, max_bytes: int) -> str:
+        """The entry's name: a digest of everything that determines its tokens."""
+        info = self.tokenizer
+        # An ETag names content; a modification time does not (copies keep it, tools pin it),
+        # so files versioned by mtime are also told apart by their path.
+        where = "" if entry.etag else entry.url
+        material = [CACHE_FORMAT, info.digest, info.eos_id, info.bos_id, entry.key, where,
+                    entry.size, entry.version, entry.format, split.to_list()[1:], text_field,
+                    max_bytes]
+        return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
+
+    def path(self, key: str) -> str:
+        """Path of an entry's objects without the suffix (relative to the filesystem)."""
+        return f"{self.filesystem()[1]}/{key[:2]}/{key}"
+
+    # -- reading -----------------------------------------------------------------------------
+    def load(self, key: str, *, check_tokens: bool = False) -> CachedSplit | None:
+        """The entry if it is complete and its .json, .idx and .rec match their checksums
+        (every block of its .bin too with `check_tokens`; otherwise each is checked when
+        replayed); None on a miss. A damaged entry counts in `CACHE_STATS.corrupt` and reads
+        as a miss (then it is rewritten)."""
+        fs, _ = self.filesystem()
+        base = self.path(key)
+        try:
+            commit = json.loads(fs.cat_file(base + ".json"))
+        except (OSError, ValueError):
+            return None
+        try:
+            if commit["v"] != CACHE_FORMAT:
+                raise ValueError(f"cache format {commit['v']}")
+            data = {part: fs.cat_file(f"{base}.{part}") for part in ("idx", "rec")}
+            for part in data:
+                size, expected = commit[part]
+                if len(data[part]) != size or crc(data[part]) != expected:
+                    raise ValueError(f"{part} checksum mismatch")
+            index = parse_index(data["idx"])
+            records = np.frombuffer(data["rec"], np.int64).reshape(-1, 4)
+            if len(records) != commit["records"]:
+                raise ValueError("record table does not match its commit")
+            starts = np.zeros(index.num_documents + 1, np.int64)
+            np.cumsum(index.lengths, out=starts[1:])
+            size, block, crcs = commit["bin"]
+            if starts[-1] * index.dtype.itemsize != size:
+                raise ValueError("index does not cover the token file")
+            tokens = TokenFile(fs, base + ".bin", index.dtype, size, block, crcs)
+            if check_tokens:
+                tokens.check_all()
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            CACHE_STATS.corrupt += 1
+            log.info("token cache entry %s is damaged (%s); rebuilding it", base, exc)
+            return None
+        return CachedSplit(tokens, starts, records, commit["errors"], key)
+
+    def replay(self, cached: CachedSplit, *, index: int, source: str, file: str,
+               read: Callable[[int, int], Iterator[Record]],
+               adopt: Callable[[SplitWriter], None] | None = None) -> Replay:
+        """The split's records from record index `index`, as its reader would yield them (see
+        `Replay`). From a record whose block is damaged on, they are `read(index, offset)`
+        from the source; when the replay started at the split's first record, `adopt` is
+        first handed a writer holding the records replayed so far, to feed with the rest (the
+        entry is rebuilt)."""
+        def damaged(row: int, doc: int, exc: CorruptBlock) -> None:
+            self._drop(cached, exc)
+            if adopt is not None and replay.first == 0 and self.writable:
+                adopt(SplitWriter.prefilled(self, cached, file, row, doc))
+
+        replay = Replay(cached, index, source=source, file=file, read=read, damaged=damaged)
+        return replay
+
+    def _drop(self, cached: CachedSplit, exc: Exception) -> None:
+        """Count a damaged entry found while replaying it and remove its commit (best effort:
+        the next full read of the split rewrites it)."""
+        CACHE_STATS.corrupt += 1
+        base = self.path(cached.key)
+        log.info("token cache entry %s is damaged (%s); reading its split from the source "
+                 "from here on", base, exc)
+        try:
+            self.filesystem()[0].rm_file(base + ".json")
+        except OSError as err:
+            log.debug("cannot remove %s.json (%s)", base, err)
+
+    # -- writing -----------------------------------------------------------------------------
+    def spill(self) -> TokenSpill:
+        """An empty spill for an entry's tokens: beside the entries when the cache is a local
+        folder (stored by a copy on the same disk; no RAM-backed /tmp), otherwise in the
+        system's temporary folder."""
+        fs, root = self.filesystem()
+        return TokenSpill(self.dtype, root if is_local(fs) else None)
+
+    def store(self, key: str, records: array, tokens: TokenSpill,
+              errors: list[list[Any]]) -> bool:
+        """Write an entry (data objects first, the commit last) from its record rows (int64,
+        4 per record, flat), its documents' tokens and the errors; False when the cache
+        cannot be written (warned once per process and root, then not tried again). Closes
+        `tokens`."""
+        try:
+            if not self.writable:
+                return False
+            fs, _ = self.filesystem()
+            base = self.path(key)
+            fs.makedirs(base.rsplit("/", 1)[0], exist_ok=True)
+            bin_crcs = _put_chunks(fs, f"{base}.bin", tokens.chunks(BIN_BLOCK))
+            parts = {"idx": encode_index(self.dtype, np.array(tokens.lengths, dtype=np.int32)),
+                     "rec": records.tobytes()}
+            commit = {"v": CACHE_FORMAT, "records": len(records) // 4, "documents": len(tokens),
+                      "errors": errors, "idx": [len(parts["idx"]), crc(parts["idx"])],
+                      "rec": [len(parts["rec"]), crc(parts["rec"])],
+                      "bin": [tokens.nbytes, BIN_BLOCK, bin_crcs]}
+            parts["json"] = json.dumps(commit).encode()
+            for suffix in ("idx", "rec", "json"):
+                _put(fs, f"{base}.{suffix}", parts[suffix])
+        except SpillUnavailable as exc:
+            log.debug("token cache entry %s not written (%s)", key, exc)
+            return False
+        except OSError as exc:
+            self.unwritable(exc)
+            return False
+        finally:
+            tokens.close()
+        CACHE_STATS.writes += 1
+        return True
+
+    def unwritable(self, exc: OSError) -> None:
+        """Stop writing to this cache (reads go on), warning once per process and root."""
+        self.writable = False
+        if self.root not in _warned:
+            _warned.add(self.root)
+            log.warning("token cache %s cannot be written (%s): reading tokens from the "
+                        "cache where present, tokenizing the rest", self.root, exc)
+
+    def records(self, read: Callable[[int, int], Iterator[Record]], *, entry: FileEntry,
+                split: Split, source: str, text_field: str, max_bytes: int, index: int,
+                offset: int, adopt: Callable[[SplitWriter], None] | None = None
+                ) -> Iterator[Record]:
+        """The split's records from the cursor (`index`, `offset`). With `adopt`, the entry is
+        to be written from what the caller reads: `adopt` is handed the `SplitWriter` that
+        the caller then feeds with the records it reads and the tokens it makes of them (so
+        caching costs no tokenization of its own; the entry is stored once every record has
+        its tokens). A miss reads with `read(index, offset)` and, when reading starts at the
+        split's first record, adopts a writer at once; a hit replays the entry, and from a
+        damaged block on reads the source with `read` and adopts the writer that rebuilds
+        the entry."""
+        key = self.key(entry, split, text_field=text_field, max_bytes=max_bytes)
+        cached = self.load(key)
+        if cached is not None:
+            CACHE_STATS.hits += 1
+            return self.replay(cached, index=index, source=source, file=entry.url, read=read,
+                               adopt=adopt)
+        CACHE_STATS.misses += 1
+        if adopt is not None and index == 0 and self.writable:
+            adopt(SplitWriter(self, key, entry.url))
+        return read(index, offset)
+
+    def write_through(self, records: Iterable[Record], key: str, file: str,
+                      encode: Callable[[list[str]], list[np.ndarray]]) -> Iterator[Record]:
+        """`records` of a whole split with their texts tokenized (token records, same
+        `chars`); once they are all read, the entry `key` is stored (unless the split ends
+        in an error or holds images: then it stays uncached)."""
+        writer = SplitWriter(self, key, file)
+
+        def texts_of(chunk: list[Record]) -> list[str]:
+            return [r.text for r in chunk if r.error is None and r.tokens is None
+                    and not r.images]
+
+        # Pipelined: the next chunk is read and encoded in the background while the caller
+        # consumes this one, so caching costs one tokenization, overlapped as without it.
+        chunks = _chunks(iter(records))
+        pending = None
+        first = next(chunks, None)
+        if first is not None:
+            pending = (first, encoding_thread().submit(encode, texts_of(first)))
+        while pending is not None:
+            chunk, future = pending
+            following = next(chunks, None)
+            pending = None if following is None else (
+                following, encoding_thread().submit(encode, texts_of(following)))
+            encoded = iter(future.result())
+            for record in chunk:
+                doc = writer.record(record)
+                if record.error is None and not record.images:
+                    ids = record.tokens if record.tokens is not None else next(encoded)
+                    if doc is not None:
+                        writer.add_tokens(doc, ids)
+                    record = Record(record.index, record.offset, None, tokens=ids,
+                                    chars=record.size)
+                yield record
+        writer.end()
+
+
+_open: dict[tuple, TokenCache] = {}
+
+
+def open_cache(recipe: Any, tokenizer: TokenizerInfo) -> TokenCache | None:
+    """The recipe's token cache (one per process, root and tokenizer), or None without one.
+    Image recipes bypass the cache (logged once)."""
+    if recipe.token_cache is None:
+        return None
+    root = recipe.resolve(recipe.token_cache)
+    if recipe.images is not None:
+        if ("images", root) not in _warned:
+            _warned.add(("images", root))
+            log.warning("token_cache %s is not used: image recipes bypass the token cache", root)
+        return None
+    key = (os.getpid(), root, tokenizer, repr(sorted(recipe.token_cache_storage_options.items())))
+    if key not in _open:
+        _open[key] = TokenCache(root, tokenizer, recipe.token_cache_storage_options)
+    return _open[key]
+
+
+def tokenizer_info_dir(recipe: Any) -> str | None:
+    """Where `resolve_tokenizer` keeps resolved tokenizers for the recipe's token cache: its
+    `tokenizers/` folder when the cache is a local folder the recipe uses, else None (a read
+    from an object store costs about what loading the tokenizer does)."""
+    if recipe.token_cache is None or recipe.images is not None:
+        return None
+    root = recipe.resolve(recipe.token_cache)
+    if "://" in root and not root.startswith("file://"):
+        return None
+    return os.path.join(root.removeprefix("file://"), "tokenizers")
+
+
+def _put(fs: Any, path: str, data: bytes) -> None:
+    """Write one object so no reader sees it half-written: a unique temporary name renamed
+    into place on a local disk; one PUT (atomic per object) on object stores."""
+    if is_local(fs):
+        write_atomically(path, data)
+    else:
+        fs.pipe_file(path, data)
+
+
+def _put_chunks(fs: Any, path: str, chunks: Iterable[bytes]) -> list[int]:
+    """Write one object from `chunks` as `_put` does (no reader sees it half-written) and
+    return the CRC-32 of each chunk."""
+    crcs: list[int] = []
+
+    def checked() -> Iterator[bytes]:
+        for chunk in chunks:
+            crcs.append(crc(chunk))
+            yield chunk
+    if is_local(fs):
+        write_atomically(path, checked())
+        return crcs
+    out = fs.open(path, "wb")   # an object store publishes the object when it is closed
+    try:
+        for chunk in checked():
+            out.write(chunk)
+    except BaseException:
+        if hasattr(out, "discard"):
+            out.discard()
+        raise
+    out.close()
+    return crcs
+
+
+def _error_fields(error: DataError, file: str) -> list[Any]:
+    """[message, same_file, file, location] of an error record (message without its place)."""
+    where = str(error)
+    prefix = f"source {error.source!r}" if error.source is not None else ""
+    if error.file is not None:
+        prefix += f", file {error.file!r}"
+    if error.location is not None:
+        prefix += f", {error.location}"
+    message = where[len(prefix) + 2:] if prefix and where.startswith(prefix + ": ") else where
+    return [message, error.file == file, error.file, error.location]
+
+
+class SplitWriter:
+    """An entry filled as a stream reads its split (every record, in order) and tokenizes
+    its documents (in any order); stored when the split was read to its end and every
+    document has its tokens, unless it ends in an error or holds images. Tokens go to a
+    `TokenSpill` as soon as every earlier document has its own: a writer holds in memory
+    only the documents that finished ahead of an earlier one."""
+
+    def __init__(self, cache: TokenCache, key: str, file: str) -> None:
+        self.cache = cache
+        self.key = key
+        self.file = file
+        self.rows = array("q")   # (record index, offset, chars, document) per record, flat
+        self.errors: list[list[Any]] = []
+        self.spill = cache.spill()
+        self.ahead: dict[int, np.ndarray] = {}   # documents waiting for an earlier one
+        self.documents = 0
+        self.keep = True
+        self.last_error = False
+        self.ended = False
+        self.done = False
+
+    @classmethod
+    def prefilled(cls, cache: TokenCache, cached: CachedSplit, file: str, rows: int,
+                  documents: int) -> SplitWriter:
+        """A writer holding the first `rows` records of `cached` (whose `documents` documents
+        lie in blocks already checked), to be fed the split's remaining records."""
+        writer = cls(cache, cached.key, file)
+        writer.rows.extend(cached.records[:rows].ravel().tolist())
+        writer.errors = cached.errors[:int((cached.records[:rows, 3] < 0).sum())]
+        starts = cached.starts
+        writer.documents = documents
+        for d in range(documents):
+            writer._spill(cached.tokens.tokens(int(starts[d]), int(starts[d + 1])))
+        return writer
+
+    def record(self, record: Record) -> int | None:
+        """Note a record read from the split; the document number to feed tokens for (None
+        for an error, or a document that already carries its tokens)."""
+        if record.images:
+            self._abandon()
+            return None
+        self.last_error = record.error is not None
+        if record.error is not None:
+            self.rows.extend((record.index, record.offset, 0, -1 - len(self.errors)))
+            self.errors.append(_error_fields(record.error, self.file))
+            return None
+        doc = self.documents
+        self.documents += 1
+        self.rows.extend((record.index, record.offset, record.size, doc))
+        if record.tokens is not None:
+            self.add_tokens(doc, record.tokens)
+            return None
+        return doc
+
+    def add_tokens(self, doc: int, ids: np.ndarray) -> None:
+        if self.keep:
+            self.ahead[doc] = ids
+            while len(self.spill) in self.ahead and self.keep:
+                self._spill(self.ahead.pop(len(self.spill)))
+        self._maybe_store()
+
+    def end(self) -> None:
+        """The split was read to its end."""
+        self.ended = True
+        self._maybe_store()
+
+    def _spill(self, ids: np.ndarray) -> None:
+        try:
+            fits = self.spill.append(ids)
+        except SpillUnavailable as exc:   # this entry only: the next may find a file
+            log.debug("token cache entry %s not written (%s)", self.key, exc)
+            fits = False
+        except OSError as exc:
+            self.cache.unwritable(exc)
+            fits = False
+        if not fits:   # pre-tokenized ids of another vocabulary, or a cache we cannot write
+            self._abandon()
+
+    def close(self) -> None:
+        """Give the entry up (its stream stops before the split's end)."""
+        self.done = True
+        self._abandon()
+
+    def _abandon(self) -> None:
+        self.keep = False
+        self.ahead.clear()
+        self.spill.close()
+
+    def _maybe_store(self) -> None:
+        if self.done or not self.ended or (self.keep and len(self.spill) < self.documents):
+            return
+        self.done = True
+        if not self.keep or self.last_error:
+            self.spill.close()
+            return   # (an error at the end may be a storage failure: it must not outlive us)
+        self.cache.store(self.key, self.rows, self.spill, self.errors)

@@ -1,0 +1,424 @@
+"""Recipe: the YAML (or dict) that declares a mixture, validated into frozen config objects."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from mixer.config.recipe_input import check_plain, read_yaml
+from mixer.core.errors import RecipeError
+from mixer.core.registry import FORMATS, PACKERS
+
+# Upper bounds on sizes (docs/recipes.md): larger values are typos that would otherwise fail
+# much later, out of memory.
+MAX_LANES = 1 << 16
+MAX_SEQ_LEN = 1 << 24
+MAX_BATCH_SIZE = 1 << 24
+MAX_BATCH_TOKENS = 1 << 28      # seq_len × batch_size
+MAX_SHUFFLE_WINDOW = 1 << 24
+MAX_PACK_WINDOW = 1 << 20
+MAX_BYTES_SETTING = 1 << 40     # every *_bytes setting
+MAX_EPOCHS = 1 << 32
+
+
+def normalize(weights: list[float]) -> list[float]:
+    """Weights scaled to sum to 1; scaled by the largest first when their sum overflows."""
+    total = sum(weights)
+    if not math.isfinite(total):
+        top = max(weights)
+        weights = [w / top for w in weights]
+        total = sum(weights)
+    return [w / total for w in weights]
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not a boolean")
+    return value
+
+
+# Numbers parse as pydantic's lax mode does (YAML reads `1e-3` as a string) except booleans.
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
+
+
+class SourceConfig(_Frozen):
+    """One weighted source of documents."""
+
+    name: str = Field(min_length=1, description="Unique name; seeds derive from it.")
+    path: str | list[str] = Field(description="Glob, or list of globs (local or fsspec URL).")
+    weight: Float | None = Field(
+        default=None, gt=0, description="Share of training tokens (normalized over sources); "
+        "required unless the recipe has a `schedule`.")
+    text_field: str = Field(
+        default="text", min_length=1,
+        description="Column/key with the text (webdataset: key in the json member; its "
+        "default is the txt member).")
+    format: str | None = Field(
+        default=None, description="File format; inferred from each file's extension when absent.")
+    token_dtype: Literal["uint16", "uint32"] | None = Field(
+        default=None, description="Pre-tokenized sources: the ids' type in a headerless .npy "
+        "(OLMo's raw token arrays); a .npy header must agree with it.")
+    epochs: Int | None = Field(default=None, ge=1, le=MAX_EPOCHS,
+                               description="null: repeat forever; an integer caps the epochs.")
+    on_error: Literal["raise", "skip"] = Field(
+        default="raise", description="raise: stop with an error; skip: skip and count bad input.")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec options (credentials, endpoint); never logged.")
+
+    @property
+    def chosen_text_field(self) -> str | None:
+        """`text_field` when the recipe sets it, else None: each format's default applies."""
+        return self.text_field if "text_field" in self.model_fields_set else None
+
+    @property
+    def globs(self) -> list[str]:
+        return [self.path] if isinstance(self.path, str) else list(self.path)
+
+    @field_validator("path", mode="plain")
+    @classmethod
+    def _glob_or_globs(cls, value: Any) -> str | list[str]:
+        # Checked here rather than by pydantic's union, whose errors carry branch tags
+        # ("str", "list[str]") in their locations.
+        paths = [value] if isinstance(value, str) else value
+        if (not isinstance(paths, list) or not paths
+                or any(not isinstance(p, str) or not p for p in paths)):
+            raise ValueError("path must be a non-empty glob or a non-empty list of globs")
+        return value
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, value: str | None) -> str | None:
+        if value is not None and value not in FORMATS:
+            raise ValueError(f"unknown format {value!r}; known: {', '.join(FORMATS)}")
+        return value
+
+    def __repr__(self) -> str:  # keep storage_options (credentials) out of reprs
+        return f"SourceConfig(name={self.name!r}, path={self.path!r}, weight={self.weight})"
+
+    __str__ = __repr__
+
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+MAX_IMAGE_SIDE = 1 << 15
+
+
+class ImageSettings(_Frozen):
+    """The `images:` block: how images become pixels and sequence tokens (docs/recipes.md)."""
+
+    layout: Literal["qwen2_vl", "llava"] = Field(description="Batch layout and image tokens.")
+    patch_size: Int = Field(default=14, ge=1, le=1024, description="Vision patch side (pixels).")
+    merge_size: Int = Field(default=2, ge=1, le=64,
+                            description="qwen2_vl: patches merged per side into one token.")
+    temporal_patch_size: Int = Field(default=2, ge=1, le=64,
+                                     description="qwen2_vl: frames per temporal patch.")
+    min_pixels: Int = Field(default=3136, ge=1, le=MAX_IMAGE_SIDE ** 2,
+                            description="qwen2_vl: lower bound on a resized image's pixels.")
+    max_pixels: Int = Field(default=1003520, ge=1, le=MAX_IMAGE_SIDE ** 2,
+                            description="qwen2_vl: upper bound on a resized image's pixels.")
+    image_size: Int = Field(default=336, ge=1, le=MAX_IMAGE_SIDE,
+                            description="llava: side of the square centre crop.")
+    image_mean: tuple[Float, Float, Float] = Field(default=CLIP_MEAN)
+    image_std: tuple[Float, Float, Float] = Field(default=CLIP_STD)
+    marker: str = Field(default="<image>", min_length=1,
+                        description="Where the text holds it, each marker is the next image.")
+    max_images_per_batch: Int | None = Field(default=None, ge=1,
+                                             description="Cap per rank batch (null: none).")
+    max_patches_per_batch: Int | None = Field(default=None, ge=1,
+                                              description="qwen2_vl: cap on pixel_values rows.")
+    max_source_pixels: Int = Field(default=64 << 20, ge=1, le=1 << 40,
+                                   description="Larger stored images are refused (bombs).")
+
+    @field_validator("image_std")
+    @classmethod
+    def _positive_std(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
+        if any(v <= 0 for v in value):
+            raise ValueError("image_std values must be positive")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ImageSettings:
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(f"min_pixels ({self.min_pixels}) is more than "
+                             f"max_pixels ({self.max_pixels})")
+        if self.layout == "llava" and self.image_size % self.patch_size:
+            raise ValueError(f"images.image_size ({self.image_size}) is not a multiple of "
+                             f"images.patch_size ({self.patch_size})")
+        if self.layout == "llava" and self.max_patches_per_batch is not None:
+            raise ValueError("images.max_patches_per_batch: only the qwen2_vl layout has "
+                             "patches per image that vary")
+        return self
+
+
+MAX_SCHEDULE_POINTS = 1 << 14
+
+
+class SchedulePoint(_Frozen):
+    """One point of a schedule: from `at_tokens` global tokens on, these target weights."""
+
+    at_tokens: Float = Field(ge=0, le=1e18, description="Global tokens where the point is.")
+    weights: dict[str, Float] = Field(description="Weight per source name (others: 0).")
+
+    @field_validator("at_tokens")
+    @classmethod
+    def _whole_tokens(cls, value: float) -> float:
+        if value != int(value):
+            raise ValueError(f"at_tokens must be a whole number of tokens, got {value}")
+        return value
+
+
+class Schedule(_Frozen):
+    """Target weights that change over global tokens (docs/recipes.md#schedules)."""
+
+    interpolate: Literal["step", "linear"] = Field(
+        default="step", description="step: a point holds until the next; linear: weights "
+        "move linearly from each point to the next.")
+    points: list[SchedulePoint] = Field(min_length=1, max_length=MAX_SCHEDULE_POINTS)
+
+    def weights_at(self, names: list[str], tokens: int) -> list[float]:
+        """Normalized target weights of `names` at global position `tokens`."""
+        points = self.points
+        i = self.point_index(tokens)
+        raw = [points[i].weights.get(n, 0.0) for n in names]
+        if self.interpolate == "linear" and i + 1 < len(points):
+            # (every point has a positive weight, so both ends normalize)
+            b = points[i + 1]
+            t = (tokens - points[i].at_tokens) / (b.at_tokens - points[i].at_tokens)
+            start = normalize(raw)
+            end = normalize([b.weights.get(n, 0.0) for n in names])
+            raw = [w0 * (1 - t) + w1 * t for w0, w1 in zip(start, end)]
+        return normalize(raw)
+
+    def point_index(self, tokens: int) -> int:
+        """Index of the last point at or before `tokens`."""
+        lo, hi = 0, len(self.points) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.points[mid].at_tokens <= tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+class Recipe(_Frozen):
+    """A validated mixture recipe. Build with `mixer.load_recipe`."""
+
+    seed: Int = Field(default=0, ge=-(1 << 63), lt=1 << 64,
+                      description="Root of every random choice (a 64-bit integer).")
+    tokenizer: str = Field(min_length=1, description="tokenizer.json file or local HF folder.")
+    seq_len: Int = Field(gt=0, le=MAX_SEQ_LEN, description="Tokens per row.")
+    batch_size: Int = Field(gt=0, le=MAX_BATCH_SIZE, description="Rows per batch, per rank.")
+    lanes: Int = Field(default=8, gt=0, le=MAX_LANES,
+                       description="Independent pipelines; see docs.")
+    packing: str = Field(default="concat", description="A packer's name: concat | pad | "
+                         "best_fit.")
+    pack_window: Int = Field(default=256, ge=1, le=MAX_PACK_WINDOW,
+                             description="Documents per best_fit packing window.")
+    shuffle_window: Int = Field(default=1024, ge=1, le=MAX_SHUFFLE_WINDOW,
+                                description="Documents per shuffle window.")
+    shuffle_window_bytes: Int = Field(default=64 << 20, ge=1, le=MAX_BYTES_SETTING,
+                                      description="A window also ends at this many text bytes.")
+    shuffle_budget_bytes: Int = Field(
+        default=64 << 20, ge=1 << 16, le=MAX_BYTES_SETTING,
+        description="Text bytes of all shuffle windows together (every lane and source): each "
+        "(lane, source) window ends at an equal share, so a worker's windows never hold more.")
+    split_bytes: Int = Field(default=64 << 20, ge=1, le=MAX_BYTES_SETTING,
+                             description="Target size of byte-range splits of plain jsonl.")
+    max_document_bytes: Int = Field(default=64 << 20, ge=1, le=MAX_BYTES_SETTING,
+                                    description="Longer records are errors (or skipped).")
+    read_ahead_bytes: Int = Field(default=64 << 20, ge=1 << 16, le=MAX_BYTES_SETTING,
+                                  description="Read-ahead budget per worker, "
+                                  "shared by its open remote streams.")
+    manifest: str | None = Field(default=None, description="Manifest file written by "
+                                 "`mixer index`; used at start-up when it exists.")
+    mask_document_boundaries: bool = Field(default=False)
+    token_cache: str | None = Field(default=None, min_length=1, description="Folder or URL "
+                                    "of the token cache (see docs/recipes.md); absent: none.")
+    token_cache_storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec options of the token cache's URL.")
+    eos_token: str | None = Field(default=None, description="Overrides the tokenizer's EOS.")
+    images: ImageSettings | None = Field(default=None, description="Image+text batches "
+                                         "(absent: text batches).")
+    sources: list[SourceConfig] = Field(min_length=1)
+    schedule: Schedule | None = Field(default=None, description="Target weights over global "
+                                      "tokens; absent: the sources' `weight`.")
+    base_dir: str = Field(default=".", description="Relative paths resolve against this folder.")
+
+    @field_validator("packing")
+    @classmethod
+    def _known_packer(cls, value: str) -> str:
+        if value not in PACKERS:
+            raise ValueError(f"unknown packing {value!r}; known: {', '.join(PACKERS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Recipe:
+        seen: dict[str, int] = {}
+        for i, src in enumerate(self.sources):
+            if src.name in seen:
+                raise ValueError(f"sources[{i}].name: duplicate source name {src.name!r} "
+                                 f"(also sources[{seen[src.name]}].name)")
+            seen[src.name] = i
+        return self
+
+    @model_validator(mode="after")
+    def _bounded_batch(self) -> Recipe:
+        tokens = self.seq_len * self.batch_size
+        if tokens > MAX_BATCH_TOKENS:
+            raise ValueError(f"batch_size: seq_len × batch_size = {tokens:,} tokens per batch "
+                             f"is more than the limit of {MAX_BATCH_TOKENS:,}")
+        return self
+
+    @model_validator(mode="after")
+    def _schedule_names_sources(self) -> Recipe:
+        names = {s.name for s in self.sources}
+        if self.schedule is None:
+            for i, src in enumerate(self.sources):
+                if src.weight is None:
+                    raise ValueError(f"sources[{i}].weight: field required (a recipe without "
+                                     "`schedule` weighs each source)")
+            return self
+        points = self.schedule.points
+        if points[0].at_tokens != 0:
+            raise ValueError(f"schedule.points[0].at_tokens: the first point must be at 0 "
+                             f"tokens, got {points[0].at_tokens:g}")
+        for i, point in enumerate(points):
+            if i and point.at_tokens <= points[i - 1].at_tokens:
+                raise ValueError(f"schedule.points[{i}].at_tokens: {point.at_tokens:g} is not "
+                                 f"after points[{i - 1}].at_tokens ({points[i - 1].at_tokens:g})"
+                                 "; points must be strictly increasing")
+            for name, weight in point.weights.items():
+                if weight < 0:
+                    raise ValueError(f"schedule.points[{i}].weights.{name}: weight {weight:g} "
+                                     "is negative")
+            if not any(w > 0 for w in point.weights.values()):
+                raise ValueError(f"schedule.points[{i}].weights: every weight is 0 (at least "
+                                 "one source must have a positive weight)")
+            for name in point.weights:
+                if name not in names:
+                    raise ValueError(f"schedule.points[{i}].weights.{name}: unknown source "
+                                     f"{name!r}; sources: {', '.join(sorted(names))}")
+            shares = normalize([point.weights.get(s.name, 0.0) for s in self.sources])
+            for name, share in zip([s.name for s in self.sources], shares):
+                if not math.isfinite(share) or (point.weights.get(name, 0) > 0 and share <= 0):
+                    raise ValueError(f"schedule.points[{i}].weights.{name}: its share rounds "
+                                     "to 0 next to the other weights")
+        return self
+
+    @model_validator(mode="after")
+    def _weights_have_shares(self) -> Recipe:
+        if self.schedule is not None:
+            return self
+        for i, share in enumerate(self.weights):
+            if not (math.isfinite(share) and share > 0):
+                raise ValueError(f"sources[{i}].weight: {self.sources[i].weight} is too small "
+                                 "next to the other weights: its share rounds to 0")
+        return self
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.sources]
+
+    @property
+    def weights(self) -> list[float]:
+        """Each source's share at the start (token 0), summing to 1."""
+        return self.weights_at(0)
+
+    def weights_at(self, tokens: int) -> list[float]:
+        """Each source's target share at global position `tokens` (schedule, else weights)."""
+        if self.schedule is not None:
+            return self.schedule.weights_at(self.names, tokens)
+        return normalize([s.weight or 0.0 for s in self.sources])
+
+    @property
+    def window_bytes(self) -> int:
+        """Text bytes at which a (lane, source) shuffle window ends: `shuffle_window_bytes`,
+        or the window's equal share of `shuffle_budget_bytes` when smaller. Depends on recipe
+        values only (never on ranks or workers), so the stream stays topology-independent."""
+        share = self.shuffle_budget_bytes // (self.lanes * len(self.sources))
+        return max(1, min(self.shuffle_window_bytes, share))
+
+    @property
+    def finite(self) -> bool:
+        """True when every source is capped, so the stream ends."""
+        return all(s.epochs is not None for s in self.sources)
+
+    def resolve(self, path: str) -> str:
+        """An absolute local path or an untouched URL."""
+        if "://" in path or os.path.isabs(path):
+            return path
+        return os.path.normpath(os.path.join(self.base_dir, path))
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    """`sources[0].weight` from a pydantic error location."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "<recipe>"
+
+
+def _format_error(err: ValidationError) -> str:
+    lines = []
+    for item in err.errors():
+        path = field_path(tuple(item["loc"]))
+        msg = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            msg = "unknown key"
+        if item["type"] == "value_error" and path == "<recipe>":
+            lines.append(msg)  # a model check: the message names its field
+            continue
+        lines.append(f"{path}: {msg}")
+    return "invalid recipe: " + "; ".join(dict.fromkeys(lines))
+
+
+def load_recipe(path_or_dict: str | os.PathLike[str] | dict[str, Any] | Recipe) -> Recipe:
+    """Load and validate a recipe from a YAML file path or a plain dict.
+
+    Relative paths in a file recipe resolve against the file's folder; in a dict recipe,
+    against `base_dir` if given, else the current directory. Raises `RecipeError` naming
+    the field path of every problem.
+    """
+    if isinstance(path_or_dict, Recipe):
+        return path_or_dict
+    if isinstance(path_or_dict, dict):
+        check_plain(path_or_dict)
+        data = dict(path_or_dict)
+        data.setdefault("base_dir", os.getcwd())
+    elif isinstance(path_or_dict, (str, os.PathLike)):
+        file = Path(path_or_dict)
+        data = read_yaml(file)
+        if not isinstance(data, dict):
+            raise RecipeError(f"recipe {str(file)!r} must be a mapping of keys at the top level")
+        check_plain(data)
+        if "base_dir" in data:
+            raise RecipeError("base_dir: unknown key (set only for dict recipes)")
+        data["base_dir"] = str(file.resolve().parent)
+    else:
+        raise RecipeError(f"a recipe is a YAML file path, a dict or a Recipe, not "
+                          f"{type(path_or_dict).__name__}")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(_format_error(exc)) from None

@@ -1,0 +1,143 @@
+"""Documents: what a source stream hands its packer.
+
+A document is its token ids (image placeholders already expanded) plus zero or more images.
+An image is a lazy handle: it knows its pixel size from the file header and its cost in
+sequence tokens before any pixel is decoded, so packing can plan a row without decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from mixer.core.errors import DataError
+    from mixer.core.records import EncodedImage
+
+
+class ImageHandle(Protocol):
+    """An image of a document, decoded only when its pixels are needed."""
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of the stored image, read from its header."""
+        ...
+
+    @property
+    def tokens(self) -> int:
+        """Sequence tokens the image takes in its document (placeholders included)."""
+        ...
+
+    @property
+    def rows(self) -> int:
+        """Rows the image adds to the batch's `pixel_values`."""
+        ...
+
+    def prefetch(self, priority: int = 0, *, needed: bool = False) -> bool:
+        """Start decoding in the background (no-op once started); lower priority first.
+        Ahead of need (not `needed`) only within the process's pixel budget: False when
+        the budget refused it."""
+        ...
+
+    def check(self) -> None:
+        """Raise the image's `DataError` now if it does not decode."""
+        ...
+
+    def pixels(self) -> Any:
+        """The model's input for this image (decoded, resized, normalized)."""
+        ...
+
+    def release(self) -> None:
+        """Drop the pixels made so far."""
+        ...
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an image's tokens sit in its document: `tokens[start:start + length]`."""
+
+    image: ImageHandle
+    start: int
+    length: int
+
+
+@dataclass
+class Document:
+    """Token ids of one document (EOS appended) and the images placed in them."""
+
+    tokens: np.ndarray
+    images: tuple[Placement, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict)   # what a layout needs to rebuild it
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def cost(self) -> int:
+        """Sequence tokens the document takes (image tokens included)."""
+        return len(self.tokens)
+
+    @property
+    def patches(self) -> int:
+        """Rows its images add to `pixel_values` (patches; 1 per image where fixed-size)."""
+        return sum(p.image.rows for p in self.images)
+
+    @property
+    def splittable(self) -> bool:
+        """Whether a packer may cut it across rows (never when it holds images)."""
+        return not self.images
+
+
+class DocumentSource(Protocol):
+    """What a packer draws documents from (a `SourceStream`, or any resumable iterator)."""
+
+    name: str      # the source's name (errors name it)
+    lane: int
+    done: bool     # True once `next_document` has returned None for good
+
+    def next_document(self) -> Document | None:
+        ...
+
+    def state_dict(self) -> dict[str, int]:
+        ...
+
+    def load_state_dict(self, state: dict[str, int] | None) -> None:
+        ...
+
+
+@dataclass
+class Budget:
+    """What is left of a batch's image caps (`None`: no cap)."""
+
+    images: int | None = None
+    patches: int | None = None
+
+    def allows(self, images: int, patches: int) -> bool:
+        return ((self.images is None or images <= self.images)
+                and (self.patches is None or patches <= self.patches))
+
+    def take(self, images: int, patches: int) -> None:
+        if self.images is not None:
+            self.images -= images
+        if self.patches is not None:
+            self.patches -= patches
+
+
+class DocumentBuilder(Protocol):
+    """Turns records with images into documents (`mixer.images.documents`)."""
+
+    def build(self, texts: list[str], images: list[tuple[EncodedImage, ...]],
+              files: list[str], locations: list[str]) -> list[Document | Rejected]:
+        """Documents (or rejections) of records: their texts, stored images, files, and
+        where each record's text lies (what an error about the text names)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A record that became no document: an error, or (`oversize`) too long to fit a row."""
+
+    error: DataError
+    oversize: bool = False

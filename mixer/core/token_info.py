@@ -1,0 +1,18 @@
+"""TokenizerInfo: what every layer needs to know about the recipe's tokenizer (its special
+ids and vocabulary), resolved once by `mixer.tokenize`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What mixer needs to know about a tokenizer, resolved once."""
+
+    path: str
+    eos_id: int
+    bos_id: int | None
+    pad_id: int
+    digest: str
+    vocab_size: int

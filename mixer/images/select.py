@@ -1,0 +1,21 @@
+"""Which batch layout a recipe's batches have: text, or the image layout its `images` names."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mixer.pipeline.batch import BatchLayout
+
+if TYPE_CHECKING:
+    from mixer.config.recipe import Recipe
+    from mixer.core.token_info import TokenizerInfo
+
+
+def layout_for(recipe: Recipe, tokenizer: TokenizerInfo) -> BatchLayout:
+    """The layout a recipe's batches have: text, or the image layout its `images` block names."""
+    images = getattr(recipe, "images", None)
+    if images is None:
+        return BatchLayout(seq_len=recipe.seq_len, pad_id=tokenizer.pad_id)
+    from mixer.images.layouts import image_layout  # (imports PIL only when needed)
+
+    return image_layout(recipe, tokenizer)

@@ -1,0 +1,163 @@
+"""Batches as named arrays, and the layout that owns their keys, dtypes and wire format.
+
+A `BatchLayout` says which arrays a batch has, how a lane fills them from packed rows, how a
+batch crosses from a DataLoader worker to the main process (one bytes buffer plus a small
+header), and what the user receives (a dict of torch tensors). The text layout has
+`input_ids`, `labels`, `position_ids` and `source_ids`, all `[batch_size, seq_len]` int64;
+image layouts (`mixer.images`) add theirs; `mixer.images.select.layout_for` picks a recipe's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from mixer.pipeline.packing import IGNORE_INDEX, Row
+
+if TYPE_CHECKING:
+    from mixer.core.document import Budget, DocumentBuilder
+    from mixer.tokenize import Encoder
+
+TEXT_KEYS = ("input_ids", "labels", "position_ids", "source_ids")
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One array of a batch: its dtype for the user and its (smaller) dtype on the wire."""
+
+    key: str
+    dtype: np.dtype
+    wire: np.dtype
+
+
+SHARED_BYTES = 1 << 20
+
+
+@dataclass
+class Wire:
+    """A batch on its way from a worker: one buffer of small arrays, large ones as tensors."""
+
+    data: bytes
+    shapes: list[tuple[str, tuple[int, ...]]]
+    tensors: dict[str, torch.Tensor]
+
+
+@dataclass
+class Batch:
+    """One lane batch: named arrays, and whether it is an exhausted lane's padding."""
+
+    arrays: dict[str, np.ndarray]
+    padding: bool
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.arrays["input_ids"]
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self.arrays["labels"]
+
+    @property
+    def position_ids(self) -> np.ndarray:
+        return self.arrays["position_ids"]
+
+    @property
+    def source_ids(self) -> np.ndarray:
+        return self.arrays["source_ids"]
+
+
+_INT64, _INT32, _FLOAT32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
+
+
+class BatchLayout:
+    """Text batches; subclasses add image arrays (see `mixer.images.layouts`)."""
+
+    name = "text"
+    specs: tuple[ArraySpec, ...] = tuple(ArraySpec(k, _INT64, _INT32) for k in TEXT_KEYS)
+
+    def __init__(self, *, seq_len: int, pad_id: int) -> None:
+        self.seq_len = seq_len
+        self.pad_id = pad_id
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(spec.key for spec in self.specs)
+
+    def document_builder(self, encoder: Encoder, source: str) -> DocumentBuilder | None:
+        """What turns a source's records into documents; None: text only (the stream's own)."""
+        return None
+
+    def budget(self) -> Budget | None:
+        """A fresh batch's image caps; None when there are none."""
+        return None
+
+    # -- building, in a lane -------------------------------------------------------------------
+    def new_rows(self, batch_size: int) -> dict[str, np.ndarray]:
+        """The per-row arrays of an all-padding batch."""
+        shape = (batch_size, self.seq_len)
+        return {"input_ids": _filled(shape, self.pad_id), "labels": _filled(shape, IGNORE_INDEX),
+                "position_ids": np.zeros(shape, dtype=np.int64), "source_ids": _filled(shape, -1)}
+
+    def put_row(self, arrays: dict[str, np.ndarray], index: int, row: Row,
+                source_id: int) -> None:
+        """Write a packed row into row `index` of the batch."""
+        row.write(arrays["input_ids"][index], arrays["labels"][index],
+                  arrays["position_ids"][index])   # (`new_rows` holds padding already)
+        arrays["source_ids"][index, :row.real] = source_id
+
+    def finish(self, arrays: dict[str, np.ndarray], rows: list[Row | None],
+               padding: bool) -> Batch:
+        """The batch, once every row is in (image layouts add pixels here)."""
+        return Batch(arrays, padding)
+
+    # -- crossing from a worker to the main process -------------------------------------------
+    def to_wire(self, batch: Batch) -> Wire:
+        """Small arrays in one buffer (each in its wire dtype, in `specs` order); arrays of at
+        least `SHARED_BYTES` (pixels) as tensors, which DataLoader hands over in shared memory
+        instead of pickling them through the pipe."""
+        parts, shapes, tensors = [], [], {}
+        for spec in self.specs:
+            array = batch.arrays[spec.key]
+            if spec.wire == spec.dtype and array.nbytes >= SHARED_BYTES:
+                tensors[spec.key] = torch.from_numpy(np.ascontiguousarray(array))
+                continue
+            parts.append(np.ascontiguousarray(array, dtype=spec.wire).tobytes())
+            shapes.append((spec.key, tuple(array.shape)))
+        return Wire(b"".join(parts), shapes, tensors)
+
+    def from_wire(self, wire: Wire, padding: bool) -> Batch:
+        arrays, at = {}, 0
+        specs = {spec.key: spec for spec in self.specs}
+        for key, shape in wire.shapes:
+            spec = specs[key]
+            count = int(np.prod(shape, dtype=np.int64))
+            array = np.frombuffer(wire.data, dtype=spec.wire, count=count,
+                                  offset=at).reshape(shape)
+            arrays[key] = array.astype(spec.dtype)
+            at += count * spec.wire.itemsize
+        for key, tensor in wire.tensors.items():
+            arrays[key] = tensor.numpy()
+        return Batch(arrays, padding)
+
+    # -- the user's view ------------------------------------------------------------------------
+    def to_torch(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The user's dict of tensors; nothing internal is left in it."""
+        return {spec.key: torch.from_numpy(batch.arrays[spec.key]) for spec in self.specs}
+
+    @staticmethod
+    def is_padding(batch: dict) -> bool:
+        """True when a batch carries no token to learn from (an exhausted rank's placeholder)."""
+        return bool((batch["labels"] == IGNORE_INDEX).all())
+
+
+def _filled(shape: tuple[int, ...], value: int) -> np.ndarray:
+    """np.full for int64 without its Python-level overhead (a few calls per batch)."""
+    array = np.empty(shape, dtype=np.int64)
+    array.fill(value)
+    return array

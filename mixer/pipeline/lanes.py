@@ -1,0 +1,169 @@
+"""A lane: one independent, deterministic pipeline that produces whole batches.
+
+Lane ℓ owns its slice of every source, a packer per source and its mixing counters. The
+global batch g is produced by lane g mod `lanes`, so the global stream does not depend on how
+many ranks and workers share the lanes out (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from mixer.cache.store import open_cache
+from mixer.config.recipe import Recipe
+from mixer.core.errors import StateError
+from mixer.pipeline.batch import Batch, BatchLayout
+from mixer.pipeline.mix import TARGET_SCALE, choose_source, grow_targets
+from mixer.pipeline.packers import make_packer
+from mixer.pipeline.packing import BLOCKED, Row
+from mixer.pipeline.schedule import WeightPlan
+from mixer.pipeline.stream import SourceStream
+from mixer.sources import SourceTable
+from mixer.tokenize import Encoder
+
+LANE_STATE_VERSION = 2
+
+
+class Lane:
+    """Batches of one lane, resumable from a small plain-data state."""
+
+    def __init__(self, lane: int, recipe: Recipe, tables: list[SourceTable], encoder: Encoder,
+                 state: dict | None = None, *, block_size: int = 8 << 20,
+                 layout: BatchLayout | None = None, plan: WeightPlan | None = None) -> None:
+        self.lane = lane
+        self.recipe = recipe
+        self.names = [s.name for s in recipe.sources]
+        self.plan = plan or WeightPlan(recipe)
+        self.pad_id = encoder.info.pad_id
+        if layout is None and recipe.images is not None:
+            raise ValueError("a lane of an image recipe needs its layout "
+                             "(mixer.images.select.layout_for)")
+        self.layout = layout or BatchLayout(seq_len=recipe.seq_len, pad_id=encoder.info.pad_id)
+        self.packers = []
+        self.streams: list[SourceStream] = []
+        cache = open_cache(recipe, encoder.info)
+        for src, table in zip(recipe.sources, tables):
+            stream = SourceStream(
+                table=table, lane=lane, lanes=recipe.lanes, seed=recipe.seed,
+                epochs=src.epochs, on_error=src.on_error, text_field=src.chosen_text_field,
+                storage_options=src.storage_options, window_docs=recipe.shuffle_window,
+                window_bytes=recipe.window_bytes,
+                max_document_bytes=recipe.max_document_bytes, encode=encoder,
+                block_size=block_size,
+                documents=self.layout.document_builder(encoder, src.name),
+                prefetch_tokens=2 * recipe.batch_size * recipe.seq_len,
+                clock=self._global_batch, batch_tokens=recipe.batch_size * recipe.seq_len,
+                lanes_per_batch=recipe.lanes, token_cache=cache)
+            self.streams.append(stream)
+            self.packers.append(make_packer(
+                recipe.packing, stream, seq_len=recipe.seq_len, pad_id=self.pad_id,
+                mask_document_boundaries=recipe.mask_document_boundaries,
+                window=recipe.pack_window, caps=self.layout.budget()))
+        self.load_state_dict(state)
+
+    def close(self) -> None:
+        """Close the streams' open readers and give up their unfinished cache entries."""
+        for stream in self.streams:
+            stream.close()
+
+    def _global_batch(self) -> int:
+        """The global index of the batch this lane makes next."""
+        return self.batches * self.recipe.lanes + self.lane
+
+    def fresh_state(self) -> dict:
+        return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": 0, "regime": "",
+                "sources": {name: {"tokens": 0, "mix": 0, "deficit": 0, "documents": 0,
+                                   "packer": None} for name in self.names}}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        fresh = self.fresh_state()
+        state = state or fresh
+        if state.get("v") != LANE_STATE_VERSION or state.get("lane") != self.lane:
+            raise StateError(f"lane {self.lane}: state of version {state.get('v')} for lane "
+                             f"{state.get('lane')} cannot be loaded")
+        self.batches = state["batches"]
+        # The mixing counters of the regime in force (mix.py): a regime the recipe no longer
+        # produces here (its weights were edited, or a source was added) restarts them.
+        self.regime = state["regime"]
+        self.tokens, self.mix, self.target, self.documents = [], [], [], []
+        for name, packer in zip(self.names, self.packers):
+            entry = state["sources"].get(name)
+            if entry is None:
+                entry = fresh["sources"][name]
+                self.regime = ""
+            self.tokens.append(entry["tokens"])
+            self.mix.append(entry["mix"])
+            # Saved as the deficit (target - mix, milli-tokens): about a row at most, so short.
+            self.target.append(entry["deficit"] + TARGET_SCALE * entry["mix"])
+            self.documents.append(entry["documents"])
+            packer.load_state_dict(entry["packer"])
+
+    def state_dict(self) -> dict:
+        """Plain data; `exhausted` and `skipped` are informational (derived on load)."""
+        sources = {}
+        for i, (name, packer) in enumerate(zip(self.names, self.packers)):
+            stream = packer.stream
+            sources[name] = {"tokens": self.tokens[i], "mix": self.mix[i],
+                             "deficit": self.target[i] - TARGET_SCALE * self.mix[i],
+                             "documents": self.documents[i],
+                             "skipped": stream.skipped, "epochs": round(stream.progress(), 4),
+                             "packer": packer.state_dict()}
+            reasons = stream.skipped_reasons
+            if reasons:
+                sources[name]["reasons"] = dict(sorted(reasons.items()))
+            if self.recipe.images is not None:
+                sources[name]["oversize"] = stream.oversize
+        return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": self.batches,
+                "exhausted": int(self.exhausted), "regime": self.regime, "sources": sources}
+
+    starved = False
+
+    @property
+    def exhausted(self) -> bool:
+        return self.starved or all(p.exhausted for p in self.packers)
+
+    def next_batch(self, batch_size: int) -> Batch:
+        """The lane's next batch; all padding once every source has run out.
+
+        With image caps, a source whose next row does not fit what is left of the batch's
+        caps sits the rest of this batch out (its document waits); when no source fits, the
+        remaining rows are padding.
+        """
+        length = self.recipe.seq_len
+        regime, weights = self.plan.at(self._global_batch())
+        if regime != self.regime:   # a new stretch: its counters start from zero
+            self.regime = regime
+            self.mix = [0] * len(self.mix)
+            self.target = [0] * len(self.target)
+        arrays = self.layout.new_rows(batch_size)
+        rows: list[Row | None] = [None] * batch_size
+        budget = self.layout.budget()
+        blocked = [False] * len(self.packers)
+        for row_index in range(batch_size):
+            while True:
+                active = [not (p.exhausted or b) for p, b in zip(self.packers, blocked)]
+                choice = choose_source(weights, self.mix, self.target, active, length)
+                if choice is None:
+                    break
+                row = self.packers[choice].next_row(budget)
+                if row is BLOCKED:
+                    blocked[choice] = True
+                    continue
+                if row is None:
+                    continue  # that source just ran out; the weights renormalize
+                assert isinstance(row, Row)
+                self.layout.put_row(arrays, row_index, row, choice)
+                rows[row_index] = row
+                if budget is not None:
+                    budget.take(row.images, row.patches)
+                self.tokens[choice] += row.real
+                self.mix[choice] += row.real
+                self.documents[choice] += sum(1 for p in row.pieces if p.offset == 0)
+                grow_targets(self.target, weights, active, row.real)
+                break
+            if choice is None:
+                break
+        if all(r is None for r in rows) and not self.exhausted and not self.plan.may_draw_later(
+                self._global_batch(), [not p.exhausted for p in self.packers]):
+            # Only sources weighing 0 from here on are left: nothing will be drawn again.
+            self.starved = True
+        self.batches += 1
+        return self.layout.finish(arrays, rows, padding=all(r is None for r in rows))

@@ -1,0 +1,446 @@
+"""The user-facing loader: lanes served by DataLoader workers, exact state in the main process.
+
+Rank r at step s consumes global batch g = g0 + s·W + r, produced by lane g mod P. Workers
+attach the producing lane's state to every batch; the main process strips it and keeps, per
+lane, the state as of the batches actually handed to the user, so `state_dict()` is exact
+however far the workers have prefetched.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import numpy.random  # noqa: F401  (imported before forking: workers seed it on start)
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from mixer.cache.store import tokenizer_info_dir
+from mixer.config.recipe import Recipe, load_recipe, normalize
+from mixer.core.errors import DataError, MixerError, RecipeError, StateError, TopologyError
+from mixer.images.select import layout_for
+from mixer.pipeline.batch import TEXT_KEYS, BatchLayout, Wire
+from mixer.pipeline.lanes import Lane
+from mixer.pipeline.schedule import Override, WeightPlan, check_schedule, schedule_snapshot
+from mixer.runtime import dist, workers
+from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics
+from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
+from mixer.sources import IO_STATS, SourceTable
+from mixer.sources.manifest import list_sources
+from mixer.tokenize import Encoder, TokenizerInfo, resolve_tokenizer
+
+BATCH_KEYS = TEXT_KEYS   # every layout has these; image layouts add more
+MAX_WORLD_SIZE = 1 << 20
+MAX_WORKERS = 1024
+
+
+def check_ranks(rank: int, world_size: int, num_workers: int) -> None:
+    """Refuse a rank, world size or worker count that is not a sane integer, naming it."""
+    for name, value, low, high in (("world_size", world_size, 1, MAX_WORLD_SIZE),
+                                   ("num_workers", num_workers, 0, MAX_WORKERS)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise TopologyError(f"{name} must be an integer from {low} to {high:,}, got "
+                                f"{value!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise TopologyError(f"rank must be an integer from 0 to world_size - 1 = "
+                            f"{world_size - 1}, got {rank!r}")
+
+
+def check_topology(lanes: int, world_size: int, num_workers: int) -> None:
+    """Refuse a topology whose workers × ranks do not divide the lanes, listing valid values."""
+    workers = max(num_workers, 1)
+    if lanes % (workers * world_size) == 0:
+        return
+    valid_workers = [n for n in range(1, lanes + 1) if lanes % (n * world_size) == 0]
+    valid_lanes = [workers * world_size * k for k in range(1, 5)]
+    raise TopologyError(
+        f"lanes={lanes} is not divisible by num_workers × world_size = {workers} × "
+        f"{world_size}; valid num_workers for world_size {world_size}: "
+        f"{valid_workers or 'none (lanes must be a multiple of world_size)'} (0 counts as 1); "
+        f"or set lanes to a multiple of {workers * world_size}, e.g. {valid_lanes}")
+
+
+class _LaneDataset(IterableDataset):
+    """Yields (batch array or bytes, lane metadata) for the global batches this worker serves."""
+
+    def __init__(self, recipe: Recipe, tables: list[SourceTable], tokenizer: TokenizerInfo,
+                 lane_states: dict[int, dict | None], start: int, rank: int,
+                 world_size: int, plan: WeightPlan) -> None:
+        self.recipe = recipe
+        self.plan = plan
+        self.tables = tables
+        self.tokenizer = tokenizer
+        self.lane_states = lane_states
+        self.start = start
+        self.rank = rank
+        self.world_size = world_size
+
+    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        encoder = Encoder(self.tokenizer)
+        layout = layout_for(self.recipe, self.tokenizer)
+        IO_STATS.reset()  # count this iteration's reads (a worker's, not its parent's)
+        # One read-ahead budget per worker, shared by all its open streams.
+        streams = self.recipe.lanes // (workers * self.world_size) * len(self.recipe.sources)
+        block = min(max(self.recipe.read_ahead_bytes // max(streams, 1), 256 << 10), 16 << 20)
+        lanes: dict[int, Lane] = {}
+        try:
+            yield from self._batches(lanes, worker, workers, info, encoder, layout, block)
+        finally:   # (not left to the cycle collector: open files, temporary files)
+            for lane in lanes.values():
+                lane.close()
+
+    def _batches(self, lanes: dict[int, Lane], worker: int, workers: int, info: Any,
+                 encoder: Encoder, layout: BatchLayout, block: int
+                 ) -> Iterator[tuple[Any, dict[str, Any]]]:
+        step = worker
+        while True:  # never stop: the main process decides the end
+            g = self.start + step * self.world_size + self.rank
+            index = g % self.recipe.lanes
+            lane = lanes.get(index)
+            if lane is None:
+                lane = Lane(index, self.recipe, self.tables, encoder,
+                            self.lane_states.get(index), block_size=block, layout=layout,
+                            plan=self.plan)
+                lanes[index] = lane
+            try:
+                batch = lane.next_batch(self.recipe.batch_size)
+            except MixerError as exc:
+                if info is None:
+                    raise
+                # Sent as an item, not raised: torch would re-create the error from its
+                # message alone, losing `.source`, `.file` and `.location`.
+                yield None, {"g": g, "error": exc}
+                return
+            meta = {"g": g, "lane": index, "padding": batch.padding,
+                    "state": lane.state_dict(), "worker": worker, "io": IO_STATS.as_dict()}
+            if info is None:
+                yield batch, meta
+            else:
+                # Across the process boundary: one buffer in compact dtypes through the pipe is
+                # cheaper than int64 tensors in shared memory (measured: about half the time).
+                yield layout.to_wire(batch), meta
+            step += workers
+
+
+def _as_batch(layout: BatchLayout, data: Any, meta: dict) -> dict[str, torch.Tensor]:
+    """The user's dict of tensors; lane metadata stays behind."""
+    if isinstance(data, Wire):
+        data = layout.from_wire(data, meta["padding"])
+    return layout.to_torch(data)
+
+
+class Loader:
+    """Iterable of batches (dicts of [batch_size, seq_len] int64 tensors) with exact state.
+
+    Build it with `mixer.build_loader`. A second `iter()` continues where the first stopped.
+    Inside a torch.distributed job `state_dict()` is a collective: every rank must call it.
+    """
+
+    def __init__(self, recipe: Recipe, *, tables: list[SourceTable], tokenizer: TokenizerInfo,
+                 rank: int, world_size: int, num_workers: int,
+                 distributed: bool = False) -> None:
+        check_ranks(rank, world_size, num_workers)
+        check_topology(recipe.lanes, world_size, num_workers)
+        self.recipe = recipe
+        self.tables = tables
+        self.tokenizer = tokenizer
+        self.rank = rank
+        self.world_size = world_size
+        self.num_workers = num_workers
+        self._distributed = distributed
+        self._fingerprint = fingerprint(recipe, tokenizer, tables)
+        self.layout = layout_for(recipe, tokenizer)
+        self._next_global = 0          # first global batch of the next step
+        self._lane_states: dict[int, dict | None] = {}
+        self._io: dict[int, dict[str, int]] = {}   # latest remote-read counters per worker
+        self._gen: weakref.ref | None = None
+        self._plan = WeightPlan(recipe)
+        self._plan_version = 0   # bumped by set_weights: a running iteration restarts
+
+    # -- ownership ---------------------------------------------------------------------------
+    def own_lanes(self) -> list[int]:
+        """Lanes whose batches this rank receives from the current position on."""
+        return self._lanes_from(self._next_global)
+
+    def _lanes_from(self, next_global: int) -> list[int]:
+        first = (next_global + self.rank) % self.world_size
+        return list(range(first, self.recipe.lanes, self.world_size))
+
+    @property
+    def next_global_batch(self) -> int:
+        """Global index of the batch this rank receives next (rank r gets g0 + s·W + r)."""
+        return self._next_global + self.rank
+
+    @property
+    def global_tokens(self) -> int:
+        """Global tokens before the batch this rank receives next (its schedule position)."""
+        return self._plan.tokens_at(self.next_global_batch)
+
+    # -- state -------------------------------------------------------------------------------
+    def _rank_payload(self) -> dict:
+        tokens = self._plan.tokens_at(self._next_global)
+        override = self._plan.override
+        return {"kind": "global" if self.world_size == 1 else "rank",
+                "fingerprint": self._fingerprint, "next_global": self._next_global,
+                "world_size": self.world_size, "rank": self.rank,
+                "lanes": {str(i): self._lane_states.get(i) for i in self.own_lanes()},
+                "listing_skipped": {t.name: len(t.skipped) for t in self.tables},
+                "global_tokens": tokens, "schedule": schedule_snapshot(self.recipe, tokens),
+                "override": override.to_dict(self._plan.names) if override else None}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Fixed-shape, JSON-serialisable state (kilobytes).
+
+        Inside a torch.distributed job this is a collective that every rank must call: it
+        gathers all ranks' lane states so any rank's checkpoint restores the global position.
+        """
+        payload = self._rank_payload()
+        if self._distributed and self.world_size > 1:
+            dist.barrier_or_fail(dist.collective_timeout(),
+                                 "loader.state_dict() is a collective: call it on every rank")
+            # The gathered payloads are this job's own: joined as they are, not re-checked.
+            return pack(merge_payloads(dist.all_gather_objects(payload)))
+        return pack(payload)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a state (call before iterating); validated against the recipe."""
+        header = unpack(state, lanes=())
+        check_fingerprint(header["fingerprint"], self._fingerprint)
+        payload = unpack(state, lanes=self._lanes_from(header["next_global"]))
+        if payload["kind"] == "rank" and (payload["world_size"], payload["rank"]) != (
+                self.world_size, self.rank):
+            raise StateError(
+                f"this state holds only rank {payload['rank']}'s lanes of a "
+                f"{payload['world_size']}-rank job; to resume on {self.world_size} rank(s) "
+                "combine all ranks' states with mixer.merge_states (or save from inside the "
+                "torch.distributed job, which does it for you)")
+        needed = self._lanes_from(payload["next_global"])
+        missing = [i for i in needed if str(i) not in payload["lanes"]]
+        if missing:
+            raise StateError(f"the state lacks lanes {missing} that rank {self.rank} needs")
+        lanes = {i: payload["lanes"][str(i)] for i in needed}
+        tokens = payload.get("global_tokens", 0)
+        check_schedule(payload.get("schedule"), self.recipe, tokens)
+        saved = payload.get("override")
+        override = Override.from_dict(saved, self.recipe.names) if saved else None
+        self.close()
+        self._next_global = payload["next_global"]
+        self._lane_states = lanes
+        self._plan = WeightPlan(self.recipe, payload["next_global"], tokens, override)
+
+    # -- mixture -----------------------------------------------------------------------------
+    def set_weights(self, weights: dict[str, float]) -> None:
+        """Target these weights (source name → weight, normalized; unnamed sources weigh 0)
+        for every batch handed out after this call, overriding the schedule until the next
+        call. Recorded in the state. Batches the workers prefetched are produced again.
+
+        Inside a torch.distributed job this is a collective: every rank must call it at the
+        same step with the same weights (a mismatch raises on every rank).
+        """
+        names = self.recipe.names
+        if not isinstance(weights, dict) or not weights:
+            raise RecipeError("set_weights: expected a non-empty dict of source name → weight")
+        unknown = sorted(str(k) for k in weights if k not in names)
+        if unknown:
+            raise RecipeError(f"set_weights: unknown source(s) {unknown}; sources: {names}")
+        for name, w in weights.items():
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not (
+                    math.isfinite(w) and w >= 0):
+                raise RecipeError(f"set_weights: weight of {name!r} must be a finite number "
+                                  f">= 0, got {w!r}")
+        raw = [float(weights.get(n, 0.0)) for n in names]
+        if not any(w > 0 for w in raw):
+            raise RecipeError("set_weights: every weight is 0 (at least one must be positive)")
+        normalized = tuple(normalize(raw))
+        if self._distributed and self.world_size > 1:
+            mine = (self._next_global, normalized)
+            gathered = dist.all_gather_objects(mine)
+            if any(g != mine for g in gathered):
+                detail = "; ".join(f"rank {r}: step {g[0] // self.world_size}, weights "
+                                   f"{[round(w, 6) for w in g[1]]}"
+                                   for r, g in enumerate(gathered))
+                raise StateError("set_weights is a collective: every rank must call it at "
+                                 f"the same step with the same weights, got {detail}")
+        self._plan = WeightPlan(self.recipe, self._next_global,
+                                self._plan.tokens_at(self._next_global),
+                                Override(self._next_global, normalized))
+        self._plan_version += 1
+
+    def metrics(self, all_ranks: bool = False) -> dict[str, Any]:
+        """What this rank's lanes delivered so far, per source (docs/metrics.md): `tokens`,
+        `documents`, `target_share` (now), `realized_share` (cumulative), `epochs`
+        (fractional passes), `skipped`, `skipped_by_reason`, `oversize`; plus `io` (remote
+        reads of the current iteration), `next_global_batch` and `global_tokens`.
+
+        `all_ranks=True` inside a torch.distributed job is a collective that sums the ranks'
+        figures (every rank must call it)."""
+        snapshot = self._metrics_snapshot()
+        mine = loader_metrics(snapshot)
+        if all_ranks and self._distributed and self.world_size > 1:
+            return sum_metrics(dist.all_gather_objects(mine), snapshot)
+        return mine
+
+    def _metrics_snapshot(self) -> MetricsSnapshot:
+        next_global = self.next_global_batch
+        _, target = self._plan.at(next_global)
+        return MetricsSnapshot(
+            names=list(self.recipe.names),
+            lane_states={lane: self._lane_states.get(lane) for lane in self.own_lanes()},
+            listing_skipped={t.name: len(t.skipped) for t in self.tables},
+            target_share=list(target), global_tokens=self._plan.tokens_at(next_global),
+            io=list(self._io.values()), next_global_batch=next_global,
+            next_global=self._next_global)
+
+    # -- iteration ---------------------------------------------------------------------------
+    def _lanes_done(self, pending: dict[int, dict]) -> bool:
+        for lane in self.own_lanes():
+            state = pending.get(lane, self._lane_states.get(lane))
+            if not state or not state.get("exhausted"):
+                return False
+        return True
+
+    def _decide(self, padding: bool, done: bool) -> tuple[bool, bool]:
+        """(some rank has a real batch, every rank has run out), agreed across ranks."""
+        if self._distributed and self.world_size > 1:
+            if not self.recipe.finite:
+                return True, False
+            real, finished = dist.all_reduce_flags([int(not padding), int(done)], "max_min")
+            return bool(real), bool(finished)
+        return not padding, done
+
+    def _hand(self, meta: dict) -> None:
+        self._lane_states[meta["lane"]] = meta["state"]
+        self._io[meta["worker"]] = meta["io"]
+        self._next_global += self.world_size
+
+    def _finish(self, pending: dict[int, dict]) -> None:
+        """The stream has ended: keep the final states of lanes whose trailing padding batches
+        were held back, so their skipped records count in `metrics()` and the state."""
+        self._lane_states.update(pending)
+        if not self.recipe.finite:
+            _, weights = self._plan.at(self.next_global_batch)
+            if not any(w > 0 and src.epochs is None
+                       for w, src in zip(weights, self.recipe.sources)):
+                drawn = [n for n, w in zip(self.recipe.names, weights) if w > 0]
+                raise DataError(
+                    f"rank {self.rank}'s lanes {self.own_lanes()} have nothing left to draw: "
+                    f"the sources weighted from here on ({', '.join(drawn)}) are capped and "
+                    "ran out, and every unlimited source weighs 0 (set_weights or the "
+                    "schedule); give an unlimited source a positive weight")
+            raise DataError(
+                f"the recipe has unlimited sources but rank {self.rank}'s lanes "
+                f"{self.own_lanes()} ran out of documents of every source (each source has "
+                "fewer documents than the lanes reading it); use fewer lanes or more data")
+
+    def _generate(self) -> Iterator[dict[str, torch.Tensor]]:
+        # A set_weights call while iterating discards what the workers prefetched and starts
+        # them again from the handed-out lane states, as a resume would.
+        while (yield from self._run()):
+            pass
+
+    def _run(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Batches until the stream ends (returns False) or the weights change (True)."""
+        version = self._plan_version
+        dataset = _LaneDataset(self.recipe, self.tables, self.tokenizer, dict(self._lane_states),
+                               self._next_global, self.rank, self.world_size, self._plan)
+        if self.num_workers == 0:
+            source: Any = iter(dataset)
+        else:
+            source = iter(DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
+                                     prefetch_factor=2, multiprocessing_context="fork",
+                                     worker_init_fn=workers.init_fn()))
+            workers.adopt(source._workers)  # stopped at exit even if never closed
+        held: list[tuple[dict, dict]] = []
+        try:
+            while True:
+                if self._plan_version != version:
+                    return True
+                try:
+                    data, meta = next(source)
+                except StopIteration:
+                    return False
+                if "error" in meta:
+                    raise meta["error"]
+                expected = self._next_global + len(held) * self.world_size + self.rank
+                if meta["g"] != expected:
+                    raise RuntimeError(f"internal error: got global batch {meta['g']}, "
+                                       f"expected {expected}")
+                pending = {m["lane"]: m["state"] for _, m in held}
+                pending[meta["lane"]] = meta["state"]
+                real, finished = self._decide(meta["padding"], self._lanes_done(pending))
+                if not real:
+                    if finished:
+                        self._finish(pending)
+                        return False
+                    held.append((data, meta))  # padding: yield only if real data follows
+                    continue
+                for held_data, held_meta in held:
+                    self._hand(held_meta)
+                    yield _as_batch(self.layout, held_data, held_meta)
+                    if self._plan_version != version:
+                        return True   # the rest was made with the old weights
+                held.clear()
+                self._hand(meta)
+                yield _as_batch(self.layout, data, meta)
+        except BaseException as exc:
+            # The traceback's DataLoader frames hold its iterator; clear their locals so the
+            # workers stop now, not when the caller drops the exception.
+            traceback.clear_frames(exc.__traceback__)
+            raise
+        finally:
+            if self.num_workers == 0:
+                source.close()   # closes the lanes' readers and unfinished cache entries
+            del source  # shuts DataLoader workers down
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self.close()
+        gen = self._generate()
+        # A weak reference: a dropped loader and iterator free their workers at once,
+        # without waiting for the cycle collector.
+        self._gen = weakref.ref(gen)
+        return gen
+
+    def close(self) -> None:
+        """Stop the current iteration and its worker processes."""
+        gen = self._gen() if self._gen is not None else None
+        self._gen = None
+        if gen is not None:
+            gen.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
+                 world_size: int | None = None, num_workers: int = 0) -> Loader:
+    """A loader for this rank. Rank and world size default to torch.distributed's, else 0/1."""
+    recipe = load_recipe(recipe)
+    distributed = dist.is_distributed() and rank is None and world_size is None
+    if rank is None or world_size is None:
+        found_rank, found_world = dist.rank_and_world()
+        rank = found_rank if rank is None else rank
+        world_size = found_world if world_size is None else world_size
+    check_ranks(rank, world_size, num_workers)
+    check_topology(recipe.lanes, world_size, num_workers)
+    tokenizer = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token,
+                                  info_cache=tokenizer_info_dir(recipe))
+    if distributed and world_size > 1:
+        tables = dist.list_once(lambda: list_sources(recipe))
+    else:
+        tables = list_sources(recipe)
+    return Loader(recipe, tables=tables, tokenizer=tokenizer, rank=rank, world_size=world_size,
+                  num_workers=num_workers, distributed=distributed)

@@ -1,0 +1,225 @@
+"""JSON Lines: plain (split into line-aligned byte ranges), gzip and zstd (whole files)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import zlib
+from collections.abc import Iterator
+from typing import IO
+
+import zstandard
+
+from mixer.core.errors import DataError
+from mixer.core.records import FileEntry, Record, Split
+
+_CHUNK = 1 << 20
+# Compressed bytes decompressed at a time: a paused zstd reader (one per lane and source)
+# then holds ~4× this much text, not the ~4 MB a 1 MB input chunk decompresses to.
+_ZSTD_INPUT = 64 << 10
+
+
+def _read_line(stream: IO[bytes], max_bytes: int) -> tuple[bytes | None, int]:
+    """Next line (None if longer than max_bytes) and the number of bytes consumed."""
+    line = stream.readline(max_bytes + 1)
+    if len(line) <= max_bytes or line.endswith(b"\n"):
+        return line, len(line)
+    consumed = len(line)
+    while True:  # drain an over-long line without holding it in memory
+        part = stream.readline(_CHUNK)
+        consumed += len(part)
+        if not part or part.endswith(b"\n"):
+            return None, consumed
+
+
+def _parse(line: bytes, text_field: str) -> str:
+    try:
+        decoded = line.decode("utf-8")
+    except UnicodeDecodeError as exc:   # the record's own bytes: counted as bad text
+        raise ValueError(f"line is not valid UTF-8 ({exc.reason} at byte {exc.start} of the "
+                         "line)") from None
+    if decoded.startswith("\ufeff"):   # a byte-order mark (json.loads of bytes allowed one)
+        decoded = decoded[1:]
+    try:
+        obj = json.loads(decoded)
+    except ValueError as exc:
+        raise ValueError(f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("malformed JSON: nested too deeply to parse") from None
+    if not isinstance(obj, dict):
+        raise ValueError("record is not a JSON object")
+    text = obj.get(text_field)
+    if not isinstance(text, str):
+        if text_field not in obj:
+            raise ValueError(f"missing text field {text_field!r}")
+        raise ValueError(f"text field {text_field!r} is {type(text).__name__}, not a string")
+    return text
+
+
+def _records(stream: IO[bytes], *, entry: FileEntry, source: str, text_field: str,
+             max_bytes: int, index: int, offset: int, end: int | None,
+             compressed: bool, lines: bool = True,
+             raw: IO[bytes] | None = None) -> Iterator[Record]:
+    """Records from `offset` while it is below `end`; `lines`: index counts the file's lines;
+    `raw`: the compressed file under `stream`, whose position each record reports."""
+    def where(line_offset: int) -> str:
+        if compressed and lines:
+            return f"line {index + 1} (decompressed byte offset {line_offset})"
+        if compressed:
+            return f"decompressed byte offset {line_offset}"
+        return f"byte offset {line_offset}"
+
+    while end is None or offset < end:
+        try:
+            line, size = _read_line(stream, max_bytes)
+        except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
+            err = DataError(f"corrupt compressed data after decompressed byte offset {offset}: "
+                            f"{exc}", source=source, file=entry.url, location=where(offset))
+            yield Record(index, offset, None, err)
+            return
+        if size == 0:
+            return
+        consumed = raw.tell() if raw is not None else -1
+        if line is None:
+            err = DataError(f"record longer than max_document_bytes ({max_bytes})",
+                            source=source, file=entry.url, location=where(offset))
+            yield Record(index, offset, None, err, consumed=consumed)
+        elif line.strip():
+            try:
+                yield Record(index, offset, _parse(line, text_field), consumed=consumed)
+            except ValueError as exc:
+                yield Record(index, offset, None,
+                             DataError(str(exc), source=source, file=entry.url,
+                                       location=where(offset)), consumed=consumed)
+        else:
+            index -= 1  # blank lines are not records
+        index += 1
+        offset += size
+
+
+def read_jsonl(*, storage, entry: FileEntry, split: Split, source: str, text_field: str,
+               max_bytes: int, index: int, offset: int) -> Iterator[Record]:
+    """Records of a plain jsonl split: the lines that *start* inside [split.start, split.end)."""
+    end_hint = split.end if split.end < entry.size else None
+    with storage.open(entry, end_hint=end_hint) as raw:
+        stream = raw if hasattr(raw, "readline") else io.BufferedReader(raw)
+        if index == 0 and offset <= split.start and split.start > 0:
+            stream.seek(split.start - 1)
+            # finish the line that the previous split owns
+            _, skipped = _read_line(stream, max_bytes)
+            offset = split.start - 1 + skipped
+        else:
+            offset = max(offset, split.start)
+            stream.seek(offset)
+        yield from _records(stream, entry=entry, source=source, text_field=text_field,
+                            max_bytes=max_bytes, index=index, offset=offset, end=split.end,
+                            compressed=False)
+
+
+def _skip_to(stream: IO[bytes], offset: int) -> None:
+    remaining = offset
+    while remaining > 0:
+        chunk = stream.read(min(remaining, _CHUNK))
+        if not chunk:
+            raise EOFError("file ended before the resume offset")
+        remaining -= len(chunk)
+
+
+def _read_compressed(opener, *, storage, entry: FileEntry, source: str, text_field: str,
+                     max_bytes: int, index: int, offset: int) -> Iterator[Record]:
+    with storage.open(entry) as raw, opener(raw) as stream:
+        try:
+            _skip_to(stream, offset)  # no access points: resuming decompresses from the start
+        except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
+            err = DataError(f"corrupt compressed data before decompressed byte offset {offset}: "
+                            f"{exc}", source=source, file=entry.url, location=f"line {index + 1}")
+            yield Record(index, offset, None, err)
+            return
+        yield from _records(stream, entry=entry, source=source, text_field=text_field,
+                            max_bytes=max_bytes, index=index, offset=offset, end=None,
+                            compressed=True, raw=raw)
+
+
+def _gzip(raw: IO[bytes]) -> IO[bytes]:
+    return gzip.GzipFile(fileobj=raw, mode="rb")
+
+
+class _ZstdStream(io.RawIOBase):
+    """Decompresses every frame of a zstd file and, unlike zstandard's stream_reader,
+    raises on a file that ends inside a frame (a truncated or corrupt shard)."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw = raw
+        self._dctx = zstandard.ZstdDecompressor()
+        self._obj = self._dctx.decompressobj()
+        self._in_frame = False
+        self._out = b""
+        self._at = 0   # bytes of `_out` already handed out (no copy of the rest per read)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        while self._at >= len(self._out):
+            self._out, self._at = b"", 0
+            chunk = self._raw.read(_ZSTD_INPUT)
+            if not chunk:
+                if self._in_frame:
+                    raise zstandard.ZstdError("file ends inside a zstd frame (truncated)")
+                return 0
+            while chunk:
+                self._in_frame = True
+                self._out += self._obj.decompress(chunk)
+                if not self._obj.eof:
+                    break
+                chunk = self._obj.unused_data  # the next frame starts here
+                self._obj = self._dctx.decompressobj()
+                self._in_frame = False
+        size = min(len(buffer), len(self._out) - self._at)
+        buffer[:size] = memoryview(self._out)[self._at:self._at + size]
+        self._at += size
+        return size
+
+
+def _zstd(raw: IO[bytes]) -> IO[bytes]:
+    return io.BufferedReader(_ZstdStream(raw), buffer_size=_ZSTD_INPUT)
+
+
+def read_jsonl_gz(*, split: Split, **kw) -> Iterator[Record]:
+    """Records of a gzip-compressed jsonl file (always a whole-file split)."""
+    return _read_compressed(_gzip, **kw)
+
+
+def read_jsonl_zst(*, split: Split, **kw) -> Iterator[Record]:
+    """Records of a zstd-compressed jsonl file, or of one group of its frames."""
+    if split.dend < 0:
+        return _read_compressed(_zstd, **kw)
+    return _read_frames(split=split, **kw)
+
+
+def _read_frames(*, storage, entry: FileEntry, split: Split, source: str, text_field: str,
+                 max_bytes: int, index: int, offset: int) -> Iterator[Record]:
+    """A group of zstd frames owns the lines starting in (dstart, dend] (and 0 for the first):
+    the line that contains `dstart` belongs to the group before, which reads past its end."""
+    with storage.open(entry) as raw:
+        raw.seek(split.start)
+        with _zstd(raw) as stream:
+            try:
+                if index > 0:
+                    _skip_to(stream, offset - split.dstart)
+                    position = offset
+                elif split.dstart > 0:
+                    _, skipped = _read_line(stream, max_bytes)
+                    position = split.dstart + skipped
+                else:
+                    position = 0
+            except (OSError, EOFError, zstandard.ZstdError) as exc:
+                err = DataError(f"corrupt compressed data: {exc}", source=source,
+                                file=entry.url,
+                                location=f"decompressed byte offset {split.dstart}")
+                yield Record(index, split.dstart, None, err)
+                return
+            yield from _records(stream, entry=entry, source=source, text_field=text_field,
+                                max_bytes=max_bytes, index=index, offset=position,
+                                end=split.dend + 1, compressed=True, lines=False)

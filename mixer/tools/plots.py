@@ -1,0 +1,128 @@
+"""What `mixer report` draws from a metrics log (metrics_log.py): a PNG of subplots.
+
+1. share: per source, the realized share of each logged stretch (tokens added since the
+   previous line over all tokens added; solid line, labelled with the source name) against the
+   target share (dashed, same colour), over global tokens;
+2. epochs: completed passes per source (the log's `epochs`; a note when it has none);
+3. loss: per source (`loss_by_source`), else the overall `loss`; only when the log has one.
+
+matplotlib is the optional extra `mixer[report]`; the Agg backend draws without a display.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mixer.core.errors import MixerError
+from mixer.tools.metrics_log import read_metrics
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise MixerError("`mixer report` needs matplotlib: pip install 'mixer[report]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _x(lines: list[dict[str, Any]]) -> tuple[list[float], str]:
+    """Global tokens when every line has them, else the rank's tokens."""
+    if all("global_tokens" in line for line in lines):
+        return [float(line["global_tokens"]) for line in lines], "global tokens"
+    return [float(sum(line["tokens"].values())) for line in lines], "tokens (this rank)"
+
+
+def _names(lines: list[dict[str, Any]], key: str) -> list[str]:
+    return list(dict.fromkeys(n for line in lines for n in line.get(key) or {}))
+
+
+def stretch_shares(lines: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per source, its share of the tokens added between each line and the one before (the
+    first line: since the start). NaN where no tokens were added."""
+    names = _names(lines, "tokens")
+    out: dict[str, list[float]] = {n: [] for n in names}
+    before: dict[str, float] = {}
+    for line in lines:
+        added = {n: line["tokens"].get(n, 0) - before.get(n, 0) for n in names}
+        total = sum(added.values())
+        for n in names:
+            out[n].append(added[n] / total if total > 0 else float("nan"))
+        before = {n: line["tokens"].get(n, 0) for n in names}
+    return out
+
+
+def report_figure(lines: list[dict[str, Any]]):
+    """The report's `matplotlib.figure.Figure`; its axes carry the labels "share", "epochs"
+    and (when the log has losses) "loss"."""
+    plt = _pyplot()
+    from matplotlib.collections import LineCollection
+
+    has_loss = any("loss_by_source" in line or "loss" in line for line in lines)
+    fig, axes = plt.subplots(3 if has_loss else 2, 1, figsize=(9, 10 if has_loss else 7),
+                             sharex=True, squeeze=False)
+    axes = axes[:, 0]
+    x, xlabel = _x(lines)
+    names = _names(lines, "tokens")
+    colours = {n: f"C{i % 10}" for i, n in enumerate(names)}
+
+    share = axes[0]
+    share.set_label("share")
+    targets = []
+    for name, values in stretch_shares(lines).items():
+        share.plot(x, values, color=colours[name], label=name)
+        target = [line.get("target_share", {}).get(name) for line in lines]
+        points = [(a, t) for a, t in zip(x, target) if t is not None]
+        if len(points) > 1:
+            targets.append((points, colours[name]))
+    # Targets are one dashed collection, so that the axes' lines are the realized shares.
+    if targets:
+        share.add_collection(LineCollection([p for p, _ in targets],
+                                            colors=[c for _, c in targets],
+                                            linestyles="dashed", label="target (dashed)"))
+    share.set_ylabel("share of tokens")
+    share.set_title("realized share per logged stretch (solid) vs target share (dashed)")
+    share.legend(fontsize="small")
+
+    epochs = axes[1]
+    epochs.set_label("epochs")
+    epoch_names = _names(lines, "epochs")
+    for name in epoch_names:
+        epochs.plot(x, [line.get("epochs", {}).get(name, float("nan")) for line in lines],
+                    color=colours.get(name), label=name)
+    if epoch_names:
+        epochs.legend(fontsize="small")
+    else:
+        epochs.text(0.5, 0.5, "this log has no `epochs`", ha="center", va="center",
+                    transform=epochs.transAxes)
+    epochs.set_ylabel("epochs (completed passes)")
+
+    if has_loss:
+        loss = axes[2]
+        loss.set_label("loss")
+        by_source = _names(lines, "loss_by_source")
+        for name in by_source:
+            loss.plot(x, [line.get("loss_by_source", {}).get(name, float("nan"))
+                          for line in lines], color=colours.get(name), label=name)
+        if not by_source:
+            loss.plot(x, [line.get("loss", float("nan")) for line in lines], color="k",
+                      label="loss")
+        loss.set_ylabel("loss")
+        loss.legend(fontsize="small")
+    axes[-1].set_xlabel(xlabel)
+    share.autoscale_view()
+    fig.tight_layout()
+    return fig
+
+
+def write_report(metrics: str | Path, output: str | Path):
+    """Read a metrics log and write its report to `output` (PNG); returns the figure."""
+    plt = _pyplot()
+    fig = report_figure(read_metrics(metrics))
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, format="png", dpi=100)
+    plt.close(fig)
+    return fig
