@@ -39,6 +39,7 @@ lint: setup
 # (tests/conftest.py gives each one OpenMP thread). A crashed test process ends the run:
 # xdist 3.8 replacing it under --dist loadfile can wait for ever (pytest-xdist#1323).
 test: lint
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -n 2 --dist loadfile --max-worker-restart=0
 
 bench: setup
