@@ -53,8 +53,18 @@ def _digest_batch(batch: dict) -> str:
     return h.hexdigest()[:20]
 
 
+def _without_versions(value):
+    """The state without the files' versions (local mtimes differ between checkouts)."""
+    if isinstance(value, dict):
+        return {k: _without_versions(v) for k, v in value.items() if k != "versions"}
+    if isinstance(value, list):
+        return [_without_versions(v) for v in value]
+    return value
+
+
 def _digest_state(state: dict) -> str:
-    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:20]
+    payload = {**state, "json": _without_versions(json.loads(state["json"]))}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
 
 def _run(recipe: mixer.Recipe, *, num_workers: int = 0, state: dict | None = None,
