@@ -21,6 +21,7 @@ demo: setup
 	$(VENV)/bin/mixer inspect recipes/demo.yaml
 	$(VENV)/bin/mixer preview recipes/demo.yaml -n 3 --chars 300
 	$(VENV)/bin/mixer plan recipes/demo.yaml --tokens 2e6 --world 2
+	mkdir -p out
 	$(VENV)/bin/mixer bench recipes/demo.yaml --batches 300 --num-workers 2 --no-progress \
 		--metrics-out out/metrics.jsonl --metrics-every 5
 	$(VENV)/bin/mixer report out/metrics.jsonl -o out/report.png

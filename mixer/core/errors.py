@@ -47,11 +47,12 @@ class DataError(MixerError):
                  location: str | None = None, reason: str | None = None) -> None:
         # Without a source the message is taken as is: that is how torch's DataLoader
         # re-raises a worker's error in the main process, keeping its type.
-        where = f"source {source!r}" if source is not None else ""
+        parts = [f"source {source!r}"] if source is not None else []
         if file is not None:
-            where += f", file {file!r}"
+            parts.append(f"file {file!r}")
         if location is not None:
-            where += f", {location}"
+            parts.append(location)
+        where = ", ".join(parts)
         super().__init__(f"{where}: {message}" if where else message)
         self.source = source
         self.file = file

@@ -3,16 +3,31 @@
 What `inspect` reports is computed in `report.py`, what `plan` reports in `plan.py`, the
 metrics-log figure of `report` in `plots.py`; how `preview` shows image batches
 (placeholders, images rebuilt from `pixel_values`) in `preview.py`.
+
+Every bad argument, and every error a user can cause, ends the command with one
+`error: ...` line on stderr and exit status 2: numeric flags are checked by the argparse
+types below, output paths up front by `output_problem`, and `main` turns `MixerError` and
+`OSError` into that line. SIGINT and SIGTERM end a command with status 130 and 143 (its
+loader's workers stopped first).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import re
 import resource
+import signal
 import sys
+import tempfile
+import threading
 import time
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
 
 from mixer.core.errors import MixerError
 
@@ -194,14 +209,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mixer.sources.manifest import manifest_path, write_manifest
 
     recipe = _load(args.recipe)
     path = Path(args.output) if args.output else manifest_path(recipe)
     if path is None:
         path = Path(args.recipe).with_suffix(".manifest.json")
+    problem = output_problem(str(path), make_parents=True) if not args.output else None
+    if problem:
+        raise MixerError(f"manifest path: {problem}")
     summary = write_manifest(recipe, path)
     rows = [{"source": name, **info} for name, info in summary.items()]
     print(format_table(rows, [("source", "source"), ("files", "files"), ("splits", "splits"),
@@ -213,8 +229,6 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mixer.runtime.loader import build_loader
     from mixer.tokenize import Encoder
     from mixer.tools.preview import RowRenderer, batch_images, join, save_images
@@ -342,15 +356,102 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def count(what: str, low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to `high` ("1e9" is one; "1.5", "nan",
+    "inf" and "1e999" are not); `what` names it in the error."""
+    def parse(text: str) -> int:
+        try:
+            value: int | float = int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"{what} must be a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{what} must be a finite number, got {text!r}")
+        if value != int(value):
+            raise argparse.ArgumentTypeError(f"{what} must be a whole number, got {text!r}")
+        if value < low or (high is not None and value > high):
+            span = (f"from {low:,} to {high:,}" if high is not None else
+                    "positive" if low == 1 else f"at least {low:,}")
+            raise argparse.ArgumentTypeError(f"{what} must be {span}, got {text!r}")
+        return int(value)
+
+    return parse
+
+
+# The loader's own limits (mixer.runtime.loader.check_ranks), checked here before anything loads.
+WORKERS = count("num_workers", 0, 1024)
+WORLD = count("world_size", 1, 1 << 20)
+TOKENS = count("training tokens", 1)
+
+
+def output_problem(path: str, *, folder: bool = False, make_parents: bool = False) -> str | None:
+    """Why `path` cannot be written as a file (or, with `folder`, as a folder to fill), or
+    None. Its folder must exist (with `make_parents`, its nearest existing ancestor) and take
+    a new file; a file's path must not name a folder ("/", "out/", an existing folder)."""
+    target = Path(path)
+    try:
+        if not path.strip():
+            return "the path is empty"
+        if folder:
+            if target.exists() and not target.is_dir():
+                return f"{path!r} is a file, not a folder"
+        elif path.endswith(os.sep) or target.name in ("", ".", "..") or target.is_dir():
+            return f"{path!r} names a folder, not a file"
+        elif target.exists() and not os.access(target, os.W_OK):
+            return f"{path!r} is not writable"
+        parent = target if folder and target.is_dir() else target.parent
+        while make_parents and not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.exists():
+            return f"{path!r} is under {str(parent)!r}, which does not exist (create it first)"
+        if not parent.is_dir():
+            return f"{path!r} is under {str(parent)!r}, which is not a folder"
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        return f"cannot write {path!r}: {exc.strerror or exc}"
+    return None
+
+
+def output_file(path: str) -> str:
+    """An argparse type: a path a file can be written to (see `output_problem`)."""
+    problem = output_problem(path)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return path
+
+
+def output_folder(path: str) -> str:
+    """An argparse type: a folder that exists or can be made, and takes new files."""
+    problem = output_problem(path, folder=True)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return path
+
+
+class UsageError(MixerError):
+    """A bad command line: what `Parser` raises where argparse would print usage and exit."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors raise `UsageError` (one line; `main` prints it
+    as `error: ...` and returns 2); `--help` still exits."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # "-inf", "-nan", "-1e9" reach the flag's type (argparse takes them for options).
+        self._negative_number_matcher = re.compile(r"^-(\d|\.\d|inf|nan)", re.IGNORECASE)
+
+    def error(self, message: str) -> NoReturn:
+        one_line = " ".join(message.split())
+        raise UsageError(f"{self.prog}: {one_line} (see `{self.prog} --help`)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="mixer", description="Deterministic, resumable data mixtures for language and "
         "vision-language model training.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -361,37 +462,39 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="per-source files, splits, sizes, estimates, repeats; "
                        "under an image layout also images and image tokens per document")
     p.add_argument("recipe")
-    p.add_argument("--tokens", type=float, default=1e9,
+    p.add_argument("--tokens", type=TOKENS, default=10**9,
                    help="training tokens for the repeats column (default 1e9)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_inspect)
     p = sub.add_parser("plan", help="per source for N training tokens: target tokens, epochs, "
                        "when capped sources run out, valid topologies, resume worst case")
     p.add_argument("recipe")
-    p.add_argument("--tokens", type=float, required=True, help="training tokens (e.g. 1e12)")
-    p.add_argument("--world", type=int, default=1, help="world size (default 1)")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--tokens", type=TOKENS, required=True, help="training tokens (e.g. 1e12)")
+    p.add_argument("--world", type=WORLD, default=1, help="world size (default 1)")
+    p.add_argument("--workers", type=WORKERS, default=None,
                    help="DataLoader workers per rank to check (default: list the valid ones)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser("index", help="list every source once and save a manifest for start-up")
     p.add_argument("recipe")
-    p.add_argument("-o", "--output", help="manifest path (default: the recipe's `manifest`, "
-                   "else RECIPE.manifest.json)")
+    p.add_argument("-o", "--output", type=output_file, help="manifest path (default: the "
+                   "recipe's `manifest`, else RECIPE.manifest.json)")
     p.set_defaults(func=cmd_index)
     p = sub.add_parser("cache", help="tokenize every split into the recipe's token_cache "
                        "(under torchrun the ranks share the splits)")
     p.add_argument("recipe")
-    p.add_argument("--workers", type=int, default=0,
+    p.add_argument("--workers", type=WORKERS, default=0,
                    help="worker processes per rank (default 0: in-process)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_cache)
     p = sub.add_parser("preview", help="print the first sequences, decoded, with sources; "
                        "images as <image WxH → N tokens>")
     p.add_argument("recipe")
-    p.add_argument("-n", type=int, default=4, help="number of sequences (default 4)")
-    p.add_argument("--chars", type=int, default=400, help="cut each text here (0: no cut)")
-    p.add_argument("--save-images", metavar="DIR",
+    p.add_argument("-n", type=count("sequences", 1), default=4,
+                   help="number of sequences (default 4)")
+    p.add_argument("--chars", type=count("chars", 0), default=400,
+                   help="cut each text here (0: no cut)")
+    p.add_argument("--save-images", metavar="DIR", type=output_folder,
                    help="write the images of the shown sequences to DIR as PNG "
                    "(batchB-rowR-imageI-SOURCE.png; I: index in the batch's pixel_values), "
                    "rebuilt from pixel_values: what the model sees, after resizing")
@@ -399,36 +502,71 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="throughput, time to first batch, peak RSS, shares "
                        "(and images/s, oversize documents under an image layout)")
     p.add_argument("recipe")
-    p.add_argument("--batches", type=int, default=100, help="batches to time (default 100)")
-    p.add_argument("--num-workers", type=int, default=0,
+    p.add_argument("--batches", type=count("batches", 1), default=100,
+                   help="batches to time (default 100)")
+    p.add_argument("--num-workers", type=WORKERS, default=0,
                    help="DataLoader worker processes (default 0: in-process)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--metrics-out", metavar="FILE",
+    p.add_argument("--metrics-out", metavar="FILE", type=output_file,
                    help="write a metrics log (JSONL, one line per logged batch) for "
                    "`mixer report`")
-    p.add_argument("--metrics-every", type=_positive, default=1, metavar="K",
+    p.add_argument("--metrics-every", type=count("K", 1), default=1, metavar="K",
                    help="log every K batches (default 1)")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("report", help="draw a metrics log (target vs realized share, epochs, "
                        "loss per source) to a PNG; needs the [report] extra")
     p.add_argument("metrics", help="metrics log (JSONL)")
-    p.add_argument("-o", "--output", default="report.png", help="PNG path (default report.png)")
+    p.add_argument("-o", "--output", type=output_file, default="report.png",
+                   help="PNG path (default report.png)")
     p.set_defaults(func=cmd_report)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if getattr(args, "tokens", None) is not None:
-        args.tokens = int(args.tokens)
+class Stopped(BaseException):
+    """SIGINT or SIGTERM arrived: unwinds the command (closing its loader) like Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.status = 128 + signum
+
+
+def _stop(signum: int, frame: object) -> NoReturn:
+    signal.signal(signum, signal.SIG_DFL)   # a second one ends the process at once
+    raise Stopped(signum)
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """While a command runs (main thread only): SIGINT and SIGTERM raise `Stopped`."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return args.func(args)
-    except MixerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        return 0
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns its exit status (2: a bad argument or an error)."""
+    with _stop_on_signals():
+        try:
+            args = build_parser().parse_args(argv)
+            return args.func(args)
+        except BrokenPipeError:
+            return 0
+        except (MixerError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except Stopped as exc:
+            print(f"error: stopped by {exc}", file=sys.stderr)
+            return exc.status
+        except KeyboardInterrupt:
+            print("error: stopped by SIGINT", file=sys.stderr)
+            return 130
 
 
 if __name__ == "__main__":
