@@ -9,7 +9,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import zstandard
 
-from mixer.tools.cli import format_table, peak_rss_mb  # noqa: F401  (re-exported)
+from mixer.tools.bench import peak_rss_mb  # noqa: F401  (re-exported)
+from mixer.tools.tables import format_table  # noqa: F401  (re-exported)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "sample"

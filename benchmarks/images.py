@@ -33,7 +33,7 @@ from mixer.core.records import EncodedImage  # noqa: E402
 from mixer.images.decode import to_rgb  # noqa: E402
 from mixer.images.handle import LazyImage  # noqa: E402
 from mixer.images.processing import processing_for  # noqa: E402
-from mixer.tools.cli import format_table  # noqa: E402
+from mixer.tools.tables import format_table  # noqa: E402
 
 # (width, height) of typical web and photo images; drawn uniformly.
 SIZES = [(640, 480), (480, 640), (1024, 768), (500, 375), (1280, 720), (800, 1200),

@@ -1,0 +1,76 @@
+"""The bench harness: iterate a recipe's batches and measure throughput, latency, memory and
+shares (`mixer bench` and `benchmarks/`)."""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from typing import Any
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process and its finished children, in MB."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return (own + children) / 1024
+
+
+def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool,
+              metrics_out: str | None = None, metrics_every: int = 1) -> dict[str, Any]:
+    """Iterate `batches` batches and measure throughput, latency, memory and shares.
+
+    With `metrics_out`, append one JSON line of `loader.metrics()` every `metrics_every`
+    batches (and after the last): the log `mixer report` draws.
+    """
+    from tqdm import tqdm
+
+    from mixer.runtime.loader import build_loader
+    from mixer.tools.metrics_log import MetricsWriter
+
+    names = [s.name for s in recipe.sources]
+    counts = dict.fromkeys(names, 0)
+    start = time.perf_counter()
+    loader = build_loader(recipe, num_workers=num_workers)
+    first = None
+    got = images = 0
+    log = MetricsWriter(metrics_out, recipe, every=metrics_every) if metrics_out else None
+    with loader, tqdm(total=batches, disable=not progress, unit="batch",
+                      file=sys.stderr) as bar:
+        for batch in loader:
+            if first is None:
+                first = time.perf_counter() - start
+            ids = batch["source_ids"].flatten()
+            if "pixel_values" in batch:   # one grid row per image (qwen2_vl), else one crop
+                images += len(batch.get("image_grid_thw", batch["pixel_values"]))
+            for i, name in enumerate(names):
+                counts[name] += int((ids == i).sum())
+            got += 1
+            bar.update(1)
+            if log is not None:
+                log.step(got, loader.metrics)
+            if got >= batches:
+                break
+        metrics = loader.metrics()
+        if log is not None:
+            log.close(got, metrics)
+    elapsed = time.perf_counter() - start
+    total = sum(counts.values())
+    result = {"batches": got, "num_workers": num_workers, "tokens": total,
+              "seconds": elapsed, "tokens_per_s": total / elapsed if elapsed else 0.0,
+              "time_to_first_batch_s": first, "peak_rss_mb": peak_rss_mb(),
+              "share": {n: (counts[n] / total if total else 0.0) for n in names},
+              "weight": _mean_targets(recipe, got), "skipped": metrics["skipped"]}
+    if recipe.images is not None:
+        result.update(images=images, images_per_s=images / elapsed if elapsed else 0.0,
+                      oversize=metrics.get("oversize", {}))
+    return result
+
+
+def _mean_targets(recipe: Any, batches: int) -> dict[str, float]:
+    """Each source's target weight averaged over the run's batches (its schedule, if any)."""
+    if recipe.schedule is None or batches <= 0:
+        return dict(zip(recipe.names, recipe.weights))
+    step = recipe.batch_size * recipe.seq_len
+    rows = [recipe.weights_at(g * step) for g in range(batches)]
+    return {n: sum(r[i] for r in rows) / batches for i, n in enumerate(recipe.names)}
