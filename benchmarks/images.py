@@ -28,7 +28,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from mixer.config.recipe import ImageSettings  # noqa: E402
+from mixer.config.images import ImageSettings  # noqa: E402
 from mixer.core.records import EncodedImage  # noqa: E402
 from mixer.images.decode import to_rgb  # noqa: E402
 from mixer.images.handle import LazyImage  # noqa: E402

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mixer.config.recipe import ImageSettings
+from mixer.config.images import ImageSettings
 from mixer.core.errors import DataError
 from mixer.core.records import EncodedImage
 from mixer.images import handle

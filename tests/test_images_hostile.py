@@ -473,7 +473,7 @@ def test_validate_refuses_a_tokenizer_without_the_layouts_image_tokens(tmp_path,
 
 
 def test_the_pixel_budget_is_given_back_by_release_and_by_dropped_handles():
-    from mixer.config.recipe import ImageSettings
+    from mixer.config.images import ImageSettings
     from mixer.core.records import EncodedImage
     from mixer.images.processing import processing_for
 

@@ -12,6 +12,7 @@ from helpers import corpus, write_docs
 import mixer
 from mixer.pipeline.lanes import Lane
 from mixer.pipeline.packing import Packer
+from mixer.pipeline.settings import StreamSettings
 from mixer.pipeline.stream import SourceStream
 from mixer.sources import list_source
 from mixer.tokenize import Encoder, resolve_tokenizer
@@ -54,11 +55,12 @@ def setup(tmp_path, tokenizer_path):
 
 def _stream(recipe, tables, encoder, index: int = 0, lane: int = 1) -> SourceStream:
     src = recipe.sources[index]
-    return SourceStream(table=tables[index], lane=lane, lanes=recipe.lanes, seed=recipe.seed,
-                        epochs=src.epochs, on_error=src.on_error, text_field=src.text_field,
-                        storage_options={}, window_docs=recipe.shuffle_window,
-                        window_bytes=recipe.window_bytes,
-                        max_document_bytes=recipe.max_document_bytes, encode=encoder)
+    settings = StreamSettings(lanes=recipe.lanes, seed=recipe.seed, epochs=src.epochs,
+                              on_error=src.on_error, text_field=src.text_field,
+                              window_docs=recipe.shuffle_window,
+                              window_bytes=recipe.window_bytes,
+                              max_document_bytes=recipe.max_document_bytes)
+    return SourceStream(table=tables[index], lane=lane, settings=settings, encode=encoder)
 
 
 def _doc(stream: SourceStream):

@@ -80,7 +80,7 @@ class Replay:
 
     def take(self, *, stride: int, phase: int, docs: int, size: int,
              raise_errors: bool) -> Taken:
-        """A window's documents from here, read as `SourceStream._read_window` reads records
+        """A window's documents from here, read as `WindowReader.read` reads records
         one by one: records whose index is `phase` modulo `stride`, until `docs` documents
         or `size` counted bytes are taken (`stop` is then the record the window ends at: the
         next take starts there). Error records raise with `raise_errors` (any record, as

@@ -5,19 +5,19 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from mixer.config.fields import Float, Int, _Frozen, normalize
+from mixer.config.images import ImageSettings
 from mixer.config.recipe_input import check_plain, read_yaml
+from mixer.config.schedule import Schedule
 from mixer.core.errors import RecipeError
 from mixer.core.registry import FORMATS, PACKERS
 
@@ -31,31 +31,6 @@ MAX_SHUFFLE_WINDOW = 1 << 24
 MAX_PACK_WINDOW = 1 << 20
 MAX_BYTES_SETTING = 1 << 40     # every *_bytes setting
 MAX_EPOCHS = 1 << 32
-
-
-def normalize(weights: list[float]) -> list[float]:
-    """Weights scaled to sum to 1; scaled by the largest first when their sum overflows."""
-    total = sum(weights)
-    if not math.isfinite(total):
-        top = max(weights)
-        weights = [w / top for w in weights]
-        total = sum(weights)
-    return [w / total for w in weights]
-
-
-def _not_bool(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError("expected a number, not a boolean")
-    return value
-
-
-# Numbers parse as pydantic's lax mode does (YAML reads `1e-3` as a string) except booleans.
-Int = Annotated[int, BeforeValidator(_not_bool)]
-Float = Annotated[float, BeforeValidator(_not_bool)]
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
 
 
 class SourceConfig(_Frozen):
@@ -113,109 +88,6 @@ class SourceConfig(_Frozen):
         return f"SourceConfig(name={self.name!r}, path={self.path!r}, weight={self.weight})"
 
     __str__ = __repr__
-
-
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-MAX_IMAGE_SIDE = 1 << 15
-
-
-class ImageSettings(_Frozen):
-    """The `images:` block: how images become pixels and sequence tokens (docs/recipes.md)."""
-
-    layout: Literal["qwen2_vl", "llava"] = Field(description="Batch layout and image tokens.")
-    patch_size: Int = Field(default=14, ge=1, le=1024, description="Vision patch side (pixels).")
-    merge_size: Int = Field(default=2, ge=1, le=64,
-                            description="qwen2_vl: patches merged per side into one token.")
-    temporal_patch_size: Int = Field(default=2, ge=1, le=64,
-                                     description="qwen2_vl: frames per temporal patch.")
-    min_pixels: Int = Field(default=3136, ge=1, le=MAX_IMAGE_SIDE ** 2,
-                            description="qwen2_vl: lower bound on a resized image's pixels.")
-    max_pixels: Int = Field(default=1003520, ge=1, le=MAX_IMAGE_SIDE ** 2,
-                            description="qwen2_vl: upper bound on a resized image's pixels.")
-    image_size: Int = Field(default=336, ge=1, le=MAX_IMAGE_SIDE,
-                            description="llava: side of the square centre crop.")
-    image_mean: tuple[Float, Float, Float] = Field(default=CLIP_MEAN)
-    image_std: tuple[Float, Float, Float] = Field(default=CLIP_STD)
-    marker: str = Field(default="<image>", min_length=1,
-                        description="Where the text holds it, each marker is the next image.")
-    max_images_per_batch: Int | None = Field(default=None, ge=1,
-                                             description="Cap per rank batch (null: none).")
-    max_patches_per_batch: Int | None = Field(default=None, ge=1,
-                                              description="qwen2_vl: cap on pixel_values rows.")
-    max_source_pixels: Int = Field(default=64 << 20, ge=1, le=1 << 40,
-                                   description="Larger stored images are refused (bombs).")
-
-    @field_validator("image_std")
-    @classmethod
-    def _positive_std(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
-        if any(v <= 0 for v in value):
-            raise ValueError("image_std values must be positive")
-        return value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ImageSettings:
-        if self.min_pixels > self.max_pixels:
-            raise ValueError(f"min_pixels ({self.min_pixels}) is more than "
-                             f"max_pixels ({self.max_pixels})")
-        if self.layout == "llava" and self.image_size % self.patch_size:
-            raise ValueError(f"images.image_size ({self.image_size}) is not a multiple of "
-                             f"images.patch_size ({self.patch_size})")
-        if self.layout == "llava" and self.max_patches_per_batch is not None:
-            raise ValueError("images.max_patches_per_batch: only the qwen2_vl layout has "
-                             "patches per image that vary")
-        return self
-
-
-MAX_SCHEDULE_POINTS = 1 << 14
-
-
-class SchedulePoint(_Frozen):
-    """One point of a schedule: from `at_tokens` global tokens on, these target weights."""
-
-    at_tokens: Float = Field(ge=0, le=1e18, description="Global tokens where the point is.")
-    weights: dict[str, Float] = Field(description="Weight per source name (others: 0).")
-
-    @field_validator("at_tokens")
-    @classmethod
-    def _whole_tokens(cls, value: float) -> float:
-        if value != int(value):
-            raise ValueError(f"at_tokens must be a whole number of tokens, got {value}")
-        return value
-
-
-class Schedule(_Frozen):
-    """Target weights that change over global tokens (docs/recipes.md#schedules)."""
-
-    interpolate: Literal["step", "linear"] = Field(
-        default="step", description="step: a point holds until the next; linear: weights "
-        "move linearly from each point to the next.")
-    points: list[SchedulePoint] = Field(min_length=1, max_length=MAX_SCHEDULE_POINTS)
-
-    def weights_at(self, names: list[str], tokens: int) -> list[float]:
-        """Normalized target weights of `names` at global position `tokens`."""
-        points = self.points
-        i = self.point_index(tokens)
-        raw = [points[i].weights.get(n, 0.0) for n in names]
-        if self.interpolate == "linear" and i + 1 < len(points):
-            # (every point has a positive weight, so both ends normalize)
-            b = points[i + 1]
-            t = (tokens - points[i].at_tokens) / (b.at_tokens - points[i].at_tokens)
-            start = normalize(raw)
-            end = normalize([b.weights.get(n, 0.0) for n in names])
-            raw = [w0 * (1 - t) + w1 * t for w0, w1 in zip(start, end)]
-        return normalize(raw)
-
-    def point_index(self, tokens: int) -> int:
-        """Index of the last point at or before `tokens`."""
-        lo, hi = 0, len(self.points) - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.points[mid].at_tokens <= tokens:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
 
 
 class Recipe(_Frozen):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixer.config.recipe import ImageSettings
+from mixer.config.images import ImageSettings
 from mixer.core.document import Document, Placement, Rejected
 from mixer.core.errors import DataError
 from mixer.images.decode import probe

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from mixer.config.recipe import ImageSettings
+from mixer.config.images import ImageSettings
 from mixer.images.decode import to_rgb
 
 MAX_ASPECT_RATIO = 200   # qwen2_vl's smart_resize refuses longer/shorter sides past this

@@ -15,6 +15,7 @@ from mixer.pipeline.mix import TARGET_SCALE, choose_source, grow_targets
 from mixer.pipeline.packers import make_packer
 from mixer.pipeline.packing import BLOCKED, Row
 from mixer.pipeline.schedule import WeightPlan
+from mixer.pipeline.settings import StreamSettings
 from mixer.pipeline.stream import SourceStream
 from mixer.sources import SourceTable
 from mixer.tokenize import Encoder
@@ -42,16 +43,10 @@ class Lane:
         cache = open_cache(recipe, encoder.info)
         for src, table in zip(recipe.sources, tables):
             stream = SourceStream(
-                table=table, lane=lane, lanes=recipe.lanes, seed=recipe.seed,
-                epochs=src.epochs, on_error=src.on_error, text_field=src.chosen_text_field,
-                storage_options=src.storage_options, window_docs=recipe.shuffle_window,
-                window_bytes=recipe.window_bytes,
-                max_document_bytes=recipe.max_document_bytes, encode=encoder,
-                block_size=block_size,
+                table=table, lane=lane, encode=encoder,
+                settings=StreamSettings.from_recipe(recipe, src, block_size=block_size),
                 documents=self.layout.document_builder(encoder, src.name),
-                prefetch_tokens=2 * recipe.batch_size * recipe.seq_len,
-                clock=self._global_batch, batch_tokens=recipe.batch_size * recipe.seq_len,
-                lanes_per_batch=recipe.lanes, token_cache=cache)
+                token_cache=cache, clock=self._global_batch)
             self.streams.append(stream)
             self.packers.append(make_packer(
                 recipe.packing, stream, seq_len=recipe.seq_len, pad_id=self.pad_id,

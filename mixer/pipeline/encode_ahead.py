@@ -1,0 +1,104 @@
+"""Tokenizing a window in chunks (doubling text budgets), with the next chunks encoding ahead."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from mixer.core.document import Document, DocumentBuilder
+from mixer.pipeline.window import Window
+from mixer.tokenize.tokenizer import (
+    TEXT_CHUNKS_AHEAD,
+    TOKENIZE_BYTES,
+    TOKENIZE_BYTES_AHEAD,
+    TOKENIZE_DOCS,
+    encoding_pool,
+    encoding_thread,
+)
+
+
+class EncodeAhead:
+    """Fills a window's items' `encoded` chunk by chunk, keeping later chunks in flight."""
+
+    def __init__(self, encode: Callable[[list[str]], list[np.ndarray]],
+                 documents: DocumentBuilder | None) -> None:
+        self.encode_texts = encode
+        self.documents = documents   # builds (image) documents instead of encoding text
+
+    def encode(self, win: Window, start: int, stop: int) -> list[Any]:
+        """Tokens (or built documents) of window items [start, stop); pre-tokenized items
+        pass through as they are."""
+        items = win.items
+        todo = [i for i in range(start, stop) if isinstance(items[i].text, str)]
+        out: list[Any] = [None if isinstance(item.text, str) else
+                          item.text if self.documents is None else Document(item.text)
+                          for item in items[start:stop]]
+        if not todo:
+            return out
+        if self.documents is None:
+            encoded = self.encode_texts([items[i].text for i in todo])
+        else:
+            encoded = self.documents.build(
+                [items[i].text for i in todo], [items[i].images for i in todo],
+                [items[i].file for i in todo], [items[i].location for i in todo])
+        for i, item in zip(todo, encoded):
+            out[i - start] = item
+        return out
+
+    def chunk_stop(self, win: Window, start: int) -> int:
+        """End of the tokenizer chunk at `start`: up to `TOKENIZE_DOCS` documents and, for
+        text, until the window's next chunk budget of it (image documents keep whole
+        64-document chunks). The budget starts at `TOKENIZE_BYTES`, so a window's first rows
+        wait for one small call, and doubles with each chunk cut up to
+        `TOKENIZE_BYTES_AHEAD`, where the tokenizer spends least per token."""
+        stop = min(start + TOKENIZE_DOCS, len(win.items))
+        if self.documents is not None:
+            return stop
+        budget = win.chunk_bytes
+        win.chunk_bytes = min(2 * budget, TOKENIZE_BYTES_AHEAD)
+        size = 0
+        for i in range(start, stop):
+            size += len(win.items[i].text)
+            if size >= budget:
+                return i + 1
+        return stop
+
+    def tokenize_from(self, win: Window, start: int) -> None:
+        """Encode the chunk at `start` into the items; keep the following chunks encoding
+        meanwhile (`TEXT_CHUNKS_AHEAD` of text, one of built documents)."""
+        if not (win.ahead and win.ahead[0][0] == start):
+            for _, _, queued in win.ahead:
+                queued.cancel()
+            win.ahead = []   # a jump (a resume inside the window): start over from here
+            win.chunk_bytes = TOKENIZE_BYTES
+            self.submit_ahead(win, start, 1)
+        if win.ahead:
+            _, stop, future = win.ahead.pop(0)
+            # Not started yet (the threads are busy with other chunks): encode it here rather
+            # than wait behind them.
+            encoded = (self.encode(win, start, stop)
+                       if self.documents is None and future.cancel() else future.result())
+        else:   # pre-tokenized items only: nothing was submitted, they pass through
+            encoded = self.encode(win, start, self.chunk_stop(win, start))
+        stop = start + len(encoded)
+        for i in range(start, stop):
+            item = win.items[i]
+            item.encoded = encoded[i - start]
+            if item.origin is not None:
+                item.origin[0].add_tokens(item.origin[1], item.encoded)
+            item.text = ""  # free the text once tokenized
+            item.images = ()
+        self.submit_ahead(win, stop, 1 if self.documents is not None else TEXT_CHUNKS_AHEAD)
+
+    def submit_ahead(self, win: Window, start: int, chunks: int) -> None:
+        """Queue chunks after those already queued, from `start`, until `chunks` are."""
+        pool = encoding_thread() if self.documents is not None else encoding_pool()
+        at = win.ahead[-1][1] if win.ahead else start
+        while len(win.ahead) < chunks and at < len(win.items):
+            stop = self.chunk_stop(win, at)
+            if not any(isinstance(win.items[i].text, str) for i in range(at, stop)):
+                break   # pre-tokenized items: nothing to encode
+            win.ahead.append((at, stop, pool.submit(self.encode, win, at, stop)))
+            at = stop

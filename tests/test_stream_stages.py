@@ -1,0 +1,113 @@
+"""The stages of a source stream, each checked on its own (mixer/pipeline/*: issue 21)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import corpus, write_docs
+
+import mixer
+from mixer.core.errors import StateError
+from mixer.core.rng import permutation
+from mixer.pipeline.cursor import STATE_KEYS, Cursor
+from mixer.pipeline.encode_ahead import EncodeAhead
+from mixer.pipeline.settings import StreamSettings
+from mixer.pipeline.slice_reader import SliceReader
+from mixer.pipeline.window import Window, WindowItem, WindowReader, shuffle_key
+from mixer.sources import list_source
+from mixer.tokenize import Encoder, resolve_tokenizer
+
+
+@pytest.fixture
+def setup(tmp_path, tokenizer_path):
+    docs = corpus(0, 120, max_len=25)
+    for part in range(3):
+        write_docs(tmp_path / f"d{part}.jsonl", docs[part::3], "jsonl")
+    recipe = mixer.load_recipe({
+        "tokenizer": str(tokenizer_path), "seq_len": 8, "batch_size": 3, "lanes": 2,
+        "shuffle_window": 7, "split_bytes": 600,
+        "sources": [{"name": "d", "path": str(tmp_path / "d*.jsonl"), "weight": 1,
+                     "epochs": 2}]})
+    table = list_source(recipe, recipe.sources[0])
+    settings = StreamSettings.from_recipe(recipe, recipe.sources[0])
+    return table, settings, Encoder(resolve_tokenizer(str(tokenizer_path)))
+
+
+def _slice_texts(reader: SliceReader, epoch: int) -> list[tuple[tuple[int, int, int], str]]:
+    """Every (cursor, text) the lane's slice of `epoch` holds, in slice order."""
+    out = []
+    for slot, item in enumerate(reader.items(epoch)):
+        for record in reader.read_split(reader.split_of(item), 0, 0):
+            if record.index % item.stride == item.phase and record.error is None:
+                out.append(((slot, record.index, record.offset), record.text))
+    return out
+
+
+def test_window_holds_the_slice_permuted_by_its_key(setup):
+    table, settings, _ = setup
+    lane, epoch = 1, 0
+    reader = SliceReader(table, lane, settings, None, None)
+    windows = WindowReader(reader, settings, building=False)
+    expected = _slice_texts(SliceReader(table, lane, settings, None, None), epoch)
+    assert len(expected) > 3 * settings.window_docs
+    start, at, index = (0, 0, 0), 0, 0
+    while True:
+        win = windows.read(epoch, index, start)
+        docs = [text for _, text in expected[at:at + len(win.items)]]
+        order = permutation(len(docs), shuffle_key(settings.seed, table.name, lane, epoch, index))
+        assert [item.text for item in win.items] == [docs[i] for i in order]
+        at += len(win.items)
+        if win.end_of_epoch:
+            break
+        assert len(win.items) == settings.window_docs
+        assert win.end == expected[at][0]   # the next window starts at the next document
+        start, index = win.end, index + 1
+    assert at == len(expected)
+    reader.close()
+
+
+def test_cursor_state_round_trip():
+    cursor = Cursor("d", 1, epochs=None, with_oversize=True)
+    fresh = cursor.state_dict()
+    assert set(STATE_KEYS) <= set(fresh) and fresh["oversize"] == 0
+    cursor.epoch, cursor.window_index, cursor.start, cursor.pos = 3, 5, (2, 17, 4096), 4
+    cursor.skip("parse", 2)
+    cursor.oversize = 1
+    state = json.loads(json.dumps(cursor.state_dict()))
+    assert state == {"epoch": 3, "window": 5, "slot": 2, "index": 17, "offset": 4096, "pos": 4,
+                     "skipped": 2, "done": 0, "oversize": 1, "reasons": {"parse": 2}}
+    again = Cursor("d", 1, epochs=None, with_oversize=True)
+    again.load_state_dict(state)
+    assert again.state_dict() == state and again.yielded and again.resumed_window == (3, 5)
+    again.load_state_dict(None)
+    assert again.state_dict() == fresh
+    with pytest.raises(StateError, match="lacks"):
+        again.load_state_dict({"epoch": 0})
+
+
+def test_cursor_advance_ends_a_finite_source():
+    cursor = Cursor("d", 0, epochs=1, with_oversize=False)
+    win = Window([WindowItem("x")], (1, 0, 0), False, 1, {"parse": 1})
+    cursor.advance(win, on_empty=lambda: pytest.fail("asked only for unlimited sources"))
+    assert (cursor.window_index, cursor.start, cursor.skipped_before) == (1, (1, 0, 0), 1)
+    cursor.advance(Window([], (2, 0, 0), True, 0, {}), on_empty=lambda: None)
+    assert cursor.done and cursor.epoch == 1 and cursor.start == (0, 0, 0)
+
+
+def test_encode_ahead_gives_the_tokens_of_a_direct_encode(setup):
+    _, _, encoder = setup
+    texts = [f"document {i} " + "word " * (i % 13) for i in range(150)]
+    win = Window([WindowItem(t) for t in texts], (0, 0, 0), True, 0, {})
+    ahead = EncodeAhead(encoder, None)
+    at = 0
+    while at < len(texts):
+        if win.items[at].encoded is None:
+            ahead.tokenize_from(win, at)
+        at += 1
+    direct = encoder(texts)
+    for item, tokens in zip(win.items, direct):
+        assert np.array_equal(item.encoded, tokens) and item.text == ""
+    for _, _, future in win.ahead:
+        future.cancel()
