@@ -80,7 +80,7 @@ def let_mixer_finish(workers: int, limit_s: float = 10.0) -> float:
                 return busy_until
             last, busy_until = now, time.perf_counter()
         return busy_until
-    from mixer.tokenize.tokenizer import encoding_pool
+    from mixer.tokenize.encoding import encoding_pool
 
     pool = encoding_pool()
     threads = pool._max_workers

@@ -38,34 +38,27 @@ from mixer.cache.spill import SpillUnavailable, TokenSpill
 from mixer.core.errors import DataError
 from mixer.core.files import write_atomically
 from mixer.core.records import FileEntry, Record, Split
+from mixer.core.token_info import TokenizerInfo
 from mixer.sources.indexed import encode_index, parse_index, token_dtype
 from mixer.sources.storage import filesystem
-from mixer.tokenize.tokenizer import (
-    TOKENIZE_BYTES,
-    TOKENIZE_BYTES_AHEAD,
-    TOKENIZE_DOCS,
-    TokenizerInfo,
-    encoding_thread,
-)
+from mixer.tokenize.encoding import TOKENIZE_BYTES, chunk_full, encoding_thread, next_budget
 
 CACHE_FORMAT = 2
 BIN_BLOCK = 1 << 18   # bytes of .bin per CRC: what a resume inside a split over-reads at most
 
 
 def _chunks(records: Iterator[Record]) -> Iterator[list[Record]]:
-    """Records in chunks of at most TOKENIZE_DOCS records and a text budget that starts at
-    TOKENIZE_BYTES (the first rows wait for one small call) and doubles per chunk up to
-    TOKENIZE_BYTES_AHEAD (larger calls cost the tokenizer less per token)."""
+    """Records in the chunks the tokenizer's calls take (the chunk rule, `tokenize.encoding`)."""
     chunk: list[Record] = []
     size = 0
     budget = TOKENIZE_BYTES
     for record in records:
         chunk.append(record)
         size += len(record.text) if record.text is not None else 0
-        if len(chunk) >= TOKENIZE_DOCS or size >= budget:
+        if chunk_full(len(chunk), size, budget):
             yield chunk
             chunk, size = [], 0
-            budget = min(2 * budget, TOKENIZE_BYTES_AHEAD)
+            budget = next_budget(budget)
     if chunk:
         yield chunk
 

@@ -10,7 +10,7 @@ from mixer.core.document import DocumentBuilder, Rejected
 from mixer.core.errors import DataError
 from mixer.pipeline.slice_reader import SliceReader
 from mixer.sources import FORMATS, Record, Split
-from mixer.tokenize.tokenizer import TOKENIZE_DOCS
+from mixer.tokenize.encoding import TOKENIZE_DOCS
 
 
 class Emptiness:

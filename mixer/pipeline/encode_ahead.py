@@ -9,13 +9,14 @@ import numpy as np
 
 from mixer.core.document import Document, DocumentBuilder
 from mixer.pipeline.window import Window
-from mixer.tokenize.tokenizer import (
+from mixer.tokenize.encoding import (
     TEXT_CHUNKS_AHEAD,
     TOKENIZE_BYTES,
-    TOKENIZE_BYTES_AHEAD,
     TOKENIZE_DOCS,
+    chunk_full,
     encoding_pool,
     encoding_thread,
+    next_budget,
 )
 
 
@@ -48,20 +49,17 @@ class EncodeAhead:
         return out
 
     def chunk_stop(self, win: Window, start: int) -> int:
-        """End of the tokenizer chunk at `start`: up to `TOKENIZE_DOCS` documents and, for
-        text, until the window's next chunk budget of it (image documents keep whole
-        64-document chunks). The budget starts at `TOKENIZE_BYTES`, so a window's first rows
-        wait for one small call, and doubles with each chunk cut up to
-        `TOKENIZE_BYTES_AHEAD`, where the tokenizer spends least per token."""
+        """End of the tokenizer chunk at `start`, by the chunk rule (`tokenize.encoding`) under
+        the window's next budget; image documents keep whole `TOKENIZE_DOCS` chunks."""
         stop = min(start + TOKENIZE_DOCS, len(win.items))
         if self.documents is not None:
             return stop
         budget = win.chunk_bytes
-        win.chunk_bytes = min(2 * budget, TOKENIZE_BYTES_AHEAD)
+        win.chunk_bytes = next_budget(budget)
         size = 0
         for i in range(start, stop):
             size += len(win.items[i].text)
-            if size >= budget:
+            if chunk_full(i + 1 - start, size, budget):
                 return i + 1
         return stop
 

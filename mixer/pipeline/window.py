@@ -19,7 +19,7 @@ from mixer.pipeline.settings import StreamSettings
 from mixer.pipeline.slice_reader import Cursor3, SliceReader
 from mixer.pipeline.slices import SliceItem
 from mixer.sources import FORMATS, EncodedImage, Record
-from mixer.tokenize.tokenizer import TOKENIZE_BYTES
+from mixer.tokenize.encoding import TOKENIZE_BYTES
 
 
 @dataclass

@@ -32,7 +32,7 @@ from multiprocessing.process import BaseProcess
 
 from torch.utils.data import get_worker_info
 
-from mixer.tokenize.tokenizer import tokenizer_thread_budget, use_worker_encoding_threads
+from mixer.tokenize.encoding import tokenizer_thread_budget, use_worker_encoding_threads
 
 POLL_S = 0.2          # how often a worker's watchdog looks at its parent
 STOP_GRACE_S = 2.0    # how long the owner waits for SIGTERMed workers before SIGKILL

@@ -1,4 +1,6 @@
-"""Tokenizer adapter: a local tokenizer.json or HF tokenizer folder behind one fast encoder."""
+"""The recipe's tokenizer: a local tokenizer.json or HF tokenizer folder, resolved once
+(`resolve_tokenizer`: its special ids, cached beside a token cache), behind one batched
+encoder (`Encoder`: EOS, and BOS where configured, added to every document)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import hashlib
 import json
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,26 +18,14 @@ from mixer.core.errors import RecipeError
 from mixer.core.files import write_atomically
 from mixer.core.token_info import TokenizerInfo
 
-# One tokenizer call: at most this many documents and, for text, a budget of bytes that starts
-# at TOKENIZE_BYTES for a window's first call (its first rows wait for ~10k tokens, not more)
-# and doubles with each following call up to TOKENIZE_BYTES_AHEAD. Small calls cost the
-# tokenizer more per token: a call of one or two documents runs on its calling thread, and
-# its thread pool spins up and down around each call. Measured on the issue 9 corpus (in one
-# process, mixer and the tokenizer alone alternating, docs/benchmarks.md): 32 KB calls spent
-# ~7 % more CPU a token than 64-document calls, and mixer at num_workers 0 rose from 0.88-0.90x
-# to 0.96-0.98x the tokenizer alone with calls growing to 128 KB.
-TOKENIZE_DOCS = 64
-TOKENIZE_BYTES = 32 << 10
-TOKENIZE_BYTES_AHEAD = 128 << 10
-
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eos|>", "[EOS]")
 _PAD_CANDIDATES = ("<pad>", "<|pad|>", "[PAD]")
-# Tokenizers loaded in this process: (file, digest) -> tokenizer. `resolve_tokenizer` loads the file
-# once (unless its info cache answers), and encoders reuse it, in this process and in the
-# DataLoader workers it forks (loading a 32k-vocabulary file takes ~0.1-0.3 s, which the
-# first batch would otherwise wait for). A loaded tokenizer is plain data and safe to use
-# after fork; the tokenizer library itself turns its thread pool off in a child whose
-# parent had already encoded in parallel, whichever object the child uses.
+# Tokenizers loaded in this process: (file, digest) -> tokenizer. `resolve_tokenizer` loads the
+# file once (unless its info cache answers), and encoders reuse it, in this process and in the
+# DataLoader workers it forks (loading takes long enough that a first batch would notice). A
+# loaded tokenizer is plain data and safe to use after fork; the tokenizer library itself turns
+# its thread pool off in a child whose parent had already encoded in parallel, whichever object
+# the child uses.
 _loaded: dict[tuple[str, str], Tokenizer] = {}
 log = logging.getLogger("mixer.tokenizer")
 
@@ -245,87 +234,3 @@ class Encoder:
 
     def __getstate__(self) -> dict:
         return {"info": self.info, "_tok": None, "_pid": -1}
-
-
-# Text chunks a stream keeps queued ahead of the one it packs, so that `ENCODING_THREADS`
-# calls find work; a chunk nobody has started when its packer needs it is encoded by the
-# packer's thread (stream.py), so a deep FIFO queue never delays it. One: with chunks of up to
-# 128 KB, twelve streams keep four threads busy, and every chunk queued is tokens encoded
-# before they are needed (at the end of a run, encoded and never delivered: with two ahead,
-# 1-2 M tokens, a tenth of an 800-batch benchmark run).
-TEXT_CHUNKS_AHEAD = 1
-# Concurrent text-encoding calls per process. One call holds a few documents, and a document
-# is the unit the tokenizer's threads share out, so two calls left a core idle part of the
-# time (1.63 of 2 cores busy with 32 KB calls): measured on the issue 9 corpus, 32 KB calls
-# reached 0.76-0.80x of 64-document calls with 2 at once, 0.91-0.93x with 3, 0.97-1.01x with 4.
-ENCODING_THREADS = 4
-# In a DataLoader worker (several share the cores): one. With 2 workers on 2 cores, a worker
-# whose pool has one thread spent 1.04-1.12 CPU µs a token encoding with one thread feeding
-# it and 1.21-1.30 with two (calls in flight contend for the pool; issue 9 corpus, paired
-# rounds), and every call in flight holds its own working memory.
-WORKER_ENCODING_THREADS = 1
-_encoding_threads = ENCODING_THREADS
-
-
-# The TOKENIZERS_PARALLELISM values with which `tokenizers` runs every call on its calling
-# thread (its own list; compared lower-cased).
-_PARALLELISM_OFF = ("", "off", "false", "f", "no", "n", "0")
-
-
-def tokenizer_thread_budget() -> int:
-    """Threads the Rust tokenizer may use in this process, as its thread pool (rayon) reads
-    them: `RAYON_NUM_THREADS` when it is a positive number, else the CPUs this process may
-    run on (rayon's default, also for 0 or a value it cannot parse)."""
-    try:
-        threads = int(os.environ.get("RAYON_NUM_THREADS", ""))
-    except ValueError:
-        threads = 0
-    return threads if threads > 0 else max(1, len(os.sched_getaffinity(0)))
-
-
-def use_worker_encoding_threads(num_workers: int, budget: int) -> None:
-    """Called in each of `num_workers` DataLoader workers: encode with
-    `WORKER_ENCODING_THREADS` there, and give the tokenizer's own thread pool this worker's
-    share of the parent's `budget` (at least one thread).
-
-    Each worker would otherwise start a pool as large as the whole budget: with 2 workers on
-    2 cores, four pool threads contended for two cores and spent 15-30 % more CPU per token
-    (issue 9 corpus, five paired rounds). The share takes effect because the pool starts at
-    the worker's first encoding call; where the parent had already encoded before forking,
-    `tokenizers` runs each call on its calling thread instead (its fork guard), also no more
-    threads than the encoding threads. With `TOKENIZERS_PARALLELISM` off there is no pool
-    to share and nothing is set.
-    """
-    global _encoding_threads
-    _encoding_threads = WORKER_ENCODING_THREADS
-    setting = os.environ.get("TOKENIZERS_PARALLELISM")
-    if setting is None or setting.lower() not in _PARALLELISM_OFF:
-        os.environ["RAYON_NUM_THREADS"] = str(max(1, budget // max(1, num_workers)))
-
-
-_pools: dict[int, tuple[int, ThreadPoolExecutor]] = {}
-
-
-def _pool(threads: int) -> ThreadPoolExecutor:
-    held = _pools.get(threads)
-    if held is None or held[0] != os.getpid():  # never reuse a pool across fork
-        held = (os.getpid(), ThreadPoolExecutor(threads, thread_name_prefix="mixer-tokenize"))
-        _pools[threads] = held
-    return held[1]
-
-
-def encoding_thread() -> ThreadPoolExecutor:
-    """One background thread per process that builds documents (image recipes) and fills
-    the token cache while Python reads and packs; one thread keeps those calls in order."""
-    return _pool(1)
-
-
-def encoding_pool() -> ThreadPoolExecutor:
-    """`ENCODING_THREADS` background threads per process (`WORKER_ENCODING_THREADS` in a
-    DataLoader worker) that encode text chunks ahead of the packers.
-
-    The Rust tokenizer releases the GIL and shares one call's documents out over its own
-    thread pool; several calls at once keep its threads busy while Python reads and packs.
-    The tokens are the same whichever thread computes them.
-    """
-    return _pool(_encoding_threads)

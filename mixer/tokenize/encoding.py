@@ -1,0 +1,103 @@
+"""Encoding text on the tokenizer: how documents are cut into calls (the one chunk rule) and
+the per-process threads that run calls ahead of the packers."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+# One tokenizer call takes at most TOKENIZE_DOCS documents and, for text, stops once its text
+# reaches a budget that starts at TOKENIZE_BYTES (a window's first rows wait for one small
+# call) and doubles with each following call up to TOKENIZE_BYTES_AHEAD: small calls cost the
+# tokenizer more per token (docs/benchmarks.md, "Tokenizer calls").
+TOKENIZE_DOCS = 64
+TOKENIZE_BYTES = 32 << 10
+TOKENIZE_BYTES_AHEAD = 128 << 10
+
+
+def chunk_full(docs: int, text_bytes: int, budget: int) -> bool:
+    """Whether a tokenizer call holding `docs` documents of `text_bytes` bytes of text is
+    complete under `budget` (the chunk rule)."""
+    return docs >= TOKENIZE_DOCS or text_bytes >= budget
+
+
+def next_budget(budget: int) -> int:
+    """The text budget of the call after one of `budget` (it doubles, up to the cap)."""
+    return min(2 * budget, TOKENIZE_BYTES_AHEAD)
+
+
+# Text chunks a stream keeps queued ahead of the one it packs, so that `ENCODING_THREADS`
+# calls find work; a chunk nobody has started when its packer needs it is encoded by the
+# packer's thread, so a deep queue never delays it, and every chunk queued is tokens encoded
+# before they are needed (docs/benchmarks.md, "Tokenizer calls").
+TEXT_CHUNKS_AHEAD = 1
+# Concurrent text-encoding calls per process: a document is the unit the tokenizer's threads
+# share out, so fewer calls at once leave a core idle part of the time.
+ENCODING_THREADS = 4
+# In a DataLoader worker (several share the cores): calls in flight would contend for the
+# worker's share of the tokenizer's pool, and each holds its own working memory.
+WORKER_ENCODING_THREADS = 1
+_encoding_threads = ENCODING_THREADS
+
+
+# The TOKENIZERS_PARALLELISM values with which `tokenizers` runs every call on its calling
+# thread (its own list; compared lower-cased).
+_PARALLELISM_OFF = ("", "off", "false", "f", "no", "n", "0")
+
+
+def tokenizer_thread_budget() -> int:
+    """Threads the Rust tokenizer may use in this process, as its thread pool (rayon) reads
+    them: `RAYON_NUM_THREADS` when it is a positive number, else the CPUs this process may
+    run on (rayon's default, also for 0 or a value it cannot parse)."""
+    try:
+        threads = int(os.environ.get("RAYON_NUM_THREADS", ""))
+    except ValueError:
+        threads = 0
+    return threads if threads > 0 else max(1, len(os.sched_getaffinity(0)))
+
+
+def use_worker_encoding_threads(num_workers: int, budget: int) -> None:
+    """Called in each of `num_workers` DataLoader workers: encode with
+    `WORKER_ENCODING_THREADS` there, and give the tokenizer's own thread pool this worker's
+    share of the parent's `budget` (at least one thread).
+
+    Each worker would otherwise start a pool as large as the whole budget, and the pools'
+    threads contend for the cores (docs/benchmarks.md, "Tokenizer calls"). The share takes
+    effect because the pool starts at the worker's first encoding call; where the parent had
+    already encoded before forking, `tokenizers` runs each call on its calling thread instead
+    (its fork guard), also no more threads than the encoding threads. With
+    `TOKENIZERS_PARALLELISM` off there is no pool to share and nothing is set.
+    """
+    global _encoding_threads
+    _encoding_threads = WORKER_ENCODING_THREADS
+    setting = os.environ.get("TOKENIZERS_PARALLELISM")
+    if setting is None or setting.lower() not in _PARALLELISM_OFF:
+        os.environ["RAYON_NUM_THREADS"] = str(max(1, budget // max(1, num_workers)))
+
+
+_pools: dict[int, tuple[int, ThreadPoolExecutor]] = {}
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    held = _pools.get(threads)
+    if held is None or held[0] != os.getpid():  # never reuse a pool across fork
+        held = (os.getpid(), ThreadPoolExecutor(threads, thread_name_prefix="mixer-tokenize"))
+        _pools[threads] = held
+    return held[1]
+
+
+def encoding_thread() -> ThreadPoolExecutor:
+    """One background thread per process that builds documents (image recipes) and fills
+    the token cache while Python reads and packs; one thread keeps those calls in order."""
+    return _pool(1)
+
+
+def encoding_pool() -> ThreadPoolExecutor:
+    """`ENCODING_THREADS` background threads per process (`WORKER_ENCODING_THREADS` in a
+    DataLoader worker) that encode text chunks ahead of the packers.
+
+    The Rust tokenizer releases the GIL and shares one call's documents out over its own
+    thread pool; several calls at once keep its threads busy while Python reads and packs.
+    The tokens are the same whichever thread computes them.
+    """
+    return _pool(_encoding_threads)
