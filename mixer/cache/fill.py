@@ -28,7 +28,7 @@ def fill_split(cache: TokenCache, table: SourceTable, split_index: int, *, text_
     entry = table.files[split.file]
     if FORMATS[entry.format].pretokenized:
         return "pre-tokenized"
-    field = text_field or FORMATS[entry.format].default_text_field
+    field = FORMATS[entry.format].text_field(text_field)
     key = cache.key(entry, split, text_field=field, max_bytes=max_bytes)
     if cache.load(key, check_tokens=True) is not None:
         return "cached"
@@ -109,7 +109,7 @@ def cache_summary(recipe: Recipe, tables: list[SourceTable],
             if FORMATS[entry.format].pretokenized:
                 pretokenized += 1
                 continue
-            field = src.chosen_text_field or FORMATS[entry.format].default_text_field
+            field = FORMATS[entry.format].text_field(src.chosen_text_field)
             base = cache.path(cache.key(entry, split, text_field=field,
                                         max_bytes=recipe.max_document_bytes))
             if base + ".json" in sizes:

@@ -19,11 +19,10 @@ from mixer.core.token_info import TokenizerInfo
 from mixer.images.documents import ImageDocuments, VisionTokens
 from mixer.images.processing import processing_for
 from mixer.images.rope import mrope_positions
-from mixer.pipeline.batch import ArraySpec, Batch, BatchLayout
+from mixer.pipeline.batch import FLOAT32, INT32, INT64, ArraySpec, Batch, BatchLayout
 from mixer.pipeline.packing import IGNORE_INDEX, Row
 from mixer.tokenize import Encoder
 
-_INT64, _INT32, _FLOAT32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
 QWEN2_VL_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 LLAVA_TOKEN = "<image>"
 
@@ -97,11 +96,11 @@ class _ImageLayout(BatchLayout):
 
 class Qwen2VLLayout(_ImageLayout):
     name = "qwen2_vl"
-    specs = (ArraySpec("input_ids", _INT64, _INT32), ArraySpec("labels", _INT64, _INT32),
-             ArraySpec("position_ids", _INT64, _INT32), ArraySpec("source_ids", _INT64, _INT32),
-             ArraySpec("mm_token_type_ids", _INT64, _INT32),
-             ArraySpec("pixel_values", _FLOAT32, _FLOAT32),
-             ArraySpec("image_grid_thw", _INT64, _INT32))
+    specs = (ArraySpec("input_ids", INT64, INT32), ArraySpec("labels", INT64, INT32),
+             ArraySpec("position_ids", INT64, INT32), ArraySpec("source_ids", INT64, INT32),
+             ArraySpec("mm_token_type_ids", INT64, INT32),
+             ArraySpec("pixel_values", FLOAT32, FLOAT32),
+             ArraySpec("image_grid_thw", INT64, INT32))
 
     def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:
         start, pad, end = _token_ids(tokenizer, QWEN2_VL_TOKENS, "qwen2_vl")
@@ -148,9 +147,9 @@ class Qwen2VLLayout(_ImageLayout):
 
 class LlavaLayout(_ImageLayout):
     name = "llava"
-    specs = (ArraySpec("input_ids", _INT64, _INT32), ArraySpec("labels", _INT64, _INT32),
-             ArraySpec("position_ids", _INT64, _INT32), ArraySpec("source_ids", _INT64, _INT32),
-             ArraySpec("pixel_values", _FLOAT32, _FLOAT32))
+    specs = (ArraySpec("input_ids", INT64, INT32), ArraySpec("labels", INT64, INT32),
+             ArraySpec("position_ids", INT64, INT32), ArraySpec("source_ids", INT64, INT32),
+             ArraySpec("pixel_values", FLOAT32, FLOAT32))
 
     def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:
         (image,) = _token_ids(tokenizer, (LLAVA_TOKEN,), "llava")

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from mixer.tokenize import Encoder
 
 TEXT_KEYS = ("input_ids", "labels", "position_ids", "source_ids")
+# The dtypes of batch arrays: int64 token arrays for the user (int32 on the wire between a
+# worker and the main process), float32 pixels. Every layout takes them from here.
+INT64, INT32, FLOAT32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -72,14 +75,13 @@ class Batch:
         return self.arrays["source_ids"]
 
 
-_INT64, _INT32, _FLOAT32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
 
 
 class BatchLayout:
     """Text batches; subclasses add image arrays (see `mixer.images.layouts`)."""
 
     name = "text"
-    specs: tuple[ArraySpec, ...] = tuple(ArraySpec(k, _INT64, _INT32) for k in TEXT_KEYS)
+    specs: tuple[ArraySpec, ...] = tuple(ArraySpec(k, INT64, INT32) for k in TEXT_KEYS)
 
     def __init__(self, *, seq_len: int, pad_id: int) -> None:
         self.seq_len = seq_len

@@ -94,7 +94,7 @@ class SliceReader:
         # The entry holds every record of the split, so only a lane reading all of it (a
         # stripe of 1) writes one, from the tokens it makes anyway; `mixer cache` fills the
         # splits that lanes share.
-        text_field = self.settings.text_field or FORMATS[entry.format].default_text_field
+        text_field = FORMATS[entry.format].text_field(self.settings.text_field)
         for key in [k for k in self._writers if k[0] != epoch]:
             self._writers.pop(key).close()
         self._missed = {k for k in self._missed if k[0] == epoch}

@@ -19,7 +19,7 @@ def read_split(*, entry: FileEntry, text_field: str | None, **kwargs: Any) -> It
     carrying a `DataError` (see `boundary.py`). `text_field` None: the format's default.
     Pre-tokenized formats need `tokenizer=` (a `TokenizerInfo`); the others ignore it."""
     fmt = FORMATS[entry.format]
-    return read_records(fmt, entry=entry, text_field=text_field or fmt.default_text_field,
+    return read_records(fmt, entry=entry, text_field=fmt.text_field(text_field),
                         **kwargs)
 
 

@@ -59,17 +59,25 @@ def report_figure(lines: list[dict[str, Any]]):
     """The report's `matplotlib.figure.Figure`; its axes carry the labels "share", "epochs"
     and (when the log has losses) "loss"."""
     plt = _pyplot()
-    from matplotlib.collections import LineCollection
-
     has_loss = any("loss_by_source" in line or "loss" in line for line in lines)
     fig, axes = plt.subplots(3 if has_loss else 2, 1, figsize=(9, 10 if has_loss else 7),
                              sharex=True, squeeze=False)
     axes = axes[:, 0]
     x, xlabel = _x(lines)
-    names = _names(lines, "tokens")
-    colours = {n: f"C{i % 10}" for i, n in enumerate(names)}
+    colours = {n: f"C{i % 10}" for i, n in enumerate(_names(lines, "tokens"))}
+    _draw_shares(axes[0], lines, x, colours)
+    _draw_epochs(axes[1], lines, x, colours)
+    if has_loss:
+        _draw_loss(axes[2], lines, x, colours)
+    axes[-1].set_xlabel(xlabel)
+    axes[0].autoscale_view()
+    fig.tight_layout()
+    return fig
 
-    share = axes[0]
+
+def _draw_shares(share, lines: list[dict[str, Any]], x: list, colours: dict[str, str]) -> None:
+    from matplotlib.collections import LineCollection
+
     share.set_label("share")
     targets = []
     for name, values in stretch_shares(lines).items():
@@ -87,7 +95,8 @@ def report_figure(lines: list[dict[str, Any]]):
     share.set_title("realized share per logged stretch (solid) vs target share (dashed)")
     share.legend(fontsize="small")
 
-    epochs = axes[1]
+
+def _draw_epochs(epochs, lines: list[dict[str, Any]], x: list, colours: dict[str, str]) -> None:
     epochs.set_label("epochs")
     epoch_names = _names(lines, "epochs")
     for name in epoch_names:
@@ -100,22 +109,18 @@ def report_figure(lines: list[dict[str, Any]]):
                     transform=epochs.transAxes)
     epochs.set_ylabel("epochs (completed passes)")
 
-    if has_loss:
-        loss = axes[2]
-        loss.set_label("loss")
-        by_source = _names(lines, "loss_by_source")
-        for name in by_source:
-            loss.plot(x, [line.get("loss_by_source", {}).get(name, float("nan"))
-                          for line in lines], color=colours.get(name), label=name)
-        if not by_source:
-            loss.plot(x, [line.get("loss", float("nan")) for line in lines], color="k",
-                      label="loss")
-        loss.set_ylabel("loss")
-        loss.legend(fontsize="small")
-    axes[-1].set_xlabel(xlabel)
-    share.autoscale_view()
-    fig.tight_layout()
-    return fig
+
+def _draw_loss(loss, lines: list[dict[str, Any]], x: list, colours: dict[str, str]) -> None:
+    loss.set_label("loss")
+    by_source = _names(lines, "loss_by_source")
+    for name in by_source:
+        loss.plot(x, [line.get("loss_by_source", {}).get(name, float("nan"))
+                      for line in lines], color=colours.get(name), label=name)
+    if not by_source:
+        loss.plot(x, [line.get("loss", float("nan")) for line in lines], color="k",
+                  label="loss")
+    loss.set_ylabel("loss")
+    loss.legend(fontsize="small")
 
 
 def write_report(metrics: str | Path, output: str | Path):

@@ -45,6 +45,11 @@ class Format:
     pretokenized: bool = False   # records carry token ids; the reader takes `tokenizer`
     companion: Callable[[str], str] | None = None   # URL of a file listed with each file
 
+    def text_field(self, chosen: str | None) -> str:
+        """The field a source's texts are read from: the recipe's `text_field`, else this
+        format's default (the one place the default applies)."""
+        return chosen or self.default_text_field
+
     def describe_offset(self, split: Split, offset: int) -> str:
         """Where a record's `offset` (in this reader's units) lies, in words."""
         if self.offset_unit == "document":
