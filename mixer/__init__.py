@@ -1,30 +1,27 @@
 """mixer: deterministic, resumable mixtures of tokenized training data.
 
-The data path, one module per stage::
+The data path, by layer (each imports only those above it in this list; docs/architecture.md)::
 
-    recipe.py        YAML/dict -> validated, frozen Recipe (recipe_input.py: bounded reading)
-    sources/         list each source once (listing.py) -> splits; the format registry
-                     (formats.py) names each format's reader (jsonl, parquet, text, webdataset)
-    slices.py        epoch e: permute splits, deal them to lanes (stripe when too few)
-    stream.py        per (lane, source): read the slice, window-shuffle, tokenize in batches
-    document.py      a document: token ids plus lazy image handles (cost known before decoding)
-    images/          image+text: header probe, transformers-exact pixels, the document builder
-                     (markers, placeholders, fitting a row), qwen2_vl / llava layouts
-    tokenize/        tokenizer adapter (EOS/BOS) and the packer registry
-                     (concat | pad | best_fit) -> rows; the token cache (cache.py: a
-                     split's tokens as a Megatron indexed dataset, read instead of text)
-    mix.py           per lane: deficit rule picks the source of each row (token weights)
-    lanes.py         a lane = packers + mixing counters -> whole batches, small state
-    batch.py         the batch layout: keys, dtypes, worker-to-main wire format
-    loader.py        global batch g comes from lane g mod lanes; DataLoader workers serve
-                     lanes; the main process keeps exact per-lane state (state.py, its
-                     shape checked on load by state_schema.py, lanes written column by
-                     column by state_codec.py)
-    workers.py       DataLoader workers die with the process that owns the loader
-    dist.py          the only place that asks torch.distributed about rank and world size
-    cli.py           `mixer validate | inspect | plan | cache | preview | bench | report`
-                     (report.py: inspect's numbers; plan.py: a run's plan; metrics_log.py
-                     and plots.py: the metrics log and its figure)
+    core/        errors, counter-based rng, atomic files, shared types (records, documents,
+                 TokenizerInfo), the registries a recipe names (formats, packers)
+    config/      YAML/dict -> validated, frozen Recipe (recipe_input.py: bounded reading)
+    sources/     storage, listing once -> splits, manifests, the reader boundary;
+                 formats/: one reader per format (jsonl, parquet, text, webdataset,
+                 megatron, npy) and the registry; indexed.py: Megatron's .bin/.idx codec
+    tokenize/    the recipe's tokenizer resolved once (EOS/BOS/pad); encoding.py: the chunk
+                 rule and the encoding threads
+    cache/       the token cache: a split's tokens as an indexed dataset, replayed instead
+                 of text (store, entry, replay, blocks, spill; fill: `mixer cache`)
+    pipeline/    per (lane, source): slices -> stream (slice_reader -> window -> encode_ahead
+                 -> prefetch, cursor, emptiness) -> packing (concat | pad | best_fit);
+                 per lane: mix (deficit rule), schedule, lanes -> batch (the text layout)
+    images/      image+text: header probe, transformers-exact pixels, lazy handles, the
+                 document builder, qwen2_vl / llava layouts; select.py picks a layout
+    runtime/     loader (global batch g from lane g mod lanes; DataLoader workers serve
+                 lanes; exact per-lane state), workers' lifetimes, dist (the only reader of
+                 rank/world), metrics, state (+ codec, schema)
+    tools/       the CLI (one module per command), bench harness, plan, preview, inspect's
+                 report, metrics log and plots
 """
 
 from mixer.config.recipe import Recipe, SourceConfig, load_recipe
