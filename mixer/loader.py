@@ -428,7 +428,7 @@ def _warn_left_over(loader: Loader) -> None:
     """A finite stream ended: name the sources this rank's lanes had not finished (their
     weight was 0 from there on: a schedule, or `set_weights`), since their documents were
     never delivered."""
-    epochs = loader_metrics(loader)["epochs"]
+    epochs = loader.metrics()["epochs"]
     left = [f"{src.name} ({epochs[src.name]:.4g} of {src.epochs} epochs)"
             for src in loader.recipe.sources
             if src.epochs is not None and epochs[src.name] < src.epochs]
