@@ -503,8 +503,6 @@ def test_a_folder_in_one_entrys_place_leaves_the_rest_writable(world, caplog):
     assert_trustworthy(recipe)
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError,
-                   reason="mixer/tokenize/tokenizer.py _read_info does not catch RecursionError")
 def test_a_deeply_nested_tokenizer_info_means_a_real_load(world):
     """`<token_cache>/tokenizers/*.json` is part of the cache folder too: nonsense nested
     past the recursion limit must read as a miss, like other damage to it."""
