@@ -8,14 +8,16 @@ An entry holds *every* record of one split (all stripes), in four objects under
     .rec   int64 [records, 4]: record index, offset, chars (len of its text), document
            number in the .idx (or -1 - e for the e-th error record)
     .json  the commit: format version, counts, the errors, a CRC-32 and size of the .idx and
-           .rec, and the .bin's size, block size (`BIN_BLOCK`) and a CRC-32 per block; written
-           last, so a reader never sees half an entry
+           .rec, the .bin's size, block size (`BIN_BLOCK`) and a CRC-32 per block, and a
+           CRC-32 of all those fields; written last, so a reader never sees half an entry
 
-Reading an entry reads its .json, .idx and .rec; the .bin is read lazily, by the blocks the
-replayed records need, each checked when read. A damaged block never yields its tokens: from
-that record on, the replay reads the split's source file (the same records, tokenized as on a
-miss), counts the entry as corrupt and drops its commit; a replay that began at the split's
-first record rebuilds it as it goes, otherwise the next full read (or `mixer cache`) does.
+Reading an entry reads its .json, .idx and .rec, each checked against its checksum and the
+layout mixer writes (whatever fails is a damaged entry, read as a miss); the .bin is read
+lazily, by the blocks the replayed records need, each checked when read. A damaged block
+never yields its tokens: from that record on, the replay reads the split's source file (the
+same records, tokenized as on a miss), counts the entry as corrupt and drops its commit; a
+replay that began at the split's first record rebuilds it as it goes, otherwise the next full
+read (or `mixer cache`) does.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from mixer.sources.indexed import encode_index, parse_index, token_dtype
 from mixer.sources.storage import filesystem
 from mixer.tokenize.encoding import TOKENIZE_BYTES, chunk_full, encoding_thread, next_budget
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3   # 3: the commit carries a CRC-32 of its fields
 BIN_BLOCK = 1 << 18   # bytes of .bin per CRC: what a resume inside a split over-reads at most
 
 
@@ -117,40 +119,57 @@ class TokenCache:
     # -- reading -----------------------------------------------------------------------------
     def load(self, key: str, *, check_tokens: bool = False) -> CachedSplit | None:
         """The entry if it is complete and its .json, .idx and .rec match their checksums
-        (every block of its .bin too with `check_tokens`; otherwise each is checked when
-        replayed); None on a miss. A damaged entry counts in `CACHE_STATS.corrupt` and reads
-        as a miss (then it is rewritten)."""
+        and the layout mixer writes (every block of its .bin too with `check_tokens`;
+        otherwise each is checked when replayed); None on a miss. A damaged entry counts in
+        `CACHE_STATS.corrupt` and reads as a miss (then it is rewritten)."""
         fs, _ = self.filesystem()
         base = self.path(key)
         try:
-            commit = json.loads(fs.cat_file(base + ".json"))
-        except (OSError, ValueError):
+            data = fs.cat_file(base + ".json")
+        except FileNotFoundError:
             return None
+        except OSError as exc:   # (a folder in its place, an unreadable file)
+            return self._damaged(base, exc)
         try:
-            if commit["v"] != CACHE_FORMAT:
-                raise ValueError(f"cache format {commit['v']}")
-            data = {part: fs.cat_file(f"{base}.{part}") for part in ("idx", "rec")}
-            for part in data:
-                size, expected = commit[part]
-                if len(data[part]) != size or crc(data[part]) != expected:
+            commit = open_commit(data)
+            _check_commit(commit)
+            parts = {part: fs.cat_file(f"{base}.{part}") for part in ("idx", "rec")}
+            for part, raw in parts.items():
+                if [len(raw), crc(raw)] != commit[part]:
                     raise ValueError(f"{part} checksum mismatch")
-            index = parse_index(data["idx"])
-            records = np.frombuffer(data["rec"], np.int64).reshape(-1, 4)
-            if len(records) != commit["records"]:
-                raise ValueError("record table does not match its commit")
-            starts = np.zeros(index.num_documents + 1, np.int64)
-            np.cumsum(index.lengths, out=starts[1:])
+            starts, records = self._layout(parts["idx"], parts["rec"], commit)
             size, block, crcs = commit["bin"]
-            if starts[-1] * index.dtype.itemsize != size:
-                raise ValueError("index does not cover the token file")
-            tokens = TokenFile(fs, base + ".bin", index.dtype, size, block, crcs)
+            tokens = TokenFile(fs, base + ".bin", self.dtype, size, block, crcs)
             if check_tokens:
                 tokens.check_all()
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            CACHE_STATS.corrupt += 1
-            log.info("token cache entry %s is damaged (%s); rebuilding it", base, exc)
-            return None
+        except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
+            return self._damaged(base, exc)
         return CachedSplit(tokens, starts, records, commit["errors"], key)
+
+    def _damaged(self, base: str, exc: Exception) -> None:
+        """Count an entry found damaged when loading it (it reads as a miss)."""
+        CACHE_STATS.corrupt += 1
+        log.info("token cache entry %s is damaged (%s); rebuilding it", base, exc)
+
+    def _layout(self, idx: bytes, rec: bytes, commit: dict[str, Any]
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """(document starts, record table) of an entry's .idx and .rec, checked against its
+        commit and the layout mixer writes (ValueError says what is wrong)."""
+        index = parse_index(idx)
+        if idx != encode_index(self.dtype, index.lengths):
+            raise ValueError("index is not one sequence per document in this cache's dtype, "
+                             "back to back")
+        if len(rec) % 32:
+            raise ValueError("record table is not whole rows")
+        records = np.frombuffer(rec, np.int64).reshape(-1, 4)
+        if len(records) != commit["records"] or index.num_documents != commit["documents"]:
+            raise ValueError("record table or index does not match its commit")
+        _check_records(records, index.num_documents, len(commit["errors"]))
+        starts = np.zeros(index.num_documents + 1, np.int64)
+        np.cumsum(index.lengths, out=starts[1:])
+        if starts[-1] * self.dtype.itemsize != commit["bin"][0]:
+            raise ValueError("index does not cover the token file")
+        return starts, records
 
     def replay(self, cached: CachedSplit, *, index: int, source: str, file: str,
                read: Callable[[int, int], Iterator[Record]],
@@ -163,7 +182,12 @@ class TokenCache:
         def damaged(row: int, doc: int, exc: CorruptBlock) -> None:
             self._drop(cached, exc)
             if adopt is not None and replay.first == 0 and self.writable:
-                adopt(SplitWriter.prefilled(self, cached, file, row, doc))
+                try:
+                    writer = SplitWriter.prefilled(self, cached, file, row, doc)
+                except CorruptBlock as err:   # (the entry changed under us: not rebuilt)
+                    log.debug("token cache entry %s not rebuilt (%s)", cached.key, err)
+                    return
+                adopt(writer)
 
         replay = Replay(cached, index, source=source, file=file, read=read, damaged=damaged)
         return replay
@@ -207,10 +231,10 @@ class TokenCache:
                       "errors": errors, "idx": [len(parts["idx"]), crc(parts["idx"])],
                       "rec": [len(parts["rec"]), crc(parts["rec"])],
                       "bin": [tokens.nbytes, BIN_BLOCK, bin_crcs]}
-            parts["json"] = json.dumps(commit).encode()
+            parts["json"] = seal_commit(commit)
             for suffix in ("idx", "rec", "json"):
                 _put(fs, f"{base}.{suffix}", parts[suffix])
-        except SpillUnavailable as exc:
+        except (SpillUnavailable, IsADirectoryError) as exc:   # (this entry only)
             log.debug("token cache entry %s not written (%s)", key, exc)
             return False
         except OSError as exc:
@@ -318,6 +342,79 @@ def tokenizer_info_dir(recipe: Any) -> str | None:
     if "://" in root and not root.startswith("file://"):
         return None
     return os.path.join(root.removeprefix("file://"), "tokenizers")
+
+
+def seal_commit(commit: dict[str, Any]) -> bytes:
+    """A commit's bytes: its fields plus `check`, a CRC-32 of them, so that a changed byte
+    anywhere in it (an error's message too) is found."""
+    fields = {name: value for name, value in commit.items() if name != "check"}
+    return json.dumps({**fields, "check": crc(_canonical(fields))}).encode()
+
+
+def open_commit(data: bytes) -> dict[str, Any]:
+    """The fields of a sealed commit; ValueError when it is not one or fails its check."""
+    try:
+        commit = json.loads(data)
+    except RecursionError:
+        raise ValueError("commit nested too deeply") from None
+    if not isinstance(commit, dict):
+        raise ValueError("commit is not a JSON object")
+    check = commit.pop("check", None)
+    if type(check) is not int or check != crc(_canonical(commit)):
+        raise ValueError("commit does not match its check")
+    return commit
+
+
+def _canonical(fields: dict[str, Any]) -> bytes:
+    return json.dumps(fields, sort_keys=True).encode()
+
+
+def _count(value: Any) -> bool:
+    """Whether `value` is a non-negative int (not a bool)."""
+    return type(value) is int and value >= 0
+
+
+def _is_error(value: Any) -> bool:
+    """Whether `value` is an error row: [message, same_file, file, location]."""
+    return (isinstance(value, list) and len(value) == 4 and isinstance(value[0], str)
+            and type(value[1]) is bool
+            and all(v is None or isinstance(v, str) for v in value[2:]))
+
+
+def _check_commit(commit: dict[str, Any]) -> None:
+    """Every field of a commit of this format present, of its type and in range."""
+    if commit.get("v") != CACHE_FORMAT:
+        raise ValueError(f"cache format {commit.get('v')!r}")
+    if not (_count(commit.get("records")) and _count(commit.get("documents"))):
+        raise ValueError("record or document count is not a count")
+    for part in ("idx", "rec"):
+        value = commit.get(part)
+        if not (isinstance(value, list) and len(value) == 2 and all(map(_count, value))):
+            raise ValueError(f"{part} size and checksum are not counts")
+    tokens = commit.get("bin")
+    if not (isinstance(tokens, list) and len(tokens) == 3):
+        raise ValueError("bin is not [size, block, checksums]")
+    size, block, crcs = tokens
+    if not (_count(size) and _count(block) and block > 0 and block % 8 == 0
+            and isinstance(crcs, list) and len(crcs) == -(-size // block)
+            and all(_count(c) and c <= 0xFFFFFFFF for c in crcs)):
+        raise ValueError("bin's size, block and checksums do not agree")
+    errors = commit.get("errors")
+    if not (isinstance(errors, list) and all(map(_is_error, errors))):
+        raise ValueError("errors are not [message, same file, file, location] rows")
+
+
+def _check_records(records: np.ndarray, documents: int, errors: int) -> None:
+    """The record table as a writer lays it out: indices rising, no negative text length,
+    documents numbered 0, 1, ... and errors -1, -2, ..., in order, each once."""
+    index, numbers = records[:, 0], records[:, 3]
+    if len(records) and (index[0] < 0 or np.any(np.diff(index) <= 0)):
+        raise ValueError("record indices do not rise")
+    if np.any(records[:, 2] < 0):
+        raise ValueError("negative text length in the record table")
+    if not (np.array_equal(numbers[numbers >= 0], np.arange(documents))
+            and np.array_equal(numbers[numbers < 0], -1 - np.arange(errors))):
+        raise ValueError("record table does not number its documents and errors in order")
 
 
 def _put(fs: Any, path: str, data: bytes) -> None:

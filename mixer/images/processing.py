@@ -7,7 +7,9 @@ and normalize, then patches of temporal_patch_size copies of the image, flattene
 processor's merge-window order to (grid_h · grid_w, 3 · temporal_patch_size · patch_size²);
 image_grid_thw is (1, grid_h, grid_w).
 llava follows `CLIPImageProcessorPil` as LLaVA-1.5 configures it: shortest edge resized to
-image_size (bicubic), centre crop image_size², rescale and normalize, (3, S, S) per image.
+image_size (bicubic), centre crop image_size², rescale and normalize, (3, S, S) per image. An
+image so elongated that its resized size would dwarf both the stored image and the crop is
+resampled only where the crop lies (the processor would allocate the whole resized image).
 
 Rescale and normalize are a 256-entry table per channel computed with the processor's
 own arithmetic (uint8 · (1/255) in float64, to float32, minus mean, over std in float32), so the
@@ -80,6 +82,39 @@ def _resized(image: Image.Image, width: int, height: int) -> Image.Image:
     if image.size == (width, height):
         return image     # PIL's resize to the same size is a copy
     return image.resize((width, height), Image.Resampling.BICUBIC)
+
+
+# llava: resized images of up to this many crops' pixels are made whole, then cropped (what
+# CLIPImageProcessor does); larger ones are resampled only where the crop lies.
+_FULL_RESIZE_PIXELS = 16
+
+
+def _taps(first: int, count: int, scale: float, limit: int) -> tuple[int, int]:
+    """The source pixels [lo, hi) that bicubic output pixels [first, first + count) read, at
+    `scale` source pixels per output pixel (PIL widens the filter by the scale when it
+    shrinks), with a pixel to spare on each side; within [0, limit)."""
+    support = 2.0 * max(scale, 1.0)
+    lo = math.floor(first * scale - support) - 1
+    hi = math.ceil((first + count) * scale + support) + 1
+    return max(lo, 0), min(hi, limit)
+
+
+def _resized_crop(image: Image.Image, width: int, height: int, size: int) -> Image.Image:
+    """The centre size×size crop of `image` resized to width×height (bicubic), resampled
+    from the source pixels the crop reads only, rows first as PIL's whole resize does: memory
+    follows the stored image and the crop, never width×height. PIL takes a box in float32, so
+    a pixel may be a level off the whole resize's."""
+    image = to_rgb(image)
+    w, h = image.size
+    left, top = (width - size) // 2, (height - size) // 2   # rounds down, as the full path
+    sx, sy = w / width, h / height
+    x0, x1 = _taps(left, size, sx, w)
+    y0, y1 = _taps(top, size, sy, h)
+    band = image.crop((x0, y0, x1, y1))
+    rows = band.resize((size, y1 - y0), Image.Resampling.BICUBIC,
+                       box=(left * sx - x0, 0, (left + size) * sx - x0, y1 - y0))
+    return rows.resize((size, size), Image.Resampling.BICUBIC,
+                       box=(0, top * sy - y0, size, (top + size) * sy - y0))
 
 
 class Qwen2VLProcessing:
@@ -197,8 +232,16 @@ class LlavaProcessing:
         return (self.size, new_long) if width <= height else (new_long, self.size)
 
     def pixels(self, image: Image.Image, plan: ImagePlan) -> np.ndarray:
-        """(3, image_size, image_size) float32; `image` in any mode (see `decode.to_rgb`)."""
+        """(3, image_size, image_size) float32; `image` in any mode (see `decode.to_rgb`).
+
+        The resize keeps the aspect ratio, so an elongated image would become a huge one
+        before its crop (a one-pixel-wide strip grows by image_size in both directions). Past
+        `_FULL_RESIZE_PIXELS` crops (or the stored size, when larger) only the crop is
+        resampled (`_resized_crop`)."""
         width, height = self.resized_size(*image.size)
+        if width * height > max(image.width * image.height, _FULL_RESIZE_PIXELS * self.size ** 2):
+            return np.stack(list(_planes(_resized_crop(image, width, height, self.size),
+                                         self._tables)))
         image = _resized(image, width, height)
         left, top = (width - self.size) // 2, (height - self.size) // 2   # rounds down
         image = image.crop((left, top, left + self.size, top + self.size))

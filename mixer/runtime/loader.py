@@ -8,6 +8,7 @@ however far the workers have prefetched.
 
 from __future__ import annotations
 
+import logging
 import math
 import traceback
 import weakref
@@ -32,6 +33,7 @@ from mixer.sources import IO_STATS, SourceTable
 from mixer.sources.manifest import list_sources
 from mixer.tokenize import Encoder, TokenizerInfo, resolve_tokenizer
 
+log = logging.getLogger("mixer.runtime.loader")
 BATCH_KEYS = TEXT_KEYS   # every layout has these; image layouts add more
 MAX_WORLD_SIZE = 1 << 20
 MAX_WORKERS = 1024
@@ -160,7 +162,9 @@ class Loader:
         self._io: dict[int, dict[str, int]] = {}   # latest remote-read counters per worker
         self._gen: weakref.ref | None = None
         self._plan = WeightPlan(recipe)
-        self._plan_version = 0   # bumped by set_weights: a running iteration restarts
+        # Bumped by set_weights and load_state_dict: a running iteration restarts from the
+        # handed-out (or loaded) lane states.
+        self._plan_version = 0
 
     # -- ownership ---------------------------------------------------------------------------
     def own_lanes(self) -> list[int]:
@@ -208,7 +212,9 @@ class Loader:
         return pack(payload)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a state (call before iterating); validated against the recipe."""
+        """Resume from a state; validated against the recipe. Called while an iteration is
+        running, that iteration goes on from the loaded state: its next batch is the state's
+        next batch (what the workers prefetched is dropped, as after `set_weights`)."""
         header = unpack(state, lanes=())
         check_fingerprint(header["fingerprint"], self._fingerprint)
         payload = unpack(state, lanes=self._lanes_from(header["next_global"]))
@@ -228,10 +234,10 @@ class Loader:
         check_schedule(payload.get("schedule"), self.recipe, tokens)
         saved = payload.get("override")
         override = Override.from_dict(saved, self.recipe.names) if saved else None
-        self.close()
         self._next_global = payload["next_global"]
         self._lane_states = lanes
         self._plan = WeightPlan(self.recipe, payload["next_global"], tokens, override)
+        self._plan_version += 1   # a running iteration restarts from here
 
     # -- mixture -----------------------------------------------------------------------------
     def set_weights(self, weights: dict[str, float]) -> None:
@@ -241,6 +247,11 @@ class Loader:
 
         Inside a torch.distributed job this is a collective: every rank must call it at the
         same step with the same weights (a mismatch raises on every rank).
+
+        A source that has run out (`epochs` reached) draws nothing, whatever its weight: the
+        others renormalize. When every positively weighted source has run out, an unlimited
+        recipe raises `DataError`, and a finite one ends (as a schedule's point would) with a
+        warning naming the sources whose documents are left undelivered.
         """
         names = self.recipe.names
         if not isinstance(weights, dict) or not weights:
@@ -322,24 +333,25 @@ class Loader:
         """The stream has ended: keep the final states of lanes whose trailing padding batches
         were held back, so their skipped records count in `metrics()` and the state."""
         self._lane_states.update(pending)
-        if not self.recipe.finite:
-            _, weights = self._plan.at(self.next_global_batch)
-            if not any(w > 0 and src.epochs is None
-                       for w, src in zip(weights, self.recipe.sources)):
-                drawn = [n for n, w in zip(self.recipe.names, weights) if w > 0]
-                raise DataError(
-                    f"rank {self.rank}'s lanes {self.own_lanes()} have nothing left to draw: "
-                    f"the sources weighted from here on ({', '.join(drawn)}) are capped and "
-                    "ran out, and every unlimited source weighs 0 (set_weights or the "
-                    "schedule); give an unlimited source a positive weight")
+        if self.recipe.finite:
+            _warn_left_over(self)
+            return
+        _, weights = self._plan.at(self.next_global_batch)
+        if not any(w > 0 and src.epochs is None for w, src in zip(weights, self.recipe.sources)):
+            drawn = [n for n, w in zip(self.recipe.names, weights) if w > 0]
             raise DataError(
-                f"the recipe has unlimited sources but rank {self.rank}'s lanes "
-                f"{self.own_lanes()} ran out of documents of every source (each source has "
-                "fewer documents than the lanes reading it); use fewer lanes or more data")
+                f"rank {self.rank}'s lanes {self.own_lanes()} have nothing left to draw: "
+                f"the sources weighted from here on ({', '.join(drawn)}) are capped and "
+                "ran out, and every unlimited source weighs 0 (set_weights or the "
+                "schedule); give an unlimited source a positive weight")
+        raise DataError(
+            f"the recipe has unlimited sources but rank {self.rank}'s lanes "
+            f"{self.own_lanes()} ran out of documents of every source (each source has "
+            "fewer documents than the lanes reading it); use fewer lanes or more data")
 
     def _generate(self) -> Iterator[dict[str, torch.Tensor]]:
-        # A set_weights call while iterating discards what the workers prefetched and starts
-        # them again from the handed-out lane states, as a resume would.
+        # A set_weights or load_state_dict call while iterating discards what the workers
+        # prefetched and starts them again from the handed-out (or loaded) lane states.
         while (yield from self._run()):
             pass
 
@@ -423,6 +435,20 @@ class Loader:
             self.close()
         except Exception:
             pass
+
+
+def _warn_left_over(loader: Loader) -> None:
+    """A finite stream ended: name the sources this rank's lanes had not finished (their
+    weight was 0 from there on: a schedule, or `set_weights`), since their documents were
+    never delivered."""
+    epochs = loader.metrics()["epochs"]
+    left = [f"{src.name} ({epochs[src.name]:.4g} of {src.epochs} epochs)"
+            for src in loader.recipe.sources
+            if src.epochs is not None and epochs[src.name] < src.epochs]
+    if left:
+        log.warning("rank %d's stream ended with documents left in %s: every source with "
+                    "weight had run out, and these weigh 0 from there on (the schedule or "
+                    "set_weights)", loader.rank, ", ".join(left))
 
 
 def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,

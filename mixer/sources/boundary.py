@@ -9,6 +9,7 @@ raises or skips and counts. Texts are checked here too: a string that is not val
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -21,17 +22,20 @@ if TYPE_CHECKING:
     from mixer.core.token_info import TokenizerInfo
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _invalid_text(text: Any) -> str | None:
     """Why `text` cannot be tokenized, or None when it can."""
     if not isinstance(text, str):
         return f"text is {type(text).__name__}, not a string"
     if text.isascii():   # O(1) in CPython; most text is, and cannot hold a surrogate
         return None
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return (f"text is not valid Unicode ({exc.reason} at character {exc.start}; e.g. a "
-                "lone surrogate escape such as \"\\ud800\" in JSON)")
+    surrogate = _SURROGATE.search(text)   # (no encoded copy of the text, as encode() makes)
+    if surrogate is not None:
+        return (f"text is not valid Unicode (surrogates not allowed at character "
+                f"{surrogate.start()}; e.g. a lone surrogate escape such as \"\\ud800\" in "
+                "JSON)")
     return None
 
 

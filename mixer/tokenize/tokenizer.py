@@ -168,7 +168,7 @@ def _read_info(stored: Path, file: str, digest: str,
             raise ValueError("ids out of range")
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         log.debug("tokenizer info %s is unusable (%s); loading the tokenizer", stored, exc)
         return None
     return TokenizerInfo(file, fields["eos_id"], fields["bos_id"], fields["pad_id"], digest,

@@ -13,6 +13,7 @@ import zstandard
 
 from mixer.core.errors import DataError
 from mixer.core.records import FileEntry, Record, Split
+from mixer.sources.formats.zstd_frames import ZstdStream
 
 _CHUNK = 1 << 20
 # Compressed bytes decompressed at a time: a paused zstd reader (one per lane and source)
@@ -21,11 +22,21 @@ _ZSTD_INPUT = 64 << 10
 
 
 def _read_line(stream: IO[bytes], max_bytes: int) -> tuple[bytes | None, int]:
-    """Next line (None if longer than max_bytes) and the number of bytes consumed."""
-    line = stream.readline(max_bytes + 1)
-    if len(line) <= max_bytes or line.endswith(b"\n"):
-        return line, len(line)
-    consumed = len(line)
+    """Next line (None if longer than max_bytes) and the number of bytes consumed.
+
+    Read in pieces of at most 1 MiB, so a line is held once (plus one piece) however long:
+    one `readline(max_bytes + 1)` would hold it twice while joining its buffers."""
+    pieces: list[bytes] = []
+    size = 0
+    while size <= max_bytes:
+        piece = stream.readline(min(_CHUNK, max_bytes + 1 - size))
+        pieces.append(piece)
+        size += len(piece)
+        if not piece or piece.endswith(b"\n"):
+            line = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            return (line if len(line) <= max_bytes or line.endswith(b"\n") else None), size
+    pieces.clear()
+    consumed = size
     while True:  # drain an over-long line without holding it in memory
         part = stream.readline(_CHUNK)
         consumed += len(part)
@@ -145,45 +156,8 @@ def _gzip(raw: IO[bytes]) -> IO[bytes]:
     return gzip.GzipFile(fileobj=raw, mode="rb")
 
 
-class _ZstdStream(io.RawIOBase):
-    """Decompresses every frame of a zstd file and, unlike zstandard's stream_reader,
-    raises on a file that ends inside a frame (a truncated or corrupt shard)."""
-
-    def __init__(self, raw: IO[bytes]) -> None:
-        self._raw = raw
-        self._dctx = zstandard.ZstdDecompressor()
-        self._obj = self._dctx.decompressobj()
-        self._in_frame = False
-        self._out = b""
-        self._at = 0   # bytes of `_out` already handed out (no copy of the rest per read)
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:  # type: ignore[override]
-        while self._at >= len(self._out):
-            self._out, self._at = b"", 0
-            chunk = self._raw.read(_ZSTD_INPUT)
-            if not chunk:
-                if self._in_frame:
-                    raise zstandard.ZstdError("file ends inside a zstd frame (truncated)")
-                return 0
-            while chunk:
-                self._in_frame = True
-                self._out += self._obj.decompress(chunk)
-                if not self._obj.eof:
-                    break
-                chunk = self._obj.unused_data  # the next frame starts here
-                self._obj = self._dctx.decompressobj()
-                self._in_frame = False
-        size = min(len(buffer), len(self._out) - self._at)
-        buffer[:size] = memoryview(self._out)[self._at:self._at + size]
-        self._at += size
-        return size
-
-
 def _zstd(raw: IO[bytes]) -> IO[bytes]:
-    return io.BufferedReader(_ZstdStream(raw), buffer_size=_ZSTD_INPUT)
+    return io.BufferedReader(ZstdStream(raw), buffer_size=_ZSTD_INPUT)
 
 
 def read_jsonl_gz(*, split: Split, **kw) -> Iterator[Record]:

@@ -88,8 +88,8 @@ def _values(column: pa.Array, max_bytes: int) -> list:
         return column.to_pylist()   # not text: each row is its own error
     lengths = pc.binary_length(column).to_pylist()
     long = [n is not None and n > max_bytes for n in lengths]
-    if any(long):   # too long: replaced before conversion, so never copied into Python
-        column = pc.if_else(pa.array(long), pa.scalar(None, column.type), column)
+    if any(long):   # too long: left out before conversion, so never copied into Python
+        column = column.filter(pa.array([not too_long for too_long in long]))
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         try:
             values = column.to_pylist()
@@ -98,7 +98,10 @@ def _values(column: pa.Array, max_bytes: int) -> list:
             values = [_decode(v) for v in column.view(binary).to_pylist()]
     else:
         values = [_decode(v) for v in column.to_pylist()]
-    return [_TooLong() if too_long else v for v, too_long in zip(values, long)]
+    if not any(long):
+        return values
+    kept = iter(values)
+    return [_TooLong() if too_long else next(kept) for too_long in long]
 
 
 def _decode(value: bytes | None) -> str | _BadUtf8 | None:

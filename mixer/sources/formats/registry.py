@@ -7,6 +7,7 @@ message, and how `mixer inspect` estimates the documents of a file it sampled.
 
 from __future__ import annotations
 
+import io
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,11 +77,21 @@ class Format:
             return 1.0
         with storage.open(entry) as f:
             head = f.read(probe)
+        cap = 64 * probe   # a bomb's probe must not decompress to gigabytes
         if self.compression == "gzip":
-            out = zlib.decompressobj(wbits=47).decompress(head)
+            inflate = zlib.decompressobj(wbits=47)
+            out = len(inflate.decompress(head, cap))
+            used = len(head) - len(inflate.unconsumed_tail)
         else:
-            out = zstandard.ZstdDecompressor().decompressobj().decompress(head)
-        return len(out) / max(len(head), 1)
+            source = io.BytesIO(head)
+            reader = zstandard.ZstdDecompressor().stream_reader(
+                source, read_size=16 << 10, read_across_frames=True)
+            try:
+                out = len(reader.read(cap))
+            except zstandard.ZstdError:   # a damaged head: reading it reports the damage
+                out = 0
+            used = source.tell() or len(head)   # (to within one read_size)
+        return out / max(used, 1)
 
 
 def byte_ranges(req: SplitRequest) -> list[Split]:

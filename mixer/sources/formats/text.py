@@ -1,4 +1,9 @@
-"""Plain text: one document per file."""
+"""Plain text: one document per file.
+
+A file larger than `max_document_bytes` is refused from its listed size, unread. A smaller one
+is read whole (the format has no records to stream): its bytes and its text coexist only while
+it is decoded.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +26,12 @@ def read_text(*, storage, entry: FileEntry, split: Split, source: str, text_fiel
     with storage.open(entry) as f:
         data = f.read()
     try:
-        yield Record(0, 0, data.decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         yield Record(0, 0, None, DataError(f"not valid UTF-8: {exc.reason}", source=source,
                                            file=entry.url, location=f"byte offset {exc.start}"))
+        return
+    # The format needs the document in memory: its text, not the bytes besides (this frame
+    # lives on while the record is used).
+    del data
+    yield Record(0, 0, text)

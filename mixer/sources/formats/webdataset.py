@@ -281,10 +281,13 @@ def _record(sample: _Sample, *, entry: FileEntry, source: str, text_field: str,
         message, member, offset = sample.error
         err = DataError(message, source=source, file=entry.url,
                         location=_where(sample.key, member, offset))
+        sample.texts.clear()
         return Record(sample.index, sample.offset, None, err)
     images = tuple(image for _, image in sorted(sample.images, key=lambda item: item[0]))
     assert sample.text_from is not None
     member, offset, _ = sample.texts[sample.text_from]
+    # The members' bytes go now: the reader's frame keeps `sample` while the record is used.
+    sample.texts.clear()
     return Record(sample.index, sample.offset, text, images=images,
                   location=_where(sample.key, member, offset))
 

@@ -3,10 +3,15 @@
 A file written as several frames that record their content size can be cut at frame
 boundaries into splits with known compressed and decompressed ranges. Resuming inside such a
 split decompresses from the split's first frame instead of the file's start.
+
+`ZstdStream` decompresses a zstd file with bounded output per read: its input is cut at the
+block boundaries the compressed bytes themselves describe, so no read turns a few kilobytes
+of a highly repetitive file (a "zstd bomb") into gigabytes at once.
 """
 
 from __future__ import annotations
 
+import io
 from typing import IO
 
 import zstandard
@@ -65,3 +70,146 @@ def group_frames(frames: list[tuple[int, int, int, int]],
         else:
             groups.append((start, end, dstart, dend))
     return groups
+
+
+# -- decompressing with bounded output ----------------------------------------------------------
+
+BLOCK_MAX = 128 << 10          # the most one zstd block decompresses to (the format's limit)
+_SKIPPABLE_HEADER = 8
+_BLOCK_HEADER = 3
+_CHECKSUM = 4
+_FCS_BYTES = (0, 2, 4, 8)      # by Frame_Content_Size_flag (0: 1 byte in a single segment)
+_DID_BYTES = (0, 1, 2, 4)      # by Dictionary_ID_flag
+
+
+def _frame_header_size(descriptor: int) -> int:
+    """Bytes of a zstd frame header (magic included) from its descriptor byte."""
+    single = bool(descriptor & 0x20)
+    fcs = _FCS_BYTES[descriptor >> 6] or (1 if single else 0)
+    return 4 + 1 + (0 if single else 1) + _DID_BYTES[descriptor & 3] + fcs
+
+
+class _Pieces:
+    """Walks the structure of a zstd stream (frame headers, blocks, checksums, skippable
+    frames) from the compressed bytes alone, to cut its input where the output it can make
+    is bounded: a block makes at most its stored size (raw, RLE) or `BLOCK_MAX` bytes."""
+
+    def __init__(self) -> None:
+        self._left = 0          # bytes left in the piece being fed
+        self._at_frame = True   # the next piece starts a frame (else a block)
+        self._checksum = False  # the current frame ends with a checksum
+        self._opaque = False    # not a structure we know: the decompressor will say why
+
+    def plan(self, data: memoryview, cap: int, final: bool) -> int:
+        """How many bytes of `data` (input not fed yet) to feed now: whole pieces whose
+        output adds up to at most `cap` bytes, or at least one piece. 0: more input is
+        needed to read the next header (`final`: there is none; feed what is left)."""
+        at = out = 0
+        while at < len(data):
+            if self._left or self._opaque:
+                take = len(data) - at if self._opaque else min(self._left, len(data) - at)
+                at += take
+                self._left -= 0 if self._opaque else take
+                continue
+            grown = self._start_piece(data[at:])
+            if grown is None:   # its header is not all here yet
+                return len(data) if final else at
+            if at and out + grown > cap:
+                break
+            out += grown
+        return at
+
+    def _start_piece(self, head: memoryview) -> int | None:
+        """Begin the piece at `head`: set its length, return the output it may make."""
+        if self._at_frame:
+            if len(head) < _SKIPPABLE_HEADER:
+                return None
+            magic = int.from_bytes(head[:4], "little")
+            if magic in _SKIPPABLE:
+                self._left = _SKIPPABLE_HEADER + int.from_bytes(head[4:8], "little")
+                return 0
+            if magic != _MAGIC:
+                self._opaque = True
+                return 0
+            self._left = _frame_header_size(head[4])
+            self._checksum = bool(head[4] & 0x04)
+            self._at_frame = False
+            return 0
+        if len(head) < _BLOCK_HEADER:
+            return None
+        header = int.from_bytes(head[:3], "little")
+        last, kind, size = header & 1, (header >> 1) & 3, header >> 3
+        if kind == 3:   # reserved: corrupt
+            self._opaque = True
+            return 0
+        self._left = _BLOCK_HEADER + (1 if kind == 1 else size)
+        if last:
+            self._left += _CHECKSUM if self._checksum else 0
+            self._at_frame = True
+        return size if kind < 2 else BLOCK_MAX
+
+
+class ZstdStream(io.RawIOBase):
+    """Decompresses every frame of a zstd file, one read making at most about `max_output`
+    bytes (one block more at worst) however well the data compresses, and, unlike zstandard's
+    stream_reader, raises on a file that ends inside a frame (a truncated or corrupt shard).
+
+    zstandard's decompressobj turns all the input it is given into output at once, and a few
+    kilobytes of a file of one repeated byte are gigabytes. The input is therefore fed in
+    pieces cut at block boundaries (`_Pieces`), whose output the block headers bound."""
+
+    def __init__(self, raw: IO[bytes], *, read_size: int = 64 << 10,
+                 max_output: int = 256 << 10) -> None:
+        self._raw = raw
+        self._read_size = read_size
+        self._max_output = max_output
+        self._dctx = zstandard.ZstdDecompressor()
+        self._obj = self._dctx.decompressobj()
+        self._pieces = _Pieces()
+        self._in = b""            # compressed bytes read and not fed yet
+        self._eof = False         # the raw stream has ended
+        self._in_frame = False
+        self._out = b""
+        self._at = 0   # bytes of `_out` already handed out (no copy of the rest per read)
+        self.consumed = 0         # compressed bytes fed (a compression ratio's divisor)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        while self._at >= len(self._out):
+            self._out, self._at = b"", 0
+            chunk = self._next_input()
+            if not chunk:
+                if self._in_frame:
+                    raise zstandard.ZstdError("file ends inside a zstd frame (truncated)")
+                return 0
+            self._out = self._decompress(chunk)
+        size = min(len(buffer), len(self._out) - self._at)
+        buffer[:size] = memoryview(self._out)[self._at:self._at + size]
+        self._at += size
+        return size
+
+    def _next_input(self) -> bytes:
+        """The next input to feed: pieces of at most `max_output` bytes of output."""
+        while True:
+            n = self._pieces.plan(memoryview(self._in), self._max_output, self._eof)
+            if n or self._eof:
+                chunk, self._in = self._in[:n], self._in[n:]
+                self.consumed += len(chunk)
+                return chunk
+            more = self._raw.read(self._read_size)
+            self._eof = not more
+            self._in += more
+
+    def _decompress(self, chunk: bytes) -> bytes:
+        parts = []
+        while chunk:
+            self._in_frame = True
+            parts.append(self._obj.decompress(chunk))
+            if not self._obj.eof:
+                break
+            chunk = self._obj.unused_data  # the next frame starts here
+            self._obj = self._dctx.decompressobj()
+            self._in_frame = False
+        return b"".join(parts)
