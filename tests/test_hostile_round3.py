@@ -76,7 +76,7 @@ def _peak() -> int:
 
 def _patch_zstd(bounded: bool) -> None:
     """Read .zst jsonl through `ZstdStream` (the change proposed for jsonl.py) or as shipped."""
-    from mixer.sources.formats.registry import jsonl
+    from mixer.sources.formats import jsonl
     original = jsonl.__dict__.setdefault("_shipped_zstd", jsonl._zstd)
     jsonl._zstd = ((lambda raw: io.BufferedReader(ZstdStream(raw), buffer_size=64 << 10))
                    if bounded else original)
