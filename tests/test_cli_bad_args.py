@@ -20,7 +20,7 @@ from pathlib import Path
 import procs
 import yaml
 
-from mixer.runtime import loader
+from mixer.runtime import topology
 from mixer.tools import cli
 
 # Numeric flags: (argv before the flag, the flag, its smallest valid value).
@@ -46,8 +46,8 @@ BAD_NUMBERS = [
     ("abc", "must be a number"),
     ("", "must be a number"),
 ]
-LIMITS = {"--world": loader.MAX_WORLD_SIZE, "--workers": loader.MAX_WORKERS,
-          "--num-workers": loader.MAX_WORKERS}
+LIMITS = {"--world": topology.MAX_WORLD_SIZE, "--workers": topology.MAX_WORKERS,
+          "--num-workers": topology.MAX_WORKERS}
 
 # Output flags: (argv before the flag, the flag, whether it names a folder).
 OUTPUTS = [

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from mixer.config.recipe import load_recipe
 from mixer.core.errors import DataError, MixerError, TopologyError
-from mixer.runtime.loader import Loader, build_loader, check_topology
+from mixer.runtime.loader import Loader, build_loader
+from mixer.runtime.topology import check_topology
 from mixer.tools.cli import main
 from mixer.tools.metrics_log import complete, read_metrics
 from mixer.tools.plan import SourceSize, plan, simulate

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mixer.cache.store import tokenizer_info_dir
 from mixer.config.recipe import Recipe, load_recipe, normalize
-from mixer.core.errors import DataError, MixerError, RecipeError, StateError, TopologyError
+from mixer.core.errors import DataError, MixerError, RecipeError, StateError
 from mixer.images.select import layout_for
 from mixer.pipeline.batch import TEXT_KEYS, BatchLayout, Wire
 from mixer.pipeline.lanes import Lane
@@ -29,42 +29,13 @@ from mixer.pipeline.schedule import Override, WeightPlan, check_schedule, schedu
 from mixer.runtime import dist, workers
 from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics
 from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
+from mixer.runtime.topology import check_ranks, check_topology
 from mixer.sources import IO_STATS, SourceTable
 from mixer.sources.manifest import list_sources
 from mixer.tokenize import Encoder, TokenizerInfo, resolve_tokenizer
 
-log = logging.getLogger("mixer.runtime.loader")
+log = logging.getLogger("mixer.loader")
 BATCH_KEYS = TEXT_KEYS   # every layout has these; image layouts add more
-MAX_WORLD_SIZE = 1 << 20
-MAX_WORKERS = 1024
-
-
-def check_ranks(rank: int, world_size: int, num_workers: int) -> None:
-    """Refuse a rank, world size or worker count that is not a sane integer, naming it."""
-    for name, value, low, high in (("world_size", world_size, 1, MAX_WORLD_SIZE),
-                                   ("num_workers", num_workers, 0, MAX_WORKERS)):
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise TopologyError(f"{name} must be an integer from {low} to {high:,}, got "
-                                f"{value!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise TopologyError(f"rank must be an integer from 0 to world_size - 1 = "
-                            f"{world_size - 1}, got {rank!r}")
-
-
-def check_topology(lanes: int, world_size: int, num_workers: int) -> None:
-    """Refuse a topology whose workers × ranks do not divide the lanes, listing valid values."""
-    workers = max(num_workers, 1)
-    if lanes % (workers * world_size) == 0:
-        return
-    valid_workers = [n for n in range(1, lanes + 1) if lanes % (n * world_size) == 0]
-    valid_lanes = [workers * world_size * k for k in range(1, 5)]
-    raise TopologyError(
-        f"lanes={lanes} is not divisible by num_workers × world_size = {workers} × "
-        f"{world_size}; valid num_workers for world_size {world_size}: "
-        f"{valid_workers or 'none (lanes must be a multiple of world_size)'} (0 counts as 1); "
-        f"or set lanes to a multiple of {workers * world_size}, e.g. {valid_lanes}")
-
-
 class _LaneDataset(IterableDataset):
     """Yields (batch array or bytes, lane metadata) for the global batches this worker serves."""
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from mixer.config.recipe import Recipe
 from mixer.core.errors import MixerError
+from mixer.runtime.topology import fits, valid_workers
 
 REPEAT_WARNING = 4.0     # epochs; beyond ~4 repeats extra data is worth little (data-constrained
 #                          scaling, Muennighoff et al. 2023)
@@ -102,13 +103,14 @@ def _next_boundary(recipe: Recipe, t: float, min_step: float) -> float:
 def topology(recipe: Recipe, world_size: int, num_workers: int | None) -> dict[str, Any]:
     """Valid num_workers for `world_size`, nearby valid lanes, and whether the asked one fits."""
     lanes = recipe.lanes
-    valid_workers = [n for n in range(1, lanes + 1) if lanes % (n * world_size) == 0]
+    valid = valid_workers(lanes, world_size)
     unit = world_size * max(num_workers or 1, 1)
     below = lanes // unit * unit
     valid_lanes = sorted({unit * k for k in (1, 2, 4, 8)} | {below or unit, below + unit})
     out = {"world_size": world_size, "num_workers": num_workers, "lanes": lanes,
-           "valid_num_workers": valid_workers, "valid_lanes": valid_lanes,
-           "valid": (lanes % unit == 0) if num_workers is not None else bool(valid_workers),
+           "valid_num_workers": valid, "valid_lanes": valid_lanes,
+           "valid": fits(lanes, world_size, num_workers or 0) if num_workers is not None
+           else bool(valid),
            "lanes_per_rank": lanes / world_size,
            # Invariant 6: a rank's shares are within a point of the targets after this.
            "exact_mixture_after_tokens_per_rank":
@@ -141,7 +143,7 @@ def plan(recipe: Recipe, tokens: int, *, world_size: int = 1, num_workers: int |
 
     Raises `TopologyError` for a world size or worker count out of range (one that does not
     divide the lanes is only reported: `topology.valid` is false)."""
-    from mixer.runtime.loader import check_ranks
+    from mixer.runtime.topology import check_ranks
 
     check_ranks(0, world_size, num_workers or 0)
     if tokens <= 0:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from mixer.core.errors import MixerError
+from mixer.runtime.topology import MAX_WORKERS, MAX_WORLD_SIZE
 
 
 def count(what: str, low: int, high: int | None = None) -> Callable[[str], int]:
@@ -40,10 +41,10 @@ def count(what: str, low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-WORKERS = count("num_workers", 0, 1024)
+WORKERS = count("num_workers", 0, MAX_WORKERS)
 
 
-WORLD = count("world_size", 1, 1 << 20)
+WORLD = count("world_size", 1, MAX_WORLD_SIZE)
 
 
 TOKENS = count("training tokens", 1)

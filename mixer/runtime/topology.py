@@ -1,0 +1,45 @@
+"""The topology rules, in one place: sane ranks, world sizes and worker counts, and the lanes
+rule (workers × ranks divide the lanes)."""
+
+from __future__ import annotations
+
+from mixer.core.errors import TopologyError
+
+MAX_WORLD_SIZE = 1 << 20
+MAX_WORKERS = 1024
+
+
+def check_ranks(rank: int, world_size: int, num_workers: int) -> None:
+    """Refuse a rank, world size or worker count that is not a sane integer, naming it."""
+    for name, value, low, high in (("world_size", world_size, 1, MAX_WORLD_SIZE),
+                                   ("num_workers", num_workers, 0, MAX_WORKERS)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise TopologyError(f"{name} must be an integer from {low} to {high:,}, got "
+                                f"{value!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise TopologyError(f"rank must be an integer from 0 to world_size - 1 = "
+                            f"{world_size - 1}, got {rank!r}")
+
+
+def fits(lanes: int, world_size: int, num_workers: int) -> bool:
+    """The lanes rule: workers (0 counts as 1) × ranks divide the lanes."""
+    return lanes % (max(num_workers, 1) * world_size) == 0
+
+
+def valid_workers(lanes: int, world_size: int) -> list[int]:
+    """The worker counts that fit `lanes` on `world_size` ranks."""
+    return [n for n in range(1, lanes + 1) if fits(lanes, world_size, n)]
+
+
+def check_topology(lanes: int, world_size: int, num_workers: int) -> None:
+    """Refuse a topology whose workers × ranks do not divide the lanes, listing valid values."""
+    workers = max(num_workers, 1)
+    if fits(lanes, world_size, num_workers):
+        return
+    valid_workers_ = valid_workers(lanes, world_size)
+    valid_lanes = [workers * world_size * k for k in range(1, 5)]
+    raise TopologyError(
+        f"lanes={lanes} is not divisible by num_workers × world_size = {workers} × "
+        f"{world_size}; valid num_workers for world_size {world_size}: "
+        f"{valid_workers_ or 'none (lanes must be a multiple of world_size)'} (0 counts as 1); "
+        f"or set lanes to a multiple of {workers * world_size}, e.g. {valid_lanes}")
