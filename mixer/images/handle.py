@@ -27,13 +27,14 @@ import numpy as np
 
 from mixer.core.errors import DataError
 from mixer.core.records import EncodedImage
+from mixer.core.resources import PerProcess
 from mixer.images.decode import decode_rgb, probe, where
 from mixer.images.pool import PriorityPool
 from mixer.images.processing import ImagePlan, Processing
 
 _lock = threading.Lock()
 _threads = min(4, os.cpu_count() or 1)
-_pool: tuple[int, PriorityPool] | None = None
+_pools: PerProcess[PriorityPool] = PerProcess()   # this process's decode pool
 _budget = 256 << 20                  # bytes of pixels a process may hold ahead of need
 _held = [os.getpid(), 0]             # [pid, bytes held ahead of need in that process]
 # Re-entrant: a handle's finalizer (`_unreserve`) may run from the garbage collector while
@@ -82,14 +83,14 @@ def _unreserve(pid: int, nbytes: int) -> None:
 def set_decode_threads(threads: int) -> None:
     """Threads of each process's image pool (default min(4, cpu count)). The current pool is
     dropped (its queued work is still done) and the next prefetch makes one of this size."""
-    global _threads, _pool
+    global _threads
     if threads < 1:
         raise ValueError(f"decode threads must be at least 1, got {threads}")
     with _lock:
         _threads = threads
-        if _pool is not None and _pool[0] == os.getpid():
-            _pool[1].shutdown()
-        _pool = None
+        pool = _pools.pop("decode")
+        if pool is not None:
+            pool.shutdown()
 
 
 def decode_threads() -> int:
@@ -98,18 +99,14 @@ def decode_threads() -> int:
 
 
 def _decode_pool() -> PriorityPool:
-    global _pool
     with _lock:
-        if _pool is None or _pool[0] != os.getpid():   # never reuse a pool across fork
-            _pool = (os.getpid(), PriorityPool(_threads))
-        return _pool[1]
+        return _pools.get("decode", lambda: PriorityPool(_threads))
 
 
 def _after_fork_in_child() -> None:
     # The parent's pool threads do not exist here, and its lock may have been held at fork.
-    global _lock, _pool, _budget_lock
+    global _lock, _budget_lock
     _lock = threading.Lock()
-    _pool = None
     _budget_lock = threading.RLock()
     _held[0], _held[1] = os.getpid(), 0   # the parent's holdings are not this process's
 

@@ -32,6 +32,7 @@ from multiprocessing.process import BaseProcess
 
 from torch.utils.data import get_worker_info
 
+from mixer.core.resources import PerProcess
 from mixer.tokenize.encoding import tokenizer_thread_budget, use_worker_encoding_threads
 
 POLL_S = 0.2          # how often a worker's watchdog looks at its parent
@@ -39,19 +40,21 @@ STOP_GRACE_S = 2.0    # how long the owner waits for SIGTERMed workers before SI
 _PR_SET_PDEATHSIG = 1
 
 _live: weakref.WeakSet[BaseProcess] = weakref.WeakSet()
-_hooked_pid: int | None = None   # the process whose atexit hook is registered
+_hooks: PerProcess[bool] = PerProcess()   # whether this process registered its exit hook
 
 
 def adopt(processes: Iterable[BaseProcess]) -> None:
     """Register started worker processes to be stopped when this process exits."""
-    global _hooked_pid
-    if _hooked_pid != os.getpid():
-        # Registered at the first worker start, after torch and multiprocessing registered
-        # theirs: atexit runs hooks last-in first-out, so this one runs before them.
-        _live.clear()   # a forked child inherits its parent's entries, not its children
-        atexit.register(_stop_at_exit, os.getpid())
-        _hooked_pid = os.getpid()
+    _hooks.get("exit", _register_exit_hook)
     _live.update(processes)
+
+
+def _register_exit_hook() -> bool:
+    # Registered at the first worker start, after torch and multiprocessing registered
+    # theirs: atexit runs hooks last-in first-out, so this one runs before them.
+    _live.clear()   # a forked child inherits its parent's entries, not its children
+    atexit.register(_stop_at_exit, os.getpid())
+    return True
 
 
 def _stop(processes: list[BaseProcess], grace_s: float = STOP_GRACE_S) -> None:

@@ -22,8 +22,9 @@ from fsspec.implementations.local import LocalFileSystem
 
 from mixer.core.errors import DataError
 from mixer.core.records import FileEntry
+from mixer.core.resources import PerProcess
 
-_fs_cache: dict[tuple, Any] = {}
+_fs_cache: PerProcess[Any] = PerProcess()   # one filesystem per process, protocol, options
 DEFAULT_BLOCK = 8 << 20
 _TAIL_BLOCK = 64 << 10
 
@@ -39,16 +40,14 @@ def _with_env_endpoint(protocol: str, options: dict) -> dict:
 def filesystem(url: str, storage_options: dict, source: str | None = None) -> tuple[Any, str]:
     """(fs, path) for a URL: one fs per process, protocol and options (s3fs is not fork-safe)."""
     protocol = url.split("://", 1)[0] if "://" in url else "file"
-    key = (os.getpid(), protocol, repr(sorted(storage_options.items())))
-    fs = _fs_cache.get(key)
-    if fs is None:
-        options = _with_env_endpoint(protocol, storage_options)
+
+    def make() -> Any:
         try:
-            fs = fsspec.filesystem(protocol, **options)
+            return fsspec.filesystem(protocol, **_with_env_endpoint(protocol, storage_options))
         except Exception as exc:
             raise DataError(redact(f"cannot create the {protocol} filesystem: {exc}",
                                    storage_options), source=source, file=url) from None
-        _fs_cache[key] = fs
+    fs = _fs_cache.get((protocol, repr(sorted(storage_options.items()))), make)
     return fs, fs._strip_protocol(url)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from mixer.core.resources import PerProcess
+
 # One tokenizer call takes at most TOKENIZE_DOCS documents and, for text, stops once its text
 # reaches a budget that starts at TOKENIZE_BYTES (a window's first rows wait for one small
 # call) and doubles with each following call up to TOKENIZE_BYTES_AHEAD: small calls cost the
@@ -75,15 +77,12 @@ def use_worker_encoding_threads(num_workers: int, budget: int) -> None:
         os.environ["RAYON_NUM_THREADS"] = str(max(1, budget // max(1, num_workers)))
 
 
-_pools: dict[int, tuple[int, ThreadPoolExecutor]] = {}
+_pools: PerProcess[ThreadPoolExecutor] = PerProcess()   # by thread count
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
-    held = _pools.get(threads)
-    if held is None or held[0] != os.getpid():  # never reuse a pool across fork
-        held = (os.getpid(), ThreadPoolExecutor(threads, thread_name_prefix="mixer-tokenize"))
-        _pools[threads] = held
-    return held[1]
+    return _pools.get(threads, lambda: ThreadPoolExecutor(threads,
+                                                          thread_name_prefix="mixer-tokenize"))
 
 
 def encoding_thread() -> ThreadPoolExecutor:
