@@ -148,18 +148,8 @@ def _members(f: IO[bytes], offset: int, file_size: int) -> Iterator[tuple[str, i
             data = f.read(size)
             offset = data_at + _padded(size)
             f.seek(offset)
-            size = None
-            if kind == b"L":
-                name = _name(data)
-            elif kind in (b"x", b"X"):   # pax (X: Solaris' older spelling)
-                try:
-                    records = _pax(data)
-                    size = int(records[b"size"]) if b"size" in records else None
-                except ValueError as exc:
-                    raise _Broken(f"corrupt pax header ({exc})", start, name) from None
-                if b"path" in records:
-                    name = records[b"path"].decode("utf-8", "backslashreplace")
-            elif kind == b"g" and start == data_at - _BLOCK:
+            name, size = _extension(kind, data, name, start)
+            if kind == b"g" and start == data_at - _BLOCK:
                 start = offset   # a global header belongs to no member (and is ignored)
         if kind == b"S":
             raise _Broken("GNU sparse members are not supported", start, name)
@@ -167,6 +157,24 @@ def _members(f: IO[bytes], offset: int, file_size: int) -> Iterator[tuple[str, i
         if kind in _REGULAR and not (kind == b"\0" and name.endswith("/")):
             yield name, start, size
         f.seek(offset)
+
+
+def _extension(kind: bytes, data: bytes, name: str | None,
+               start: int) -> tuple[str | None, int | None]:
+    """(name, size) of the member after an extension header: a GNU long name, or a pax
+    header's `path` and `size` (X: Solaris' older spelling of x); others change neither."""
+    if kind == b"L":
+        return _name(data), None
+    if kind not in (b"x", b"X"):
+        return name, None
+    try:
+        records = _pax(data)
+        size = int(records[b"size"]) if b"size" in records else None
+    except ValueError as exc:
+        raise _Broken(f"corrupt pax header ({exc})", start, name) from None
+    if b"path" in records:
+        name = records[b"path"].decode("utf-8", "backslashreplace")
+    return name, size
 
 
 def _guess(name: str | None, buf: bytes) -> tuple[str | None, bool]:
