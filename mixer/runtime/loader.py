@@ -17,96 +17,25 @@ from typing import Any
 
 import numpy.random  # noqa: F401  (imported before forking: workers seed it on start)
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader
 
 from mixer.cache.store import tokenizer_info_dir
 from mixer.config.recipe import Recipe, load_recipe, normalize
-from mixer.core.errors import DataError, MixerError, RecipeError, StateError
+from mixer.core.errors import DataError, RecipeError, StateError
 from mixer.images.select import layout_for
-from mixer.pipeline.batch import TEXT_KEYS, BatchLayout, Wire
-from mixer.pipeline.lanes import Lane
+from mixer.pipeline.batch import TEXT_KEYS
 from mixer.pipeline.schedule import Override, WeightPlan, check_schedule, schedule_snapshot
 from mixer.runtime import dist, workers
+from mixer.runtime.lane_dataset import LaneDataset, as_batch
 from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics
 from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
 from mixer.runtime.topology import check_ranks, check_topology
-from mixer.sources import IO_STATS, SourceTable
+from mixer.sources import SourceTable
 from mixer.sources.manifest import list_sources
-from mixer.tokenize import Encoder, TokenizerInfo, resolve_tokenizer
+from mixer.tokenize import TokenizerInfo, resolve_tokenizer
 
 log = logging.getLogger("mixer.loader")
 BATCH_KEYS = TEXT_KEYS   # every layout has these; image layouts add more
-class _LaneDataset(IterableDataset):
-    """Yields (batch array or bytes, lane metadata) for the global batches this worker serves."""
-
-    def __init__(self, recipe: Recipe, tables: list[SourceTable], tokenizer: TokenizerInfo,
-                 lane_states: dict[int, dict | None], start: int, rank: int,
-                 world_size: int, plan: WeightPlan) -> None:
-        self.recipe = recipe
-        self.plan = plan
-        self.tables = tables
-        self.tokenizer = tokenizer
-        self.lane_states = lane_states
-        self.start = start
-        self.rank = rank
-        self.world_size = world_size
-
-    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        encoder = Encoder(self.tokenizer)
-        layout = layout_for(self.recipe, self.tokenizer)
-        IO_STATS.reset()  # count this iteration's reads (a worker's, not its parent's)
-        # One read-ahead budget per worker, shared by all its open streams.
-        streams = self.recipe.lanes // (workers * self.world_size) * len(self.recipe.sources)
-        block = min(max(self.recipe.read_ahead_bytes // max(streams, 1), 256 << 10), 16 << 20)
-        lanes: dict[int, Lane] = {}
-        try:
-            yield from self._batches(lanes, worker, workers, info, encoder, layout, block)
-        finally:   # (not left to the cycle collector: open files, temporary files)
-            for lane in lanes.values():
-                lane.close()
-
-    def _batches(self, lanes: dict[int, Lane], worker: int, workers: int, info: Any,
-                 encoder: Encoder, layout: BatchLayout, block: int
-                 ) -> Iterator[tuple[Any, dict[str, Any]]]:
-        step = worker
-        while True:  # never stop: the main process decides the end
-            g = self.start + step * self.world_size + self.rank
-            index = g % self.recipe.lanes
-            lane = lanes.get(index)
-            if lane is None:
-                lane = Lane(index, self.recipe, self.tables, encoder,
-                            self.lane_states.get(index), block_size=block, layout=layout,
-                            plan=self.plan)
-                lanes[index] = lane
-            try:
-                batch = lane.next_batch(self.recipe.batch_size)
-            except MixerError as exc:
-                if info is None:
-                    raise
-                # Sent as an item, not raised: torch would re-create the error from its
-                # message alone, losing `.source`, `.file` and `.location`.
-                yield None, {"g": g, "error": exc}
-                return
-            meta = {"g": g, "lane": index, "padding": batch.padding,
-                    "state": lane.state_dict(), "worker": worker, "io": IO_STATS.as_dict()}
-            if info is None:
-                yield batch, meta
-            else:
-                # Across the process boundary: one buffer in compact dtypes through the pipe is
-                # cheaper than int64 tensors in shared memory (measured: about half the time).
-                yield layout.to_wire(batch), meta
-            step += workers
-
-
-def _as_batch(layout: BatchLayout, data: Any, meta: dict) -> dict[str, torch.Tensor]:
-    """The user's dict of tensors; lane metadata stays behind."""
-    if isinstance(data, Wire):
-        data = layout.from_wire(data, meta["padding"])
-    return layout.to_torch(data)
-
-
 class Loader:
     """Iterable of batches (dicts of [batch_size, seq_len] int64 tensors) with exact state.
 
@@ -329,7 +258,7 @@ class Loader:
     def _run(self) -> Iterator[dict[str, torch.Tensor]]:
         """Batches until the stream ends (returns False) or the weights change (True)."""
         version = self._plan_version
-        dataset = _LaneDataset(self.recipe, self.tables, self.tokenizer, dict(self._lane_states),
+        dataset = LaneDataset(self.recipe, self.tables, self.tokenizer, dict(self._lane_states),
                                self._next_global, self.rank, self.world_size, self._plan)
         if self.num_workers == 0:
             source: Any = iter(dataset)
@@ -364,12 +293,12 @@ class Loader:
                     continue
                 for held_data, held_meta in held:
                     self._hand(held_meta)
-                    yield _as_batch(self.layout, held_data, held_meta)
+                    yield as_batch(self.layout, held_data, held_meta)
                     if self._plan_version != version:
                         return True   # the rest was made with the old weights
                 held.clear()
                 self._hand(meta)
-                yield _as_batch(self.layout, data, meta)
+                yield as_batch(self.layout, data, meta)
         except BaseException as exc:
             # The traceback's DataLoader frames hold its iterator; clear their locals so the
             # workers stop now, not when the caller drops the exception.
