@@ -37,7 +37,7 @@ from mixer.cache.blocks import CorruptBlock, TokenFile, crc, is_local
 from mixer.cache.entry import CachedSplit
 from mixer.cache.replay import Replay
 from mixer.cache.spill import SpillUnavailable, TokenSpill
-from mixer.core.errors import DataError
+from mixer.core.errors import REASONS, DataError
 from mixer.core.files import write_atomically
 from mixer.core.records import FileEntry, Record, Split
 from mixer.core.token_info import TokenizerInfo
@@ -45,7 +45,7 @@ from mixer.sources.indexed import encode_index, parse_index, token_dtype
 from mixer.sources.storage import filesystem
 from mixer.tokenize.encoding import TOKENIZE_BYTES, chunk_full, encoding_thread, next_budget
 
-CACHE_FORMAT = 3   # 3: the commit carries a CRC-32 of its fields
+CACHE_FORMAT = 4   # 3: the commit carries a CRC-32 of its fields; 4: errors keep their reason
 BIN_BLOCK = 1 << 18   # bytes of .bin per CRC: what a resume inside a split over-reads at most
 
 
@@ -375,10 +375,11 @@ def _count(value: Any) -> bool:
 
 
 def _is_error(value: Any) -> bool:
-    """Whether `value` is an error row: [message, same_file, file, location]."""
-    return (isinstance(value, list) and len(value) == 4 and isinstance(value[0], str)
+    """Whether `value` is an error row: [message, same_file, file, location, reason]."""
+    return (isinstance(value, list) and len(value) == 5 and isinstance(value[0], str)
             and type(value[1]) is bool
-            and all(v is None or isinstance(v, str) for v in value[2:]))
+            and all(v is None or isinstance(v, str) for v in value[2:4])
+            and value[4] in REASONS)
 
 
 def _check_commit(commit: dict[str, Any]) -> None:
@@ -401,7 +402,7 @@ def _check_commit(commit: dict[str, Any]) -> None:
         raise ValueError("bin's size, block and checksums do not agree")
     errors = commit.get("errors")
     if not (isinstance(errors, list) and all(map(_is_error, errors))):
-        raise ValueError("errors are not [message, same file, file, location] rows")
+        raise ValueError("errors are not [message, same file, file, location, reason] rows")
 
 
 def _check_records(records: np.ndarray, documents: int, errors: int) -> None:
@@ -451,15 +452,8 @@ def _put_chunks(fs: Any, path: str, chunks: Iterable[bytes]) -> list[int]:
 
 
 def _error_fields(error: DataError, file: str) -> list[Any]:
-    """[message, same_file, file, location] of an error record (message without its place)."""
-    where = str(error)
-    prefix = f"source {error.source!r}" if error.source is not None else ""
-    if error.file is not None:
-        prefix += f", file {error.file!r}"
-    if error.location is not None:
-        prefix += f", {error.location}"
-    message = where[len(prefix) + 2:] if prefix and where.startswith(prefix + ": ") else where
-    return [message, error.file == file, error.file, error.location]
+    """[message, same_file, file, location, reason] of an error record."""
+    return [error.message, error.file == file, error.file, error.location, error.reason]
 
 
 class SplitWriter:

@@ -49,8 +49,10 @@ class _Broken(Exception):
     """The tar cannot be parsed past this point."""
 
     def __init__(self, message: str, offset: int, name: str | None = None,
-                 guessed: bool = False, start: int | None = None) -> None:
+                 guessed: bool = False, start: int | None = None, *,
+                 reason: str = "corrupt") -> None:
         super().__init__(message)
+        self.reason = reason     # DataError.reason of the break
         self.offset = offset     # the header where it broke
         self.start = offset if start is None else start   # its member's first header
         self.name = name or None   # the member, when its header could be read
@@ -120,16 +122,16 @@ def _members(f: IO[bytes], offset: int, file_size: int) -> Iterator[tuple[str, i
                 if start == offset:
                     return   # end of the archive (end blocks, or none at all)
                 raise _Broken("tar ends inside a member's extension headers", offset, name,
-                              start=start)
+                              start=start, reason="corrupt")
             if len(buf) < _BLOCK:
                 raise _Broken(f"truncated tar header ({len(buf)} of {_BLOCK} bytes)", offset,
-                              *_guess(name, buf), start=start)
+                              *_guess(name, buf), start=start, reason="corrupt")
             try:
                 _check(buf)
                 stored = _number(buf[124:136])
             except (ValueError, struct.error) as exc:
                 raise _Broken(f"corrupt tar header ({exc})", offset, *_guess(name, buf),
-                              start=start) from None
+                              start=start, reason="malformed") from None
             kind = buf[156:157]
             extension = kind in _EXTENSIONS
             if name is None and not extension:
@@ -139,12 +141,12 @@ def _members(f: IO[bytes], offset: int, file_size: int) -> Iterator[tuple[str, i
             data_at = offset + _BLOCK
             if kind not in _NO_DATA and (size < 0 or data_at + size > file_size):
                 raise _Broken(f"member of {size} bytes runs past the end of the file "
-                              f"({file_size} bytes)", start, name)
+                              f"({file_size} bytes)", start, name, reason="corrupt")
             if not extension:
                 break
             if size > _MAX_EXTENSION:
                 raise _Broken(f"tar extension header of {size} bytes", offset, name,
-                              start=start)
+                              start=start, reason="malformed")
             data = f.read(size)
             offset = data_at + _padded(size)
             f.seek(offset)
@@ -152,7 +154,7 @@ def _members(f: IO[bytes], offset: int, file_size: int) -> Iterator[tuple[str, i
             if kind == b"g" and start == data_at - _BLOCK:
                 start = offset   # a global header belongs to no member (and is ignored)
         if kind == b"S":
-            raise _Broken("GNU sparse members are not supported", start, name)
+            raise _Broken("GNU sparse members are not supported", start, name, reason="other")
         offset = data_at + (0 if kind in _NO_DATA else _padded(size))
         if kind in _REGULAR and not (kind == b"\0" and name.endswith("/")):
             yield name, start, size
@@ -171,7 +173,7 @@ def _extension(kind: bytes, data: bytes, name: str | None,
         records = _pax(data)
         size = int(records[b"size"]) if b"size" in records else None
     except ValueError as exc:
-        raise _Broken(f"corrupt pax header ({exc})", start, name) from None
+        raise _Broken(f"corrupt pax header ({exc})", start, name, reason="malformed") from None
     if b"path" in records:
         name = records[b"path"].decode("utf-8", "backslashreplace")
     return name, size
@@ -202,13 +204,13 @@ class _Sample:
         self.suffixes: set[str] = set()
         self.images: list[tuple[int, EncodedImage]] = []
         self.texts: dict[str, tuple[str, int, bytes | None]] = {}  # suffix -> name, offset, data
-        self.error: tuple[str, str, int] | None = None   # message, member, offset
+        self.error: tuple[str, str, int, str] | None = None   # message, member, offset, reason
         self.text_from: str | None = None   # the suffix of the member the text came from
         self.size = 0   # bytes of the members read into memory (images and text candidates)
 
-    def fail(self, message: str, member: str, offset: int) -> None:
+    def fail(self, message: str, member: str, offset: int, reason: str) -> None:
         if self.error is None:
-            self.error = (message, member, offset)
+            self.error = (message, member, offset, reason)
 
 
 def _where(key: str, member: str, offset: int) -> str:
@@ -218,13 +220,14 @@ def _where(key: str, member: str, offset: int) -> str:
 def _decode(sample: _Sample, suffix: str, max_bytes: int) -> str:
     name, offset, data = sample.texts[suffix]
     if data is None:
-        sample.fail(f"text member longer than max_document_bytes ({max_bytes})", name, offset)
+        sample.fail(f"text member longer than max_document_bytes ({max_bytes})", name, offset,
+                    "too_long")
         return ""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         sample.fail(f"text is not valid UTF-8 ({exc.reason} at byte {exc.start} of the member)",
-                    name, offset)
+                    name, offset, "bad_text")
         return ""
 
 
@@ -232,24 +235,26 @@ def _from_json(sample: _Sample, field: str, max_bytes: int) -> str | None:
     """The json member's `field`, or None when it has no such key."""
     name, offset, data = sample.texts["json"]
     if data is None:
-        sample.fail(f"json member longer than max_document_bytes ({max_bytes})", name, offset)
+        sample.fail(f"json member longer than max_document_bytes ({max_bytes})", name, offset,
+                    "too_long")
         return None
     try:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
-        sample.fail(f"malformed JSON: {exc}", name, offset)
+        sample.fail(f"malformed JSON: {exc}", name, offset, "malformed")
         return None
     except RecursionError:
-        sample.fail("malformed JSON: nested too deeply to parse", name, offset)
+        sample.fail("malformed JSON: nested too deeply to parse", name, offset, "malformed")
         return None
     if not isinstance(obj, dict):
-        sample.fail("json member is not a JSON object", name, offset)
+        sample.fail("json member is not a JSON object", name, offset, "malformed")
         return None
     if field not in obj:
         return None
     text = obj[field]
     if not isinstance(text, str):
-        sample.fail(f"json field {field!r} is {type(text).__name__}, not a string", name, offset)
+        sample.fail(f"json field {field!r} is {type(text).__name__}, not a string", name, offset,
+                    "bad_text")
         return None
     return text
 
@@ -272,13 +277,14 @@ def _text(sample: _Sample, text_field: str, max_bytes: int) -> str | None:
             return None
         if len(text) > max_bytes and len(text.encode("utf-8", "surrogatepass")) > max_bytes:
             member, offset, _ = sample.texts[suffix]
-            sample.fail(f"text longer than max_document_bytes ({max_bytes})", member, offset)
+            sample.fail(f"text longer than max_document_bytes ({max_bytes})", member, offset,
+                        "too_long")
             return None
         sample.text_from = suffix
         return text
     wanted = (f"no txt member and no {text_field!r} key in a json member" if text_field == "txt"
               else f"no {text_field!r} key in a json member and no {text_field} member")
-    sample.fail(f"sample without text ({wanted})", sample.first, sample.offset)
+    sample.fail(f"sample without text ({wanted})", sample.first, sample.offset, "bad_text")
     return None
 
 
@@ -286,9 +292,9 @@ def _record(sample: _Sample, *, entry: FileEntry, source: str, text_field: str,
             max_bytes: int) -> Record:
     text = None if sample.error else _text(sample, text_field, max_bytes)
     if sample.error is not None:
-        message, member, offset = sample.error
+        message, member, offset, reason = sample.error
         err = DataError(message, source=source, file=entry.url,
-                        location=_where(sample.key, member, offset))
+                        location=_where(sample.key, member, offset), reason=reason)
         sample.texts.clear()
         return Record(sample.index, sample.offset, None, err)
     images = tuple(image for _, image in sorted(sample.images, key=lambda item: item[0]))
@@ -322,17 +328,18 @@ def read_webdataset(*, storage, entry: FileEntry, split: Split, source: str, tex
                         index += 1
                     sample = _Sample(key, index, at, name)
                 if suffix in sample.suffixes:
-                    sample.fail(f"repeated member suffix {suffix!r} in one sample", name, at)
+                    sample.fail(f"repeated member suffix {suffix!r} in one sample", name, at,
+                                "malformed")
                 sample.suffixes.add(suffix)
                 if sample.error is not None:
                     continue
                 image = _IMAGE.fullmatch(suffix)
                 if image is not None:
                     if size == 0:
-                        sample.fail("empty image member (0 bytes)", name, at)
+                        sample.fail("empty image member (0 bytes)", name, at, "bad_image")
                     elif size > max_bytes:
                         sample.fail(f"image member of {size} bytes, longer than "
-                                    f"max_document_bytes ({max_bytes})", name, at)
+                                    f"max_document_bytes ({max_bytes})", name, at, "too_long")
                     elif _within(sample, size, max_bytes, name, at):
                         order = int(image.group(1)) if image.group(1) else -1
                         sample.images.append((order, EncodedImage(_read(f, size, name, at),
@@ -356,7 +363,8 @@ def _within(sample: _Sample, size: int, max_bytes: int, name: str, at: int) -> b
     is one record, never held in memory past that limit however many members it has."""
     if sample.size + size > max_bytes:
         sample.fail(f"sample larger than max_document_bytes ({max_bytes}): its images and "
-                    f"text add up to {sample.size + size} bytes with this member", name, at)
+                    f"text add up to {sample.size + size} bytes with this member", name, at,
+                    "too_long")
         return False
     sample.size += size
     return True
@@ -366,7 +374,7 @@ def _read(f: IO[bytes], size: int, name: str, at: int) -> bytes:
     data = f.read(size)
     if len(data) != size:
         raise _Broken(f"member ends after {len(data)} of its {size} bytes (file truncated)",
-                      at, name)
+                      at, name, reason="corrupt")
     return data
 
 
@@ -393,4 +401,4 @@ def _broken(exc: _Broken, sample: _Sample | None, *, entry: FileEntry, source: s
         message = f"{exc}; the rest of the tar is not read"
         at = exc.start
     yield Record(index, at, None, DataError(message, source=source, file=entry.url,
-                                            location=where))
+                                            location=where, reason=exc.reason))
