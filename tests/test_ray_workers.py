@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def cluster():
     ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
-             num_cpus=8, log_to_driver=False)
+             num_cpus=4, log_to_driver=False)
     assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
@@ -81,10 +81,14 @@ def test_text_stream_is_the_local_stream_and_close_ends_the_actors(cluster, thre
 
 def test_image_stream_is_the_local_stream(cluster):
     recipe = str(ROOT / "recipes" / "multimodal_demo.yaml")
-    reference = take(mixer.build_loader(recipe), 10)
-    assert take(mixer.build_loader(recipe, num_workers=2), 10) == reference
+    reference = take(mixer.build_loader(recipe), 6)
+    assert take(mixer.build_loader(recipe, num_workers=2), 6) == reference
     with ray_loader(recipe) as loader:
-        assert take(loader, 10) == reference
+        batches = iter(loader)
+        got = [next(batches) for _ in range(6)]
+        assert [digest(b) for b in got] == reference
+        assert sum(b["pixel_values"].numel() for b in got) > 0
+        del got, batches
 
 
 def test_states_cross_between_ray_and_local_and_world_sizes(cluster, three_sources):
@@ -96,14 +100,14 @@ def test_states_cross_between_ray_and_local_and_world_sizes(cluster, three_sourc
     local = mixer.build_loader(recipe, num_workers=2)
     local.load_state_dict(state)
     assert take(local, 6) == full[7:13]
-    back = ray_loader(recipe)
+    back = ray_loader(recipe, actors=1)
     back.load_state_dict(local.state_dict())
     local.close()
     assert take(back, 5) == full[13:18]
     back.close()
     # two ranks on Ray, 5 steps each → one rank without Ray from global batch 10
     ranks = [mixer.build_loader(recipe, rank=r, world_size=2,
-                                workers=mixer.RayWorkers(actors=2)) for r in (0, 1)]
+                                workers=mixer.RayWorkers(actors=1)) for r in (0, 1)]
     steps = [take(loader, 5) for loader in ranks]
     assert [steps[g % 2][g // 2] for g in range(10)] == full[:10]
     merged = mixer.merge_states([loader.state_dict() for loader in ranks])
