@@ -116,3 +116,38 @@ def test_unknown_storage_protocol_names_the_source(tmp_path, tokenizer_path):
     recipe = recipe_for(tmp_path, tokenizer_path, "nosuchproto://bucket/*.jsonl")
     with pytest.raises(mixer.DataError, match=r"source 'bad'.*nosuchproto.*filesystem"):
         mixer.build_loader(recipe)
+
+
+def test_every_data_error_names_its_reason_where_it_is_raised():
+    """A skip's reason comes from its raise site, never from words in its message."""
+    import ast
+    from pathlib import Path
+
+    from mixer.core.errors import REASONS
+
+    package = Path(mixer.__file__).parent
+    sites = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "DataError":
+                reason = next((k.value for k in node.keywords if k.arg == "reason"), None)
+                sites.append((path.relative_to(package), node.lineno, reason))
+    assert len(sites) > 40, "the scan found the raise sites"
+    unnamed = [(str(p), line) for p, line, reason in sites if reason is None]
+    assert not unnamed, f"DataError raised without reason=: {unnamed}"
+    for path, line, reason in sites:
+        if isinstance(reason, ast.Constant):
+            assert reason.value in REASONS, (str(path), line, reason.value)
+
+
+def test_a_data_error_keeps_message_and_reason_through_pickling():
+    import pickle
+
+    err = mixer.DataError("bad bytes", source="s", file="f.jsonl", location="byte offset 3",
+                          reason="bad_text")
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.message, back.reason, back.source, back.file, back.location) == (
+        "bad bytes", "bad_text", "s", "f.jsonl", "byte offset 3")
+    assert str(back) == str(err) == "source 's', file 'f.jsonl', byte offset 3: bad bytes"
+    with pytest.raises(ValueError, match="unknown DataError reason"):
+        mixer.DataError("x", reason="guessed")

@@ -128,6 +128,7 @@ class Replay:
         self._fallback = self._read(index, offset)
 
     def _error(self, doc: int) -> DataError:
-        message, same_file, other_file, location = self._errors[-1 - doc]
+        message, same_file, other_file, location, reason = self._errors[-1 - doc]
         return DataError(message, source=self._source,
-                         file=self._file if same_file else other_file, location=location)
+                         file=self._file if same_file else other_file, location=location,
+                         reason=reason)

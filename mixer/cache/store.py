@@ -34,19 +34,24 @@ from typing import Any
 import numpy as np
 
 from mixer.cache.blocks import CorruptBlock, TokenFile, crc, is_local
-from mixer.cache.entry import CachedSplit
+from mixer.cache.entry import (
+    BIN_BLOCK,
+    CACHE_FORMAT,
+    CachedSplit,
+    _check_commit,
+    _check_records,
+    open_commit,
+    seal_commit,
+)
 from mixer.cache.replay import Replay
 from mixer.cache.spill import SpillUnavailable, TokenSpill
-from mixer.core.errors import DataError
+from mixer.cache.writer import SplitWriter
 from mixer.core.files import write_atomically
 from mixer.core.records import FileEntry, Record, Split
 from mixer.core.token_info import TokenizerInfo
 from mixer.sources.indexed import encode_index, parse_index, token_dtype
 from mixer.sources.storage import filesystem
 from mixer.tokenize.encoding import TOKENIZE_BYTES, chunk_full, encoding_thread, next_budget
-
-CACHE_FORMAT = 3   # 3: the commit carries a CRC-32 of its fields
-BIN_BLOCK = 1 << 18   # bytes of .bin per CRC: what a resume inside a split over-reads at most
 
 
 def _chunks(records: Iterator[Record]) -> Iterator[list[Record]]:
@@ -344,79 +349,6 @@ def tokenizer_info_dir(recipe: Any) -> str | None:
     return os.path.join(root.removeprefix("file://"), "tokenizers")
 
 
-def seal_commit(commit: dict[str, Any]) -> bytes:
-    """A commit's bytes: its fields plus `check`, a CRC-32 of them, so that a changed byte
-    anywhere in it (an error's message too) is found."""
-    fields = {name: value for name, value in commit.items() if name != "check"}
-    return json.dumps({**fields, "check": crc(_canonical(fields))}).encode()
-
-
-def open_commit(data: bytes) -> dict[str, Any]:
-    """The fields of a sealed commit; ValueError when it is not one or fails its check."""
-    try:
-        commit = json.loads(data)
-    except RecursionError:
-        raise ValueError("commit nested too deeply") from None
-    if not isinstance(commit, dict):
-        raise ValueError("commit is not a JSON object")
-    check = commit.pop("check", None)
-    if type(check) is not int or check != crc(_canonical(commit)):
-        raise ValueError("commit does not match its check")
-    return commit
-
-
-def _canonical(fields: dict[str, Any]) -> bytes:
-    return json.dumps(fields, sort_keys=True).encode()
-
-
-def _count(value: Any) -> bool:
-    """Whether `value` is a non-negative int (not a bool)."""
-    return type(value) is int and value >= 0
-
-
-def _is_error(value: Any) -> bool:
-    """Whether `value` is an error row: [message, same_file, file, location]."""
-    return (isinstance(value, list) and len(value) == 4 and isinstance(value[0], str)
-            and type(value[1]) is bool
-            and all(v is None or isinstance(v, str) for v in value[2:]))
-
-
-def _check_commit(commit: dict[str, Any]) -> None:
-    """Every field of a commit of this format present, of its type and in range."""
-    if commit.get("v") != CACHE_FORMAT:
-        raise ValueError(f"cache format {commit.get('v')!r}")
-    if not (_count(commit.get("records")) and _count(commit.get("documents"))):
-        raise ValueError("record or document count is not a count")
-    for part in ("idx", "rec"):
-        value = commit.get(part)
-        if not (isinstance(value, list) and len(value) == 2 and all(map(_count, value))):
-            raise ValueError(f"{part} size and checksum are not counts")
-    tokens = commit.get("bin")
-    if not (isinstance(tokens, list) and len(tokens) == 3):
-        raise ValueError("bin is not [size, block, checksums]")
-    size, block, crcs = tokens
-    if not (_count(size) and _count(block) and block > 0 and block % 8 == 0
-            and isinstance(crcs, list) and len(crcs) == -(-size // block)
-            and all(_count(c) and c <= 0xFFFFFFFF for c in crcs)):
-        raise ValueError("bin's size, block and checksums do not agree")
-    errors = commit.get("errors")
-    if not (isinstance(errors, list) and all(map(_is_error, errors))):
-        raise ValueError("errors are not [message, same file, file, location] rows")
-
-
-def _check_records(records: np.ndarray, documents: int, errors: int) -> None:
-    """The record table as a writer lays it out: indices rising, no negative text length,
-    documents numbered 0, 1, ... and errors -1, -2, ..., in order, each once."""
-    index, numbers = records[:, 0], records[:, 3]
-    if len(records) and (index[0] < 0 or np.any(np.diff(index) <= 0)):
-        raise ValueError("record indices do not rise")
-    if np.any(records[:, 2] < 0):
-        raise ValueError("negative text length in the record table")
-    if not (np.array_equal(numbers[numbers >= 0], np.arange(documents))
-            and np.array_equal(numbers[numbers < 0], -1 - np.arange(errors))):
-        raise ValueError("record table does not number its documents and errors in order")
-
-
 def _put(fs: Any, path: str, data: bytes) -> None:
     """Write one object so no reader sees it half-written: a unique temporary name renamed
     into place on a local disk; one PUT (atomic per object) on object stores."""
@@ -450,111 +382,3 @@ def _put_chunks(fs: Any, path: str, chunks: Iterable[bytes]) -> list[int]:
     return crcs
 
 
-def _error_fields(error: DataError, file: str) -> list[Any]:
-    """[message, same_file, file, location] of an error record (message without its place)."""
-    where = str(error)
-    prefix = f"source {error.source!r}" if error.source is not None else ""
-    if error.file is not None:
-        prefix += f", file {error.file!r}"
-    if error.location is not None:
-        prefix += f", {error.location}"
-    message = where[len(prefix) + 2:] if prefix and where.startswith(prefix + ": ") else where
-    return [message, error.file == file, error.file, error.location]
-
-
-class SplitWriter:
-    """An entry filled as a stream reads its split (every record, in order) and tokenizes
-    its documents (in any order); stored when the split was read to its end and every
-    document has its tokens, unless it ends in an error or holds images. Tokens go to a
-    `TokenSpill` as soon as every earlier document has its own: a writer holds in memory
-    only the documents that finished ahead of an earlier one."""
-
-    def __init__(self, cache: TokenCache, key: str, file: str) -> None:
-        self.cache = cache
-        self.key = key
-        self.file = file
-        self.rows = array("q")   # (record index, offset, chars, document) per record, flat
-        self.errors: list[list[Any]] = []
-        self.spill = cache.spill()
-        self.ahead: dict[int, np.ndarray] = {}   # documents waiting for an earlier one
-        self.documents = 0
-        self.keep = True
-        self.last_error = False
-        self.ended = False
-        self.done = False
-
-    @classmethod
-    def prefilled(cls, cache: TokenCache, cached: CachedSplit, file: str, rows: int,
-                  documents: int) -> SplitWriter:
-        """A writer holding the first `rows` records of `cached` (whose `documents` documents
-        lie in blocks already checked), to be fed the split's remaining records."""
-        writer = cls(cache, cached.key, file)
-        writer.rows.extend(cached.records[:rows].ravel().tolist())
-        writer.errors = cached.errors[:int((cached.records[:rows, 3] < 0).sum())]
-        starts = cached.starts
-        writer.documents = documents
-        for d in range(documents):
-            writer._spill(cached.tokens.tokens(int(starts[d]), int(starts[d + 1])))
-        return writer
-
-    def record(self, record: Record) -> int | None:
-        """Note a record read from the split; the document number to feed tokens for (None
-        for an error, or a document that already carries its tokens)."""
-        if record.images:
-            self._abandon()
-            return None
-        self.last_error = record.error is not None
-        if record.error is not None:
-            self.rows.extend((record.index, record.offset, 0, -1 - len(self.errors)))
-            self.errors.append(_error_fields(record.error, self.file))
-            return None
-        doc = self.documents
-        self.documents += 1
-        self.rows.extend((record.index, record.offset, record.size, doc))
-        if record.tokens is not None:
-            self.add_tokens(doc, record.tokens)
-            return None
-        return doc
-
-    def add_tokens(self, doc: int, ids: np.ndarray) -> None:
-        if self.keep:
-            self.ahead[doc] = ids
-            while len(self.spill) in self.ahead and self.keep:
-                self._spill(self.ahead.pop(len(self.spill)))
-        self._maybe_store()
-
-    def end(self) -> None:
-        """The split was read to its end."""
-        self.ended = True
-        self._maybe_store()
-
-    def _spill(self, ids: np.ndarray) -> None:
-        try:
-            fits = self.spill.append(ids)
-        except SpillUnavailable as exc:   # this entry only: the next may find a file
-            log.debug("token cache entry %s not written (%s)", self.key, exc)
-            fits = False
-        except OSError as exc:
-            self.cache.unwritable(exc)
-            fits = False
-        if not fits:   # pre-tokenized ids of another vocabulary, or a cache we cannot write
-            self._abandon()
-
-    def close(self) -> None:
-        """Give the entry up (its stream stops before the split's end)."""
-        self.done = True
-        self._abandon()
-
-    def _abandon(self) -> None:
-        self.keep = False
-        self.ahead.clear()
-        self.spill.close()
-
-    def _maybe_store(self) -> None:
-        if self.done or not self.ended or (self.keep and len(self.spill) < self.documents):
-            return
-        self.done = True
-        if not self.keep or self.last_error:
-            self.spill.close()
-            return   # (an error at the end may be a storage failure: it must not outlive us)
-        self.cache.store(self.key, self.rows, self.spill, self.errors)

@@ -71,7 +71,8 @@ def _open(data: bytes) -> ImageFile.ImageFile | None:
 def _opened(encoded: EncodedImage, *, source: str, file: str,
             max_source_pixels: int) -> ImageFile.ImageFile:
     def error(message: str) -> DataError:
-        return DataError(message, source=source, file=file, location=where(encoded))
+        return DataError(message, source=source, file=file, location=where(encoded),
+                         reason="bad_image")
 
     if not encoded.data:
         raise error("empty image (0 bytes)")
@@ -122,4 +123,4 @@ def decode_rgb(encoded: EncodedImage, *, source: str, file: str,
         return to_rgb(image)
     except _DECODE_ERRORS as exc:
         raise DataError(f"cannot decode the image: {exc}", source=source, file=file,
-                        location=where(encoded)) from exc
+                        location=where(encoded), reason="bad_image") from exc

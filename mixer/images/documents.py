@@ -100,7 +100,8 @@ class ImageDocuments:
         return out
 
     def _error(self, message: str, file: str, where: str) -> Rejected:
-        return Rejected(DataError(message, source=self.source, file=file, location=where))
+        return Rejected(DataError(message, source=self.source, file=file, location=where,
+                                  reason="bad_image"))
 
     # -- one record ----------------------------------------------------------------------------
     def _document(self, pieces: list[list[int]], imgs: tuple[EncodedImage, ...],
@@ -123,7 +124,7 @@ class ImageDocuments:
                 return Rejected(DataError(f"image of {size[0]}x{size[1]}: {exc}",
                                           source=self.source, file=file,
                                           location=f"member {image.member} at byte offset "
-                                          f"{image.offset}"))
+                                          f"{image.offset}", reason="bad_image"))
             sizes.append(size)
         return self._fit(pieces, imgs, sizes, file)
 
@@ -182,7 +183,8 @@ class ImageDocuments:
             f"document of {text_tokens + image_tokens} tokens with {len(imgs)} image(s) does "
             f"not fit seq_len {self.seq_len} (or the per-batch image caps) even at the lowest "
             "resolution", source=self.source, file=file,
-            location=f"member {first.member} at byte offset {first.offset}"), oversize=True)
+            location=f"member {first.member} at byte offset {first.offset}",
+            reason="bad_image"), oversize=True)
 
     def _assemble(self, head: list[int], pieces: list[list[int]],
                   imgs: tuple[EncodedImage, ...], sizes: list[tuple[int, int]],

@@ -144,7 +144,7 @@ class LazyImage:
             plan = processing.plan(*size, max_pixels)
         except ValueError as exc:
             raise DataError(f"image of {size[0]}x{size[1]}: {exc}", source=source, file=file,
-                            location=where(encoded)) from exc
+                            location=where(encoded), reason="bad_image") from exc
         return cls(encoded, size, plan, processing, extra_tokens=extra_tokens, source=source,
                    file=file, max_source_pixels=max_source_pixels)
 

@@ -71,7 +71,7 @@ class Cursor:
         return self.skipped_before + (win.skipped if win else 0)
 
     def skipped_reasons(self, win: Window | None) -> dict[str, int]:
-        """`skipped`, per reason (mixer.core.errors.classify)."""
+        """`skipped`, per reason (`DataError.reason`)."""
         out = dict(self.reasons_before)
         for reason, n in (win.reasons if win else {}).items():
             out[reason] = out.get(reason, 0) + n

@@ -37,7 +37,7 @@ class Emptiness:
                 f"the source yields no document at all (its {len(table.files)} "
                 f"file(s) hold only blank lines, empty content{oversize} or skipped "
                 "records), so an unlimited source cannot supply its weight",
-                source=table.name, file=files + more)
+                source=table.name, file=files + more, reason="other")
 
 
 def source_has_documents(reader: SliceReader, documents: DocumentBuilder | None,

@@ -84,7 +84,7 @@ class SourceStream:
 
     @property
     def skipped_reasons(self) -> dict[str, int]:
-        """`skipped`, per reason (mixer.core.errors.classify)."""
+        """`skipped`, per reason (`DataError.reason`)."""
         return self.cursor.skipped_reasons(self._win)
 
     def progress(self) -> float:

@@ -42,7 +42,7 @@ class Window:
     end: Cursor3                # cursor (slot, index, offset) after the window
     end_of_epoch: bool
     skipped: int                # records skipped inside the window
-    reasons: dict[str, int]     # the same, per reason (mixer.core.errors.classify)
+    reasons: dict[str, int]     # the same, per reason (`DataError.reason`)
     # The part of the split read at the window's start and end cursors, where the cursor's
     # offset does not tell (whole compressed files, cache replays); -1: unknown.
     inner_start: float = -1.0
@@ -186,7 +186,8 @@ class WindowReader:
                           "`images:` block (add one to train on them, or use text-only "
                           "samples)", source=self.name,
                           file=self.reader.table.files[self.reader.split_of(item).file].url,
-                          location=f"member {image.member} at byte offset {image.offset}")
+                          location=f"member {image.member} at byte offset {image.offset}",
+                          reason="bad_image")
         return Record(record.index, record.offset, None, error)
 
 

@@ -245,11 +245,12 @@ class Loader:
                 f"rank {self.rank}'s lanes {self.own_lanes()} have nothing left to draw: "
                 f"the sources weighted from here on ({', '.join(drawn)}) are capped and "
                 "ran out, and every unlimited source weighs 0 (set_weights or the "
-                "schedule); give an unlimited source a positive weight")
+                "schedule); give an unlimited source a positive weight", reason="other")
         raise DataError(
             f"the recipe has unlimited sources but rank {self.rank}'s lanes "
             f"{self.own_lanes()} ran out of documents of every source (each source has "
-            "fewer documents than the lanes reading it); use fewer lanes or more data")
+            "fewer documents than the lanes reading it); use fewer lanes or more data",
+            reason="other")
 
     def _generate(self) -> Iterator[dict[str, torch.Tensor]]:
         # A set_weights or load_state_dict call while iterating discards what the workers

@@ -9,9 +9,15 @@ raises or skips and counts. Texts are checked here too: a string that is not val
 
 from __future__ import annotations
 
+import gzip
 import re
+import struct
+import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+
+import pyarrow
+import zstandard
 
 from mixer.core.errors import DataError
 from mixer.core.records import FileEntry, Record, Split
@@ -59,18 +65,31 @@ def read_records(fmt: Format, *, storage: Any, entry: FileEntry, split: Split, s
                 why = _invalid_text(record.text)
                 if why is not None:
                     err = DataError(why, source=source, file=entry.url,
-                                    location=fmt.describe_offset(split, record.offset))
+                                    location=fmt.describe_offset(split, record.offset),
+                                    reason="bad_text")
                     record = Record(record.index, record.offset, None, err)
             yield record
     except GeneratorExit:   # closed early (or at interpreter exit, when globals are gone)
         raise
     except DataError as exc:  # raised by storage (not found, changed, retries spent)
         if exc.source is None:
-            exc = DataError(str(exc), source=source, file=entry.url,
-                            location=fmt.describe_offset(split, position))
+            exc = DataError(exc.message, source=source, file=entry.url,
+                            location=fmt.describe_offset(split, position), reason=exc.reason)
         yield Record(index, position, None, exc)
     except Exception as exc:  # anything else a reader or its libraries raise
         message = redact(f"cannot read: {type(exc).__name__}: {exc}", storage.storage_options)
         yield Record(index, position, None,
                      DataError(message, source=source, file=entry.url,
-                               location=fmt.describe_offset(split, position)))
+                               location=fmt.describe_offset(split, position),
+                               reason=_reason_of(exc)))
+
+
+# What a reader's libraries raise for data that decodes wrongly (the rest: unreadable).
+_CODEC_ERRORS: tuple[type[BaseException], ...] = (zlib.error, zstandard.ZstdError, EOFError,
+                                                   gzip.BadGzipFile, pyarrow.ArrowInvalid,
+                                                   UnicodeError, struct.error)
+
+
+def _reason_of(exc: BaseException) -> str:
+    """The reason of a failure a reader did not name itself, by its type."""
+    return "corrupt" if isinstance(exc, _CODEC_ERRORS) else "unreadable"

@@ -52,10 +52,12 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
                                       policy=RetryPolicy(), rng=random.Random(path))
         except Exception as exc:  # 403, missing bucket, unreachable endpoint
             raise DataError(redact(f"cannot list: {type(exc).__name__}: {exc}",
-                                   src.storage_options), source=src.name, file=pattern) from None
+                                   src.storage_options), source=src.name, file=pattern,
+                            reason="unreadable") from None
         files = sorted((p, info) for p, info in found.items() if info.get("type") != "directory")
         if not files:
-            err = DataError("path matches no files", source=src.name, file=pattern)
+            err = DataError("path matches no files", source=src.name, file=pattern,
+                            reason="unreadable")
             if src.on_error == "raise":
                 raise err
             skipped.append(str(err))
@@ -69,7 +71,7 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
             fmt = src.format or infer_format(p)
             if fmt is None:
                 raise DataError("cannot infer the format from the file name; set "
-                                "sources[].format", source=src.name, file=full)
+                                "sources[].format", source=src.name, file=full, reason="unreadable")
             key = p[len(prefix):] if p.startswith(prefix) else p
             etag = str(info.get("ETag") or info.get("etag") or "")
             size, mtime_ns = int(info.get("size") or 0), 0
@@ -106,17 +108,18 @@ def _with_companion(src: SourceConfig, entry: FileEntry) -> FileEntry:
     try:
         url = companion(entry.url)
     except ValueError as exc:
-        raise DataError(str(exc), source=src.name, file=entry.url) from None
+        raise DataError(str(exc), source=src.name, file=entry.url, reason="unreadable") from None
     fs, path = filesystem(url, src.storage_options, src.name)
     try:
         info = call_with_retries(functools.partial(fs.info, path), describe="stat",
                                  policy=RetryPolicy(), rng=random.Random(path))
     except FileNotFoundError:
         raise DataError("its companion file is missing (a .bin needs its .idx beside it)",
-                        source=src.name, file=url) from None
+                        source=src.name, file=url, reason="unreadable") from None
     except Exception as exc:
         raise DataError(redact(f"cannot stat: {type(exc).__name__}: {exc}",
-                               src.storage_options), source=src.name, file=url) from None
+                               src.storage_options), source=src.name, file=url,
+                        reason="unreadable") from None
     size, mtime_ns = int(info.get("size") or 0), 0
     if isinstance(fs, LocalFileSystem):
         try:
@@ -150,7 +153,7 @@ def list_source(recipe: Recipe, src: SourceConfig, *, deep: bool = False) -> Sou
         try:
             if entry.size == 0:
                 raise DataError("empty shard (0 bytes)", source=src.name, file=entry.url,
-                                location="byte offset 0")
+                                location="byte offset 0", reason="unreadable")
             entry = _with_companion(src, entry)
             try:
                 entry_splits = _splits_of(recipe, src, len(files), entry, deep)
@@ -158,10 +161,10 @@ def list_source(recipe: Recipe, src: SourceConfig, *, deep: bool = False) -> Sou
                 raise
             except Exception as exc:
                 raise DataError(f"cannot read file metadata: {exc}", source=src.name,
-                                file=entry.url, location="footer") from None
+                                file=entry.url, location="footer", reason="unreadable") from None
             if not entry_splits:
                 raise DataError("empty shard (no rows)", source=src.name, file=entry.url,
-                                location="row 0")
+                                location="row 0", reason="unreadable")
         except DataError as err:
             if src.on_error == "raise":
                 raise
@@ -170,5 +173,6 @@ def list_source(recipe: Recipe, src: SourceConfig, *, deep: bool = False) -> Sou
         files.append(entry)
         splits.extend(entry_splits)
     if not files:
-        raise DataError("no readable files", source=src.name, file=", ".join(src.globs))
+        raise DataError("no readable files", source=src.name, file=", ".join(src.globs),
+                        reason="unreadable")
     return SourceTable(src.name, files, splits, skipped)

@@ -46,7 +46,8 @@ def filesystem(url: str, storage_options: dict, source: str | None = None) -> tu
             return fsspec.filesystem(protocol, **_with_env_endpoint(protocol, storage_options))
         except Exception as exc:
             raise DataError(redact(f"cannot create the {protocol} filesystem: {exc}",
-                                   storage_options), source=source, file=url) from None
+                                   storage_options), source=source, file=url,
+                            reason="unreadable") from None
     fs = _fs_cache.get((protocol, repr(sorted(storage_options.items()))), make)
     return fs, fs._strip_protocol(url)
 
@@ -180,7 +181,7 @@ class RangeStream(io.RawIOBase):
 
     def _error(self, message: str, offset: int) -> DataError:
         return DataError(redact(message, self._options), source=self._source, file=self._url,
-                         location=f"byte offset {offset}")
+                         location=f"byte offset {offset}", reason="unreadable")
 
     def _fetch(self, start: int, end: int) -> bytes:
         def get() -> bytes:
@@ -231,7 +232,7 @@ class Storage:
             kind = _failure_kind(exc, "cannot open",
                                  missing="not found (deleted or moved since listing?)")
             raise DataError(f"{kind}: {exc.strerror or exc}", source=self.source,
-                            file=entry.url, location="byte offset 0") from None
+                            file=entry.url, location="byte offset 0", reason="unreadable") from None
         stat = os.fstat(f.fileno())
         if stat.st_size != entry.size or (entry.mtime_ns and stat.st_mtime_ns != entry.mtime_ns):
             f.close()
@@ -239,7 +240,7 @@ class Storage:
                             f"{stat.st_size}, modified time {entry.mtime_ns} -> "
                             f"{stat.st_mtime_ns} ns); re-run `mixer index` or restart from a "
                             "fresh listing", source=self.source, file=entry.url,
-                            location="byte offset 0")
+                            location="byte offset 0", reason="unreadable")
         return f
 
     def _check_unchanged(self, fs: Any, entry: FileEntry) -> None:
@@ -253,11 +254,12 @@ class Storage:
         except Exception as exc:
             kind = _failure_kind(exc, "cannot stat")
             raise DataError(redact(f"{kind}: {exc}", self.storage_options), source=self.source,
-                            file=entry.url, location="byte offset 0") from None
+                            file=entry.url, location="byte offset 0", reason="unreadable") from None
         etag = info.get("ETag") or info.get("etag")
         if int(info.get("size") or 0) != entry.size or (entry.etag and etag != entry.etag):
             raise DataError(f"object changed since it was listed or indexed (size "
                             f"{entry.size} -> {info.get('size')}, ETag {entry.etag} -> {etag}); "
                             "re-run `mixer index` or restart from a fresh listing",
-                            source=self.source, file=entry.url, location="byte offset 0")
+                            source=self.source, file=entry.url, location="byte offset 0",
+                            reason="unreadable")
         self._checked.add(entry.url)

@@ -63,7 +63,8 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise DataError(f"cannot read the metrics log: {exc}", file=str(path)) from exc
+        raise DataError(f"cannot read the metrics log: {exc}", file=str(path),
+                        reason="unreadable") from exc
     for number, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
             continue
@@ -71,13 +72,13 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             line = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise DataError(f"not JSON ({exc.msg})", file=str(path),
-                            location=f"line {number}") from None
+                            location=f"line {number}", reason="malformed") from None
         problem = _problem(line)
         if problem:
-            raise DataError(problem, file=str(path), location=f"line {number}")
+            raise DataError(problem, file=str(path), location=f"line {number}", reason="malformed")
         lines.append(line)
     if not lines:
-        raise DataError("the metrics log has no lines", file=str(path))
+        raise DataError("the metrics log has no lines", file=str(path), reason="malformed")
     return lines
 
 

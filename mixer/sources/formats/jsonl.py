@@ -44,27 +44,36 @@ def _read_line(stream: IO[bytes], max_bytes: int) -> tuple[bytes | None, int]:
             return None, consumed
 
 
+class _BadLine(ValueError):
+    """A line that is no record: its message and reason (`DataError.reason`)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 def _parse(line: bytes, text_field: str) -> str:
     try:
         decoded = line.decode("utf-8")
     except UnicodeDecodeError as exc:   # the record's own bytes: counted as bad text
-        raise ValueError(f"line is not valid UTF-8 ({exc.reason} at byte {exc.start} of the "
-                         "line)") from None
+        raise _BadLine(f"line is not valid UTF-8 ({exc.reason} at byte {exc.start} of the "
+                       "line)", "bad_text") from None
     if decoded.startswith("\ufeff"):   # a byte-order mark (json.loads of bytes allowed one)
         decoded = decoded[1:]
     try:
         obj = json.loads(decoded)
     except ValueError as exc:
-        raise ValueError(f"malformed JSON: {exc}") from None
+        raise _BadLine(f"malformed JSON: {exc}", "malformed") from None
     except RecursionError:
-        raise ValueError("malformed JSON: nested too deeply to parse") from None
+        raise _BadLine("malformed JSON: nested too deeply to parse", "malformed") from None
     if not isinstance(obj, dict):
-        raise ValueError("record is not a JSON object")
+        raise _BadLine("record is not a JSON object", "malformed")
     text = obj.get(text_field)
     if not isinstance(text, str):
         if text_field not in obj:
-            raise ValueError(f"missing text field {text_field!r}")
-        raise ValueError(f"text field {text_field!r} is {type(text).__name__}, not a string")
+            raise _BadLine(f"missing text field {text_field!r}", "bad_text")
+        raise _BadLine(f"text field {text_field!r} is {type(text).__name__}, not a string",
+                       "bad_text")
     return text
 
 
@@ -86,7 +95,8 @@ def _records(stream: IO[bytes], *, entry: FileEntry, source: str, text_field: st
             line, size = _read_line(stream, max_bytes)
         except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
             err = DataError(f"corrupt compressed data after decompressed byte offset {offset}: "
-                            f"{exc}", source=source, file=entry.url, location=where(offset))
+                            f"{exc}", source=source, file=entry.url, location=where(offset),
+                            reason="corrupt")
             yield Record(index, offset, None, err)
             return
         if size == 0:
@@ -94,15 +104,17 @@ def _records(stream: IO[bytes], *, entry: FileEntry, source: str, text_field: st
         consumed = raw.tell() if raw is not None else -1
         if line is None:
             err = DataError(f"record longer than max_document_bytes ({max_bytes})",
-                            source=source, file=entry.url, location=where(offset))
+                            source=source, file=entry.url, location=where(offset),
+                            reason="too_long")
             yield Record(index, offset, None, err, consumed=consumed)
         elif line.strip():
             try:
                 yield Record(index, offset, _parse(line, text_field), consumed=consumed)
-            except ValueError as exc:
+            except _BadLine as exc:
                 yield Record(index, offset, None,
                              DataError(str(exc), source=source, file=entry.url,
-                                       location=where(offset)), consumed=consumed)
+                                       location=where(offset), reason=exc.reason),
+                             consumed=consumed)
         else:
             index -= 1  # blank lines are not records
         index += 1
@@ -144,7 +156,8 @@ def _read_compressed(opener, *, storage, entry: FileEntry, source: str, text_fie
             _skip_to(stream, offset)  # no access points: resuming decompresses from the start
         except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
             err = DataError(f"corrupt compressed data before decompressed byte offset {offset}: "
-                            f"{exc}", source=source, file=entry.url, location=f"line {index + 1}")
+                            f"{exc}", source=source, file=entry.url, location=f"line {index + 1}",
+                            reason="corrupt")
             yield Record(index, offset, None, err)
             return
         yield from _records(stream, entry=entry, source=source, text_field=text_field,
@@ -191,7 +204,8 @@ def _read_frames(*, storage, entry: FileEntry, split: Split, source: str, text_f
             except (OSError, EOFError, zstandard.ZstdError) as exc:
                 err = DataError(f"corrupt compressed data: {exc}", source=source,
                                 file=entry.url,
-                                location=f"decompressed byte offset {split.dstart}")
+                                location=f"decompressed byte offset {split.dstart}",
+                                reason="corrupt")
                 yield Record(index, split.dstart, None, err)
                 return
             yield from _records(stream, entry=entry, source=source, text_field=text_field,

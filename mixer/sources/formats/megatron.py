@@ -114,7 +114,7 @@ def read_megatron(*, storage, entry: FileEntry, split: Split, source: str, text_
             raw = parts[0] if len(parts) == 1 else np.concatenate(parts)
             if len(raw) != count:
                 raise DataError(f"the .bin ends inside document {doc}", source=source,
-                                file=entry.url, location=where)
+                                file=entry.url, location=where, reason="corrupt")
             bad = first_bad_id(raw, info.vocab_size)
             if bad is not None:
                 start = pointers[s0] // itemsize

@@ -119,7 +119,8 @@ def _documents(f: IO[bytes], lay: Layout, start: int, soft_end: int, eos: int,
                 else _TAIL_TOKENS * size)
         data = f.read(min(want, lay.end - at))
         if not data:
-            raise DataError(f"file ends at byte {at}, before the {lay.count} tokens it holds")
+            raise DataError(f"file ends at byte {at}, before the {lay.count} tokens it holds",
+                            reason="corrupt")
         chunk = np.frombuffer(data, lay.dtype)
         at += len(data)
         cut = 0

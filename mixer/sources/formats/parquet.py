@@ -53,12 +53,13 @@ def read_parquet(*, storage, entry: FileEntry, split: Split, source: str, text_f
         except KeyError:
             err = DataError(f"missing text field {text_field!r} (columns: "
                             f"{', '.join(pf.schema_arrow.names)})", source=source,
-                            file=entry.url, location=f"row group {group}")
+                            file=entry.url, location=f"row group {group}", reason="bad_text")
             yield Record(index, index, None, err)
         except Exception as exc:  # pyarrow raises several types for corrupt files
             at = max(index, row)
             err = DataError(f"cannot read parquet row group: {exc}", source=source,
-                            file=entry.url, location=f"row group {group}, row {at}")
+                            file=entry.url, location=f"row group {group}, row {at}",
+                            reason="corrupt")
             yield Record(at, at, None, err)
 
 
@@ -118,12 +119,13 @@ def _record(value, row: int, source: str, text_field: str, max_bytes: int, entry
     where = f"row group {group}, row {row}"
     if isinstance(value, str):
         return Record(row, row, value)
+    reason = "bad_text"
     if isinstance(value, _TooLong):
-        message = f"record longer than max_document_bytes ({max_bytes})"
+        message, reason = f"record longer than max_document_bytes ({max_bytes})", "too_long"
     elif isinstance(value, _BadUtf8):
         message = (f"text field {text_field!r} is not valid UTF-8 ({value.error.reason} at byte "
                    f"{value.error.start} of the value)")
     else:
         message = f"text field {text_field!r} is {type(value).__name__}, not a string"
     return Record(row, row, None, DataError(message, source=source, file=entry.url,
-                                            location=where))
+                                            location=where, reason=reason))

@@ -21,7 +21,7 @@ def read_text(*, storage, entry: FileEntry, split: Split, source: str, text_fiel
     if entry.size > max_bytes:
         yield Record(0, 0, None, DataError(f"document longer than max_document_bytes "
                                            f"({max_bytes})", source=source, file=entry.url,
-                                           location="byte offset 0"))
+                                           location="byte offset 0", reason="too_long"))
         return
     with storage.open(entry) as f:
         data = f.read()
@@ -29,7 +29,8 @@ def read_text(*, storage, entry: FileEntry, split: Split, source: str, text_fiel
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         yield Record(0, 0, None, DataError(f"not valid UTF-8: {exc.reason}", source=source,
-                                           file=entry.url, location=f"byte offset {exc.start}"))
+                                           file=entry.url, location=f"byte offset {exc.start}",
+                                           reason="bad_text"))
         return
     # The format needs the document in memory: its text, not the bytes besides (this frame
     # lives on while the record is used).

@@ -34,7 +34,7 @@ def read_range(storage: Any, entry: FileEntry, start: int, size: int) -> bytes:
     if len(data) != size:
         raise DataError(f"file is truncated: wanted bytes [{start}, {start + size}), it has "
                         f"{entry.size}", source=storage.source, file=entry.url,
-                        location=f"byte offset {start}")
+                        location=f"byte offset {start}", reason="corrupt")
     return data
 
 
@@ -56,7 +56,7 @@ def bad_id_error(ids: np.ndarray, at: int, info: TokenizerInfo, *, source: str, 
                  where: str) -> DataError:
     return DataError(f"token id {int(ids[at])} is outside the tokenizer's vocabulary "
                      f"(size {info.vocab_size}); was the file made with another tokenizer?",
-                     source=source, file=file, location=where)
+                     source=source, file=file, location=where, reason="bad_tokens")
 
 
 def finish_document(ids: np.ndarray, info: TokenizerInfo) -> np.ndarray | None:
@@ -85,4 +85,4 @@ def too_long_error(tokens: int, max_bytes: int, *, source: str, file: str,
                    where: str) -> DataError:
     return DataError(f"document of {tokens} tokens is longer than max_document_bytes "
                      f"({max_bytes}, at {BYTES_PER_TOKEN} bytes per token)", source=source,
-                     file=file, location=where)
+                     file=file, location=where, reason="too_long")
