@@ -2,11 +2,12 @@
 
     python benchmarks/ray_workers.py [--copies 4] [--batches 60] [--procs 2]
 
-Each row runs in a fresh subprocess (its own peak RSS): `--batches` batches of 8 × 2048, the
-time to the first batch, and the time to the first batch of a loader resuming from the state
-after half of them; the driver's own peak RSS (not its workers'). The Ray rows start a local
-cluster on 127.0.0.1 first (its start is not counted). "store B/token" is what the batches put
-in the object store (their arrays in the wire dtypes) per real token.
+Each row runs in a fresh subprocess (its own peak RSS): `--batches` batches of 8 × 2048
+(tokens/s after the first batch: steady state), the time to the first batch, and the time to
+the first batch of a loader resuming from the state after half of them; the driver's own peak
+RSS (not its workers'). The Ray rows start a local cluster on 127.0.0.1 first (its start is
+not counted). "store B/token" is what the batches put in the object store (their arrays in the
+wire dtypes) per real token.
 """
 
 from __future__ import annotations
@@ -26,15 +27,18 @@ from common import format_table, recipe_for, write_corpus  # noqa: E402
 
 
 def _timed(loader, batches: int) -> tuple[float, float, int]:
+    """(seconds to the first batch, seconds and real tokens of the batches after it)."""
     start = time.perf_counter()
     first, tokens = None, 0
     for i, batch in enumerate(loader):
         if first is None:
             first = time.perf_counter() - start
-        tokens += int((batch["source_ids"] >= 0).sum())
+        else:
+            tokens += int((batch["source_ids"] >= 0).sum())
         if i + 1 == batches:
             break
-    return first or 0.0, time.perf_counter() - start, tokens
+    first = first or 0.0
+    return first, time.perf_counter() - start - first, tokens
 
 
 def run(folder: str, kind: str, procs: int, batches: int) -> dict:
@@ -53,7 +57,7 @@ def run(folder: str, kind: str, procs: int, batches: int) -> dict:
     loader = mixer.build_loader(recipe, **options)
     first, seconds, tokens = _timed(loader, batches)
     slots = sum(np.dtype(spec.wire).itemsize for spec in loader.layout.specs)
-    store = slots * recipe["batch_size"] * recipe["seq_len"] * batches / max(tokens, 1)
+    store = slots * recipe["batch_size"] * recipe["seq_len"] * (batches - 1) / max(tokens, 1)
     half = mixer.build_loader(recipe, **options)
     _timed(half, batches // 2)
     state = half.state_dict()
