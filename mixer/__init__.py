@@ -28,6 +28,7 @@ from mixer.config.recipe import Recipe, SourceConfig, load_recipe
 from mixer.core.errors import DataError, MixerError, RecipeError, StateError, TopologyError
 from mixer.pipeline.batch import BatchLayout
 from mixer.runtime.loader import BATCH_KEYS, Loader, build_loader
+from mixer.runtime.ray_workers import RayWorkers
 from mixer.runtime.state import merge_states
 
 __version__ = "0.1.0"
@@ -39,7 +40,7 @@ def is_padding_batch(batch: dict) -> bool:
 
 
 __all__ = [
-    "BATCH_KEYS", "DataError", "Loader", "MixerError", "Recipe", "RecipeError", "SourceConfig",
-    "StateError", "TopologyError", "build_loader", "is_padding_batch", "load_recipe",
-    "merge_states",
+    "BATCH_KEYS", "DataError", "Loader", "MixerError", "RayWorkers", "Recipe", "RecipeError",
+    "SourceConfig", "StateError", "TopologyError", "build_loader", "is_padding_batch",
+    "load_recipe", "merge_states",
 ]

@@ -3,7 +3,7 @@ at num_workers 0) iterates, producing the global batches of the lanes it serves.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -13,11 +13,13 @@ from mixer.config.recipe import Recipe
 from mixer.core.errors import MixerError
 from mixer.core.token_info import TokenizerInfo
 from mixer.images.select import layout_for
-from mixer.pipeline.batch import BatchLayout, Wire
+from mixer.pipeline.batch import Batch, BatchLayout, Wire
 from mixer.pipeline.lanes import Lane
 from mixer.pipeline.schedule import WeightPlan
 from mixer.sources import IO_STATS, SourceTable
 from mixer.tokenize import Encoder
+
+Send = Callable[[BatchLayout, Batch], Any]   # a batch → what crosses to the loader's process
 
 
 class LaneDataset(IterableDataset):
@@ -37,7 +39,15 @@ class LaneDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
         info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is None:
+            return self.produce(0, 1, None)
+        return self.produce(info.id, info.num_workers, _wire)
+
+    def produce(self, worker: int, workers: int, send: Send | None
+                ) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """The batches of worker `worker` of `workers` (DataLoader workers or Ray actors).
+        `send` turns a batch into what crosses the process boundary; None: in the loader's
+        own process, where a `MixerError` is raised rather than sent as an item."""
         encoder = Encoder(self.tokenizer)
         layout = layout_for(self.recipe, self.tokenizer)
         IO_STATS.reset()  # count this iteration's reads (a worker's, not its parent's)
@@ -46,12 +56,12 @@ class LaneDataset(IterableDataset):
         block = min(max(self.recipe.read_ahead_bytes // max(streams, 1), 256 << 10), 16 << 20)
         lanes: dict[int, Lane] = {}
         try:
-            yield from self._batches(lanes, worker, workers, info, encoder, layout, block)
+            yield from self._batches(lanes, worker, workers, send, encoder, layout, block)
         finally:   # (not left to the cycle collector: open files, temporary files)
             for lane in lanes.values():
                 lane.close()
 
-    def _batches(self, lanes: dict[int, Lane], worker: int, workers: int, info: Any,
+    def _batches(self, lanes: dict[int, Lane], worker: int, workers: int, send: Send | None,
                  encoder: Encoder, layout: BatchLayout, block: int
                  ) -> Iterator[tuple[Any, dict[str, Any]]]:
         step = worker
@@ -67,7 +77,7 @@ class LaneDataset(IterableDataset):
             try:
                 batch = lane.next_batch(self.recipe.batch_size)
             except MixerError as exc:
-                if info is None:
+                if send is None:
                     raise
                 # Sent as an item, not raised: torch would re-create the error from its
                 # message alone, losing `.source`, `.file` and `.location`.
@@ -75,13 +85,15 @@ class LaneDataset(IterableDataset):
                 return
             meta = {"g": g, "lane": index, "padding": batch.padding,
                     "state": lane.state_dict(), "worker": worker, "io": IO_STATS.as_dict()}
-            if info is None:
-                yield batch, meta
-            else:
-                # Across the process boundary: one buffer in compact dtypes through the pipe is
-                # cheaper than int64 tensors in shared memory (measured: about half the time).
-                yield layout.to_wire(batch), meta
+            # Across a process boundary: for DataLoader workers one buffer in compact dtypes
+            # through the pipe is cheaper than int64 tensors in shared memory (measured: about
+            # half the time); Ray actors send arrays through the object store.
+            yield (batch if send is None else send(layout, batch)), meta
             step += workers
+
+
+def _wire(layout: BatchLayout, batch: Batch) -> Wire:
+    return layout.to_wire(batch)
 
 
 def as_batch(layout: BatchLayout, data: Any, meta: dict) -> dict[str, torch.Tensor]:

@@ -28,8 +28,9 @@ from mixer.pipeline.schedule import Override, WeightPlan, check_schedule, schedu
 from mixer.runtime import dist, workers
 from mixer.runtime.lane_dataset import LaneDataset, as_batch
 from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics
+from mixer.runtime.ray_workers import ActorPool, RayWorkers
 from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
-from mixer.runtime.topology import check_ranks, check_topology
+from mixer.runtime.topology import check_workers
 from mixer.sources import SourceTable
 from mixer.sources.manifest import list_sources
 from mixer.tokenize import TokenizerInfo, resolve_tokenizer
@@ -45,9 +46,10 @@ class Loader:
 
     def __init__(self, recipe: Recipe, *, tables: list[SourceTable], tokenizer: TokenizerInfo,
                  rank: int, world_size: int, num_workers: int,
-                 distributed: bool = False) -> None:
-        check_ranks(rank, world_size, num_workers)
-        check_topology(recipe.lanes, world_size, num_workers)
+                 distributed: bool = False, workers: RayWorkers | None = None) -> None:
+        check_workers(recipe.lanes, rank, world_size, num_workers, workers)
+        self.workers = workers
+        self._pool: ActorPool | None = None
         self.recipe = recipe
         self.tables = tables
         self.tokenizer = tokenizer
@@ -253,21 +255,34 @@ class Loader:
     def _generate(self) -> Iterator[dict[str, torch.Tensor]]:
         # A set_weights or load_state_dict call while iterating discards what the workers
         # prefetched and starts them again from the handed-out (or loaded) lane states.
-        while (yield from self._run()):
-            pass
+        if self.workers is not None:   # Ray actors live as long as the iteration
+            self._pool = ActorPool(self.workers, self.layout)
+        try:
+            while (yield from self._run()):
+                pass
+        finally:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+    def _open(self, dataset: LaneDataset) -> Any:
+        """What yields (batch, meta): the dataset itself, DataLoader workers, or Ray actors."""
+        if self._pool is not None:
+            return self._pool.stream(dataset)
+        if self.num_workers == 0:
+            return iter(dataset)
+        source = iter(DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
+                                 prefetch_factor=2, multiprocessing_context="fork",
+                                 worker_init_fn=workers.init_fn()))
+        workers.adopt(source._workers)  # stopped at exit even if never closed
+        return source
 
     def _run(self) -> Iterator[dict[str, torch.Tensor]]:
         """Batches until the stream ends (returns False) or the weights change (True)."""
         version = self._plan_version
         dataset = LaneDataset(self.recipe, self.tables, self.tokenizer, dict(self._lane_states),
                                self._next_global, self.rank, self.world_size, self._plan)
-        if self.num_workers == 0:
-            source: Any = iter(dataset)
-        else:
-            source = iter(DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
-                                     prefetch_factor=2, multiprocessing_context="fork",
-                                     worker_init_fn=workers.init_fn()))
-            workers.adopt(source._workers)  # stopped at exit even if never closed
+        source = self._open(dataset)
         held: list[tuple[dict, dict]] = []
         try:
             while True:
@@ -306,7 +321,7 @@ class Loader:
             traceback.clear_frames(exc.__traceback__)
             raise
         finally:
-            if self.num_workers == 0:
+            if self.num_workers == 0:   # in-process lanes, or the Ray stream
                 source.close()   # closes the lanes' readers and unfinished cache entries
             del source  # shuts DataLoader workers down
 
@@ -353,16 +368,17 @@ def _warn_left_over(loader: Loader) -> None:
 
 
 def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
-                 world_size: int | None = None, num_workers: int = 0) -> Loader:
-    """A loader for this rank. Rank and world size default to torch.distributed's, else 0/1."""
+                 world_size: int | None = None, num_workers: int = 0,
+                 workers: RayWorkers | None = None) -> Loader:
+    """A loader for this rank. Rank and world size default to torch.distributed's, else 0/1.
+    `workers=mixer.RayWorkers(...)` runs the lanes in Ray actors (num_workers must be 0)."""
     recipe = load_recipe(recipe)
     distributed = dist.is_distributed() and rank is None and world_size is None
     if rank is None or world_size is None:
         found_rank, found_world = dist.rank_and_world()
         rank = found_rank if rank is None else rank
         world_size = found_world if world_size is None else world_size
-    check_ranks(rank, world_size, num_workers)
-    check_topology(recipe.lanes, world_size, num_workers)
+    check_workers(recipe.lanes, rank, world_size, num_workers, workers)
     tokenizer = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token,
                                   info_cache=tokenizer_info_dir(recipe))
     if distributed and world_size > 1:
@@ -370,4 +386,4 @@ def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
     else:
         tables = list_sources(recipe)
     return Loader(recipe, tables=tables, tokenizer=tokenizer, rank=rank, world_size=world_size,
-                  num_workers=num_workers, distributed=distributed)
+                  num_workers=num_workers, distributed=distributed, workers=workers)

@@ -31,7 +31,22 @@ def valid_workers(lanes: int, world_size: int) -> list[int]:
     return [n for n in range(1, lanes + 1) if fits(lanes, world_size, n)]
 
 
-def check_topology(lanes: int, world_size: int, num_workers: int) -> None:
+def check_workers(lanes: int, rank: int, world_size: int, num_workers: int,
+                  ray_workers: object | None) -> None:
+    """The loader's checks: sane ranks, and the lanes rule for its DataLoader workers, or
+    for its Ray actors (`RayWorkers`: `actors` in place of `num_workers`, which must be 0)."""
+    check_ranks(rank, world_size, num_workers)
+    if ray_workers is None:
+        check_topology(lanes, world_size, num_workers)
+        return
+    if num_workers:
+        raise TopologyError(f"num_workers={num_workers} with workers=RayWorkers(...): the "
+                            "Ray actors are the workers; set num_workers=0")
+    check_topology(lanes, world_size, ray_workers.actors, what="actors")  # type: ignore
+
+
+def check_topology(lanes: int, world_size: int, num_workers: int,
+                   what: str = "num_workers") -> None:
     """Refuse a topology whose workers × ranks do not divide the lanes, listing valid values."""
     workers = max(num_workers, 1)
     if fits(lanes, world_size, num_workers):
@@ -39,7 +54,7 @@ def check_topology(lanes: int, world_size: int, num_workers: int) -> None:
     valid_workers_ = valid_workers(lanes, world_size)
     valid_lanes = [workers * world_size * k for k in range(1, 5)]
     raise TopologyError(
-        f"lanes={lanes} is not divisible by num_workers × world_size = {workers} × "
-        f"{world_size}; valid num_workers for world_size {world_size}: "
+        f"lanes={lanes} is not divisible by {what} × world_size = {workers} × "
+        f"{world_size}; valid {what} for world_size {world_size}: "
         f"{valid_workers_ or 'none (lanes must be a multiple of world_size)'} (0 counts as 1); "
         f"or set lanes to a multiple of {workers * world_size}, e.g. {valid_lanes}")

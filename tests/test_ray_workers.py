@@ -1,0 +1,213 @@
+"""Ray actors as the loader's workers: the same stream, state and errors as DataLoader workers;
+actors replaced when they die; none outlives its driver. One real Ray cluster on 127.0.0.1
+for the module.
+
+Ray turns `_node_ip_address="127.0.0.1"` into the machine's outward address (its
+`resolve_ip_for_localhost`) unless `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, read when `ray` is
+imported: set here first, so the cluster binds and reports 127.0.0.1 only (checked).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+import pytest  # noqa: E402
+from helpers import corpus, doc_text  # noqa: E402
+from procs import spawn  # noqa: E402
+
+import mixer  # noqa: E402
+
+ray = pytest.importorskip("ray")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
+             num_cpus=4, log_to_driver=False)
+    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def digest(batch: dict) -> str:
+    h = hashlib.sha256()
+    for key in sorted(batch):   # pixels and grids included
+        h.update(key.encode() + batch[key].numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def take(loader, n: int) -> list[str]:
+    out: list[str] = []
+    for batch in loader:
+        out.append(digest(batch))
+        if len(out) == n:
+            break
+    return out
+
+
+def ray_loader(recipe, **spec) -> mixer.Loader:
+    return mixer.build_loader(recipe, workers=mixer.RayWorkers(**{"actors": 2, **spec}))
+
+
+def actor_states(ids: list[str]) -> list[str]:
+    table = ray._private.state.state.actor_table(None)
+    return [table[i]["State"] if i in table else "GONE" for i in ids]
+
+
+def test_text_stream_is_the_local_stream_and_close_ends_the_actors(cluster, three_sources):
+    recipe = three_sources[0]
+    reference = take(mixer.build_loader(recipe), 30)
+    assert take(mixer.build_loader(recipe, num_workers=2), 30) == reference
+    loader = ray_loader(recipe)
+    batches = iter(loader)
+    assert [digest(next(batches)) for _ in range(30)] == reference
+    ids = [actor._actor_id.hex() for actor in loader._pool.actors]
+    assert actor_states(ids) == ["ALIVE", "ALIVE"]
+    loader.close()
+    deadline = time.monotonic() + 10
+    while actor_states(ids) != ["DEAD", "DEAD"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert actor_states(ids) == ["DEAD", "DEAD"]
+
+
+def test_image_stream_is_the_local_stream(cluster):
+    recipe = str(ROOT / "recipes" / "multimodal_demo.yaml")
+    reference = take(mixer.build_loader(recipe), 6)
+    assert take(mixer.build_loader(recipe, num_workers=2), 6) == reference
+    with ray_loader(recipe) as loader:
+        batches = iter(loader)
+        got = [next(batches) for _ in range(6)]
+        assert [digest(b) for b in got] == reference
+        assert sum(b["pixel_values"].numel() for b in got) > 0
+        del got, batches
+
+
+def test_states_cross_between_ray_and_local_and_world_sizes(cluster, three_sources):
+    recipe = three_sources[0]
+    full = take(mixer.build_loader(recipe), 40)
+    with ray_loader(recipe) as first:
+        assert take(first, 7) == full[:7]
+        state = json.loads(json.dumps(first.state_dict()))
+    local = mixer.build_loader(recipe, num_workers=2)
+    local.load_state_dict(state)
+    assert take(local, 6) == full[7:13]
+    back = ray_loader(recipe, actors=1)
+    back.load_state_dict(local.state_dict())
+    local.close()
+    assert take(back, 5) == full[13:18]
+    back.close()
+    # two ranks on Ray, 5 steps each → one rank without Ray from global batch 10
+    ranks = [mixer.build_loader(recipe, rank=r, world_size=2,
+                                workers=mixer.RayWorkers(actors=1)) for r in (0, 1)]
+    steps = [take(loader, 5) for loader in ranks]
+    assert [steps[g % 2][g // 2] for g in range(10)] == full[:10]
+    merged = mixer.merge_states([loader.state_dict() for loader in ranks])
+    for loader in ranks:
+        loader.close()
+    single = mixer.build_loader(recipe)
+    single.load_state_dict(merged)
+    assert take(single, 10) == full[10:20]
+
+
+def test_dead_actors_are_replaced_and_the_stream_is_unchanged(cluster, three_sources):
+    recipe = {**three_sources[0], "shuffle_window": 5}
+    reference = take(mixer.build_loader(recipe), 36)
+    loader = ray_loader(recipe)
+    batches = iter(loader)
+    got = [digest(next(batches)) for _ in range(5)]
+    ray.kill(loader._pool.actors[0])
+    got += [digest(next(batches)) for _ in range(13)]
+    pid = ray.get(loader._pool.actors[1].pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    got += [digest(next(batches)) for _ in range(18)]
+    assert got == reference
+    assert loader._pool.restarts == [1, 1]
+    loader.close()
+
+
+def test_more_deaths_than_max_restarts_name_the_lanes(cluster, three_sources):
+    loader = ray_loader(three_sources[0], max_restarts=1)
+    batches = iter(loader)
+    next(batches)
+    ray.kill(loader._pool.actors[0])
+    killed = 1
+    # A death shows when the driver asks for a batch the actor had not made yet (up to
+    # in_flight of its batches may be done already).
+    with pytest.raises(mixer.MixerError, match=r"lane\(s\) \[0, 2\] died 2 times.*"
+                                               r"max_restarts=1.*last error"):
+        for _ in range(60):
+            next(batches)
+            if loader._pool.restarts[0] == killed == 1:
+                ray.kill(loader._pool.actors[0])   # the replacement
+                killed = 2
+    loader.close()
+
+
+def test_data_error_inside_an_actor_keeps_its_attributes(cluster, tmp_path, tokenizer_path):
+    good = "".join(json.dumps({"text": doc_text(d, n)}) + "\n" for d, n in corpus(0, 5))
+    path = tmp_path / "x.jsonl"
+    path.write_text(good + '{"text": "w1 w1"\n')
+    recipe = {"seed": 1, "tokenizer": str(tokenizer_path), "seq_len": 16, "batch_size": 2,
+              "lanes": 2, "sources": [{"name": "bad", "path": str(path), "weight": 1,
+                                          "epochs": 1}]}
+    with pytest.raises(mixer.DataError) as local:
+        take(mixer.build_loader(recipe), 100)
+    with pytest.raises(mixer.DataError) as remote:
+        take(ray_loader(recipe), 100)
+    for attr in ("source", "file", "location", "reason"):
+        assert getattr(remote.value, attr) == getattr(local.value, attr)
+    assert str(remote.value) == str(local.value) and remote.value.file == str(path)
+
+
+def test_topology_errors(three_sources):
+    recipe = three_sources[0]   # 4 lanes
+    with pytest.raises(mixer.TopologyError, match="set num_workers=0"):
+        mixer.build_loader(recipe, num_workers=2, workers=mixer.RayWorkers(actors=2))
+    with pytest.raises(mixer.TopologyError, match=r"actors × world_size = 3 × 1"):
+        mixer.build_loader(recipe, workers=mixer.RayWorkers(actors=3))
+    with pytest.raises(mixer.TopologyError, match=r"actors × world_size = 2 × 4"):
+        mixer.build_loader(recipe, rank=0, world_size=4, workers=mixer.RayWorkers(actors=2))
+    with pytest.raises(mixer.TopologyError, match="in_flight"):
+        mixer.RayWorkers(actors=2, in_flight=0)
+
+
+def test_set_weights_and_metrics_as_local(cluster, three_sources):
+    recipe = three_sources[0]
+    local, remote = mixer.build_loader(recipe, num_workers=2), ray_loader(recipe)
+    out = []
+    for loader in (local, remote):
+        batches = iter(loader)
+        got = [digest(next(batches)) for _ in range(5)]
+        loader.set_weights({"prose": 1.0, "web": 3.0})
+        got += [digest(next(batches)) for _ in range(12)]
+        metrics = loader.metrics()
+        out.append((got, {k: v for k, v in metrics.items() if k != "io"},
+                    loader.metrics(all_ranks=True)["tokens"], loader.state_dict()))
+        loader.close()
+    assert out[0] == out[1]
+
+
+def test_killed_driver_leaves_no_actor(cluster, three_sources):
+    driver = spawn([sys.executable, str(Path(__file__).with_name("ray_driver.py")), cluster,
+                    json.dumps(three_sources[0])])
+    try:
+        line = driver.stdout.readline()
+        assert line, driver.stderr.read()
+        ids = json.loads(line)
+        assert actor_states(ids) == ["ALIVE", "ALIVE"]
+    finally:
+        driver.kill()
+        driver.wait()
+    deadline = time.monotonic() + 20
+    while any(s != "DEAD" for s in actor_states(ids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert actor_states(ids) == ["DEAD", "DEAD"]
