@@ -30,7 +30,7 @@ from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics
 from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
 from mixer.sources import IO_STATS, SourceTable
 from mixer.sources.manifest import list_sources
-from mixer.tokenize import Encoder, TokenizerInfo, resolve_tokenizer
+from mixer.tokenize import BackendChoice, Encoder, TokenizerInfo, resolve_backend, resolve_tokenizer
 
 BATCH_KEYS = TEXT_KEYS   # every layout has these; image layouts add more
 MAX_WORLD_SIZE = 1 << 20
@@ -161,6 +161,9 @@ class Loader:
         self._gen: weakref.ref | None = None
         self._plan = WeightPlan(recipe)
         self._plan_version = 0   # bumped by set_weights: a running iteration restarts
+        # The tokenizer backend and why (set by build_loader; `tokenizer.backend` is what
+        # encodes).
+        self.backend: BackendChoice | None = None
 
     # -- ownership ---------------------------------------------------------------------------
     def own_lanes(self) -> list[int]:
@@ -442,5 +445,9 @@ def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
         tables = dist.list_once(lambda: list_sources(recipe))
     else:
         tables = list_sources(recipe)
-    return Loader(recipe, tables=tables, tokenizer=tokenizer, rank=rank, world_size=world_size,
-                  num_workers=num_workers, distributed=distributed)
+    # Chosen once, before any worker forks: workers encode with `tokenizer.backend` as chosen.
+    choice = resolve_backend(recipe, tokenizer, tables, info_cache=tokenizer_info_dir(recipe))
+    loader = Loader(recipe, tables=tables, tokenizer=choice.info, rank=rank,
+                    world_size=world_size, num_workers=num_workers, distributed=distributed)
+    loader.backend = choice
+    return loader
