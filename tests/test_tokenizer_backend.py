@@ -157,7 +157,7 @@ def test_the_token_cache_serves_either_backend(recipe, tmp_path):
     assert loader.tokenizer.backend == "fastokens"
     assert take(loader, 10) == reference
     assert CACHE_STATS.hits > 0 and CACHE_STATS.misses == 0
-    assert list((tmp_path / "cache" / "tokenizers").glob("backend-*.json"))
+    assert list((tmp_path / "cache" / "tokenizers" / "backends").glob("backend-*.json"))
 
 
 def test_encoder_output_is_identical(recipe):
@@ -256,7 +256,7 @@ def test_a_warm_start_does_not_verify_again(recipe, tmp_path, monkeypatch):
     monkeypatch.setattr(verify, "verify", counted)
     first = mixer.build_loader(recipe)
     assert len(calls) == 1 and not first.backend.cached
-    [stored] = (tmp_path / "xdg" / "mixer" / "tokenizers").glob("backend-*.json")
+    [stored] = (tmp_path / "xdg" / "mixer" / "tokenizer-backends").glob("backend-*.json")
     monkeypatch.setattr(verify, "_verdicts", {})   # as in a new process
     second = mixer.build_loader(recipe)
     assert len(calls) == 1 and second.backend.cached

@@ -107,12 +107,12 @@ _verdicts: dict[str, tuple[Verdict, dict]] = {}
 
 
 def cache_folder(info_cache: str | None) -> Path:
-    """Where verdicts are kept: `info_cache` (the token cache's tokenizer folder), else
-    `$XDG_CACHE_HOME/mixer/tokenizers` (default `~/.cache/mixer/tokenizers`)."""
+    """Where verdicts are kept: `backends/` in `info_cache` (the token cache's tokenizer
+    folder), else `$XDG_CACHE_HOME/mixer/tokenizer-backends` (default `~/.cache/...`)."""
     if info_cache is not None:
-        return Path(info_cache)
+        return Path(info_cache) / "backends"
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "mixer" / "tokenizers"
+    return Path(base) / "mixer" / "tokenizer-backends"
 
 
 def _key(recipe: Any, info: TokenizerInfo, version: str, tables: list[SourceTable]) -> str:
