@@ -161,9 +161,7 @@ class Loader:
         self._gen: weakref.ref | None = None
         self._plan = WeightPlan(recipe)
         self._plan_version = 0   # bumped by set_weights: a running iteration restarts
-        # The tokenizer backend and why (set by build_loader; `tokenizer.backend` is what
-        # encodes).
-        self.backend: BackendChoice | None = None
+        self.backend: BackendChoice | None = None   # which encodes, and why (build_loader)
 
     # -- ownership ---------------------------------------------------------------------------
     def own_lanes(self) -> list[int]:
@@ -445,9 +443,8 @@ def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
         tables = dist.list_once(lambda: list_sources(recipe))
     else:
         tables = list_sources(recipe)
-    # Chosen once, before any worker forks: workers encode with `tokenizer.backend` as chosen.
     choice = resolve_backend(recipe, tokenizer, tables, info_cache=tokenizer_info_dir(recipe))
-    loader = Loader(recipe, tables=tables, tokenizer=choice.info, rank=rank,
-                    world_size=world_size, num_workers=num_workers, distributed=distributed)
+    loader = Loader(recipe, tables=tables, tokenizer=choice.info, rank=rank, world_size=world_size,
+                    num_workers=num_workers, distributed=distributed)   # (workers: choice.info)
     loader.backend = choice
     return loader
