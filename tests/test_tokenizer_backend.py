@@ -230,6 +230,21 @@ def test_a_mismatch_on_a_source_document_falls_back_or_is_refused(recipe, monkey
         mixer.build_loader(backend(recipe, "fastokens"))
 
 
+def test_fastokens_raising_on_a_document_is_a_mismatch(recipe, monkeypatch):
+    real = FastokensBackend.encode_batch
+
+    def encode_batch(self, texts):
+        if any(MARKER in text for text in texts):
+            raise ValueError("no such luck")
+        return real(self, texts)
+
+    monkeypatch.setattr(FastokensBackend, "encode_batch", encode_batch)
+    assert mixer.build_loader(recipe).tokenizer.backend == "hf"
+    with pytest.raises(mixer.RecipeError, match=r"source 'b', document 5 .*fastokens raised "
+                                                r"ValueError: no such luck"):
+        mixer.build_loader(backend(recipe, "fastokens"))
+
+
 def test_a_mismatch_on_the_stress_text_is_found_before_any_source(recipe, monkeypatch):
     real = FastokensBackend.encode_batch
     monkeypatch.setattr(FastokensBackend, "encode_batch", lambda self, texts: [

@@ -234,7 +234,11 @@ def _stress_mismatch(hf: HfBackend, fast: FastokensBackend, info: TokenizerInfo)
         why = f"differs on the stress text (section {sections[found[0]][0]!r}), {found[1]}"
     else:
         for (name, _), ids in zip(sections, fast.encode_batch(texts)):
-            if hf.decode(ids) != fast.decode(ids):
+            try:
+                same = hf.decode(ids) == fast.decode(ids)
+            except BaseException as exc:
+                same, name = False, f"{name}: {_raised(exc)}"
+            if not same:
                 why = f"decodes the stress text differently (section {name!r})"
                 break
     _stress[(info.digest, info.path)] = why
@@ -253,12 +257,33 @@ def _first_mismatch(hf: HfBackend, fast: FastokensBackend,
         while stop < len(texts) and not chunk_full(stop - at, size, TOKENIZE_BYTES_AHEAD):
             size += len(texts[stop])
             stop += 1
-        for k, got in enumerate(fast.encode_batch(texts[at:stop]), start=at):
+        try:
+            encoded = fast.encode_batch(texts[at:stop])
+        except BaseException as exc:   # (pyo3's PanicException is no Exception)
+            why = _raised(exc)
+            return next((k for k in range(at, stop) if _fails(fast, texts[k])), at), why
+        for k, got in enumerate(encoded, start=at):
             ref = hf.tok.encode(texts[k], add_special_tokens=False)
             if ref.ids != got:
                 return k, _describe(ref, got, len(texts[k]))
         at = stop
     return None
+
+
+def _fails(fast: FastokensBackend, text: str) -> bool:
+    try:
+        fast.encode_batch([text])
+    except BaseException as exc:
+        _raised(exc)
+        return True
+    return False
+
+
+def _raised(exc: BaseException) -> str:
+    """fastokens' error (or panic) on a text, in words; an interrupt is raised on."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+        raise exc
+    return f"fastokens raised {type(exc).__name__}: {str(exc)[:200]}"
 
 
 def _describe(ref: Any, got: list[int], chars: int) -> str:
