@@ -53,7 +53,7 @@ def planned_splits(table: SourceTable) -> int:
 
 
 def _has_text(table: SourceTable) -> bool:
-    return bool(table.splits) and not FORMATS[table.files[0].format].pretokenized
+    return bool(table.splits) and any(not FORMATS[f.format].pretokenized for f in table.files)
 
 
 def sample_source(recipe: Any, index: int, table: SourceTable,
