@@ -9,8 +9,13 @@ N/2 from the first one's state and times its first batch. Rows:
 
     tokenizer alone   the bound: texts already in memory, encode_batch_fast in chunks of 64,
                       EOS appended, as many tokens as the loaders deliver
+    fastokens alone   the same with fastokens (encode_batch_flat, cut into one array a text)
     generator         hand-written (benchmarks/peer_loaders.py); no state
-    mixer             num_workers 0 and 2; with a `token_cache` recipe key, cold and warm
+    mixer             num_workers 0 and 2 (`tokenizer_backend: hf`); with a `token_cache`
+                      recipe key, cold and warm
+    mixer, fastokens  num_workers 0 and 2, `tokenizer_backend: fastokens`, no token cache; a
+                      cold start verifies fastokens first (once: the verdict is cached, so
+                      the resume column shows a warm start)
     HF datasets       streaming, interleave_datasets(probabilities), tokenize, pack
     torchdata.nodes   per-source tokenize + pack, MultiNodeWeightedSampler
 
@@ -56,7 +61,13 @@ def has_token_cache() -> bool:
     return "token_cache" in Recipe.model_fields
 
 
-def mixer_recipe(corpus: Corpus, cache: str | None = None) -> dict:
+def has_backend_key() -> bool:
+    from mixer.config.recipe import Recipe
+
+    return "tokenizer_backend" in Recipe.model_fields
+
+
+def mixer_recipe(corpus: Corpus, cache: str | None = None, backend: str = "hf") -> dict:
     recipe: dict[str, Any] = {
         "seed": SEED, "tokenizer": str(corpus.tokenizer), "seq_len": SEQ_LEN,
         "batch_size": BATCH_SIZE, "lanes": LANES,
@@ -64,6 +75,8 @@ def mixer_recipe(corpus: Corpus, cache: str | None = None) -> dict:
                      "weight": WEIGHTS[s]} for s in SOURCES]}
     if cache is not None:
         recipe["token_cache"] = cache
+    if has_backend_key():
+        recipe["tokenizer_backend"] = backend
     return recipe
 
 
@@ -77,10 +90,11 @@ def _peak_rss_mb() -> float:
 
 
 class _MixerLoader:
-    def __init__(self, corpus: Corpus, workers: int, cache: str | None, resume: Any) -> None:
+    def __init__(self, corpus: Corpus, workers: int, cache: str | None, resume: Any,
+                 backend: str = "hf") -> None:
         import mixer
 
-        self.loader = mixer.build_loader(mixer_recipe(corpus, cache), rank=RANK,
+        self.loader = mixer.build_loader(mixer_recipe(corpus, cache, backend), rank=RANK,
                                          world_size=WORLD, num_workers=workers)
         if resume is not None:
             self.loader.load_state_dict(resume)
@@ -98,7 +112,8 @@ class _MixerLoader:
 
 def _make(kind: str, corpus: Corpus, opts: dict, resume: Any) -> Any:
     if kind == "mixer":
-        return _MixerLoader(corpus, opts["workers"], opts.get("cache"), resume)
+        return _MixerLoader(corpus, opts["workers"], opts.get("cache"), resume,
+                            opts.get("backend", "hf"))
     cls = PEERS[kind]
     args = {"rank": RANK, "world_size": WORLD, "seed": SEED, "batch_size": BATCH_SIZE,
             "seq_len": SEQ_LEN}
@@ -147,7 +162,22 @@ def _digest(ids: np.ndarray) -> str:
                            digest_size=8).hexdigest()
 
 
-def tokenizer_alone(corpus: Corpus, batches: int) -> dict:
+def fastokens_encoder(corpus: Corpus) -> Any:
+    """`encoder` with fastokens: one flat call per chunk, cut into one array a text, EOS
+    appended."""
+    import fastokens
+
+    tok = fastokens.Tokenizer.from_file(str(corpus.tokenizer))
+    eos = tok.token_to_id("<|endoftext|>")
+
+    def encode(texts: list[str]) -> list[np.ndarray]:
+        flat, offsets = tok.encode_batch_flat(texts, add_special_tokens=False)
+        ids, at = np.frombuffer(flat, np.uint32), np.frombuffer(offsets, np.uint64).tolist()
+        return [np.append(ids[at[i]:at[i + 1]], np.uint32(eos)) for i in range(len(texts))]
+    return encode
+
+
+def tokenizer_alone(corpus: Corpus, batches: int, backend: str = "hf") -> dict:
     """The bound: encode in-memory texts, mixed by weight, until the loaders' token count."""
     target = batches * BATCH_SIZE * SEQ_LEN
     rng = random.Random(SEED)
@@ -162,7 +192,7 @@ def tokenizer_alone(corpus: Corpus, batches: int) -> dict:
             continue
         texts.append(text)
         size += len(text)
-    encode = encoder(corpus)
+    encode = fastokens_encoder(corpus) if backend == "fastokens" else encoder(corpus)
     start = time.perf_counter()
     tokens = 0
     for i in range(0, len(texts), TOKENIZE_CHUNK):
@@ -178,7 +208,7 @@ def _child_main(args: argparse.Namespace) -> None:
     corpus = Corpus(Path(args.corpus), 0)
     opts = json.loads(args.opts)
     if args.child == "tokenizer":
-        out = tokenizer_alone(corpus, args.batches)
+        out = tokenizer_alone(corpus, args.batches, opts.get("backend", "hf"))
     else:
         out = run_loader(args.child, corpus, args.batches, opts, args.state_out,
                          args.resume_from)
@@ -213,9 +243,11 @@ def fill_token_cache(corpus: Corpus, cache: str) -> None:
 
 def plan_rows(args: argparse.Namespace) -> list[tuple[str, str, dict, str | None]]:
     """(label, kind, options, why skipped) for each loader asked for."""
-    rows: list[tuple[str, str, dict, str | None]] = [("tokenizer alone", "tokenizer", {}, None),
-                                                     ("hand-written generator", "generator",
-                                                      {}, None)]
+    missing = lambda module: None if importlib.util.find_spec(module) else f"{module} not installed"
+    rows: list[tuple[str, str, dict, str | None]] = [
+        ("tokenizer alone", "tokenizer", {}, None),
+        ("fastokens alone", "tokenizer", {"backend": "fastokens"}, missing("fastokens")),
+        ("hand-written generator", "generator", {}, None)]
     cache = str(args.workdir / "token-cache")
     for workers in args.workers:
         rows.append((f"mixer num_workers={workers}" + (", cache cold" if has_token_cache()
@@ -225,11 +257,15 @@ def plan_rows(args: argparse.Namespace) -> list[tuple[str, str, dict, str | None
         rows.append((f"mixer num_workers={workers}, cache warm", "mixer",
                      {"workers": workers, "cache": cache, "fill": True},
                      None if has_token_cache() else "no `token_cache` recipe key in this mixer"))
-    missing = lambda module: None if importlib.util.find_spec(module) else f"{module} not installed"
+    for workers in args.workers:
+        no_key = None if has_backend_key() else "no `tokenizer_backend` recipe key in this mixer"
+        rows.append((f"mixer, fastokens backend, num_workers={workers}", "mixer",
+                     {"workers": workers, "backend": "fastokens"},
+                     missing("fastokens") or no_key))
     rows.append(("HF datasets streaming", "hf", {}, missing("datasets")))
     rows.append(("torchdata.nodes", "torchdata", {}, missing("torchdata")))
     wanted = set(args.loaders.split(",")) if args.loaders else None
-    return [r for r in rows if wanted is None or r[1] in wanted or r[0] == "tokenizer alone"]
+    return [r for r in rows if wanted is None or r[1] in wanted or r[1] == "tokenizer"]
 
 
 def _shares(counts: list[int] | None) -> str:
@@ -265,7 +301,8 @@ def measure(args: argparse.Namespace, corpus: Corpus, log: Any = print) -> list[
                 resumed = again.get("first_batch_s")
                 exact = again.get("first_digest") == res["after_save_digest"]
             speed = res["tokens"] / res["seconds"]
-            bound = speed if kind == "tokenizer" else bound
+            if label == "tokenizer alone":
+                bound = speed
             results.append({"loader": label, "tokens_per_s": speed,
                             "ratio": speed / bound if bound else None,
                             "first": res["first_batch_s"],
@@ -302,7 +339,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="tokenizer threads of every loader (RAYON_NUM_THREADS)")
     parser.add_argument("--loaders", default=None, help="comma-separated subset of: "
-                        "generator,mixer,hf,torchdata (the tokenizer row always runs)")
+                        "generator,mixer,hf,torchdata (the tokenizer rows always run)")
     parser.add_argument("--workers", type=lambda v: [int(w) for w in v.split(",")],
                         default=[0, 2], help="mixer num_workers values (default 0,2)")
     parser.add_argument("--child", help=argparse.SUPPRESS)

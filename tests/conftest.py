@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,10 @@ import pytest
 # processes inherit it): `make test` runs two processes on two cores, and torch's default (a
 # thread per core in each) spends the difference spinning (measured: -18 % wall).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Tokenizer-backend verdicts that have no token cache to sit beside go to the user's cache
+# folder (mixer/tokenize/verify.py); the tests' go to one of their own, removed at exit.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="mixer-tests-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -17,6 +17,7 @@ from mixer.config.recipe import Recipe
 from mixer.core.errors import RecipeError
 from mixer.sources import FORMATS, SourceTable, Storage, read_split
 from mixer.tokenize.tokenizer import Encoder, TokenizerInfo, resolve_tokenizer
+from mixer.tokenize.verify import resolve_backend
 
 
 def fill_split(cache: TokenCache, table: SourceTable, split_index: int, *, text_field: str | None,
@@ -59,10 +60,13 @@ def fill_cache(recipe: Recipe, *, tables: list[SourceTable], rank: int = 0, worl
                workers: int = 0, progress: bool = True,
                tokenizer: TokenizerInfo | None = None) -> Counter:
     """Fill this rank's share of the cache; counts of "cached", "written", "not cached"."""
-    info = tokenizer or resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token,
-                                          info_cache=tokenizer_info_dir(recipe))
     if recipe.token_cache is None:
         raise RecipeError("token_cache: the recipe names no token cache to fill")
+    info = tokenizer
+    if info is None:   # (the backend as build_loader chooses it: the same ids either way)
+        info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token,
+                                 info_cache=tokenizer_info_dir(recipe))
+        info = resolve_backend(recipe, info, tables, info_cache=tokenizer_info_dir(recipe)).info
     cache = open_cache(recipe, info)
     if cache is None:
         raise RecipeError("token_cache: image recipes bypass the token cache; nothing to fill")

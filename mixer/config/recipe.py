@@ -127,6 +127,10 @@ class Recipe(_Frozen):
     token_cache_storage_options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec options of the token cache's URL.")
     eos_token: str | None = Field(default=None, description="Overrides the tokenizer's EOS.")
+    tokenizer_backend: Literal["auto", "hf", "fastokens"] = Field(
+        default="auto", description="What encodes: hf (the `tokenizers` library), fastokens "
+        "(required; refused unless it loads the tokenizer and matches hf on a stress text and "
+        "the sources' first documents), auto (fastokens where it does, else hf).")
     images: ImageSettings | None = Field(default=None, description="Image+text batches "
                                          "(absent: text batches).")
     sources: list[SourceConfig] = Field(min_length=1)

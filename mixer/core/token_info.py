@@ -16,3 +16,7 @@ class TokenizerInfo:
     pad_id: int
     digest: str
     vocab_size: int
+    # What encodes: "hf" (`tokenizers`) or "fastokens", chosen once per loader
+    # (`mixer.tokenize.verify.resolve_backend`); never part of a state or cache key, since both
+    # give the same ids wherever it is "fastokens".
+    backend: str = "hf"

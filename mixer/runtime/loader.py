@@ -33,7 +33,7 @@ from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, 
 from mixer.runtime.topology import check_workers
 from mixer.sources import SourceTable
 from mixer.sources.manifest import list_sources
-from mixer.tokenize import TokenizerInfo, resolve_tokenizer
+from mixer.tokenize import BackendChoice, TokenizerInfo, resolve_backend, resolve_tokenizer
 
 log = logging.getLogger("mixer.loader")
 BATCH_KEYS = TEXT_KEYS   # every layout has these; image layouts add more
@@ -67,6 +67,7 @@ class Loader:
         # Bumped by set_weights and load_state_dict: a running iteration restarts from the
         # handed-out (or loaded) lane states.
         self._plan_version = 0
+        self.backend: BackendChoice | None = None   # which encodes, and why (build_loader)
 
     # -- ownership ---------------------------------------------------------------------------
     def own_lanes(self) -> list[int]:
@@ -385,5 +386,8 @@ def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
         tables = dist.list_once(lambda: list_sources(recipe))
     else:
         tables = list_sources(recipe)
-    return Loader(recipe, tables=tables, tokenizer=tokenizer, rank=rank, world_size=world_size,
-                  num_workers=num_workers, distributed=distributed, workers=workers)
+    choice = resolve_backend(recipe, tokenizer, tables, info_cache=tokenizer_info_dir(recipe))
+    loader = Loader(recipe, tables=tables, tokenizer=choice.info, rank=rank, world_size=world_size,
+                    num_workers=num_workers, distributed=distributed, workers=workers)
+    loader.backend = choice
+    return loader

@@ -1,6 +1,8 @@
-"""The tokenizer: resolving a recipe's tokenizer once, and encoding text with it."""
+"""The tokenizer: resolving a recipe's tokenizer once, choosing the library that encodes with
+it (`tokenizers` or fastokens, verified to agree), and encoding text with it."""
 
 from mixer.core.token_info import TokenizerInfo
 from mixer.tokenize.tokenizer import Encoder, resolve_tokenizer
+from mixer.tokenize.verify import BackendChoice, resolve_backend
 
-__all__ = ["Encoder", "TokenizerInfo", "resolve_tokenizer"]
+__all__ = ["BackendChoice", "Encoder", "TokenizerInfo", "resolve_backend", "resolve_tokenizer"]

@@ -45,6 +45,8 @@ _encoding_threads = ENCODING_THREADS
 # The TOKENIZERS_PARALLELISM values with which `tokenizers` runs every call on its calling
 # thread (its own list; compared lower-cased).
 _PARALLELISM_OFF = ("", "off", "false", "f", "no", "n", "0")
+# fastokens' own pool size, read when it first encodes in a process (see backends.py).
+FASTOKENS_THREADS = "FASTOKENS_BPE_THREADS"
 
 
 def tokenizer_thread_budget() -> int:
@@ -75,6 +77,18 @@ def use_worker_encoding_threads(num_workers: int, budget: int) -> None:
     setting = os.environ.get("TOKENIZERS_PARALLELISM")
     if setting is None or setting.lower() not in _PARALLELISM_OFF:
         os.environ["RAYON_NUM_THREADS"] = str(max(1, budget // max(1, num_workers)))
+    # fastokens' pool: the worker's share of the parent's FASTOKENS_BPE_THREADS, else of the
+    # budget (read at the worker's first fastokens call; where the parent had already encoded
+    # with fastokens, the worker's calls run on its calling thread, as with `tokenizers`).
+    fast = _positive(os.environ.get(FASTOKENS_THREADS)) or budget
+    os.environ[FASTOKENS_THREADS] = str(max(1, fast // max(1, num_workers)))
+
+
+def _positive(value: str | None) -> int:
+    try:
+        return max(0, int(value or ""))
+    except ValueError:
+        return 0
 
 
 _pools: PerProcess[ThreadPoolExecutor] = PerProcess()   # by thread count

@@ -1,10 +1,10 @@
 """The recipe's tokenizer: a local tokenizer.json or HF tokenizer folder, resolved once
 (`resolve_tokenizer`: its special ids, cached beside a token cache), behind one batched
-encoder (`Encoder`: EOS, and BOS where configured, added to every document)."""
+encoder (`Encoder`: EOS, and BOS where configured, added to every document, by the library
+`TokenizerInfo.backend` names)."""
 
 from __future__ import annotations
 
-import array
 import hashlib
 import json
 import logging
@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 from mixer.core.errors import RecipeError
 from mixer.core.files import write_atomically
 from mixer.core.token_info import TokenizerInfo
+from mixer.tokenize.backends import Backend, HfBackend, Unavailable, load_fastokens
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eos|>", "[EOS]")
 _PAD_CANDIDATES = ("<pad>", "<|pad|>", "[PAD]")
@@ -186,51 +187,50 @@ def _write_info(stored: Path, info: TokenizerInfo, eos_token: str | None) -> Non
         log.debug("cannot keep tokenizer info in %s (%s)", stored, exc)
 
 
+def load_backend(info: TokenizerInfo) -> Backend:
+    """The library `info.backend` names, with the tokenizer loaded (once per process)."""
+    if info.backend == "fastokens":
+        try:
+            return load_fastokens(info.path, info.digest)
+        except Unavailable as exc:   # chosen where it loaded: another machine or install
+            raise RecipeError(f"tokenizer_backend: fastokens cannot encode with "
+                              f"{info.path!r} in this process: {exc}") from None
+    return HfBackend(_load(info.path, info.digest))
+
+
 class Encoder:
     """Batched encoding with EOS (and BOS where configured) added to every document.
 
-    The Rust tokenizer is looked up lazily, by file and digest, in the process that encodes:
-    a forked DataLoader worker reuses the one its parent loaded (see `_loaded`), a spawned
-    one (or an unpickled encoder) loads its own.
+    The library (`info.backend`: `tokenizers` or fastokens) and its tokenizer are looked up
+    lazily, by file and digest, in the process that encodes: a forked DataLoader worker reuses
+    the one its parent loaded (see `_loaded`), a spawned one (or an unpickled encoder) loads
+    its own.
     """
 
     def __init__(self, info: TokenizerInfo) -> None:
         self.info = info
-        self._tok: Tokenizer | None = None
+        self._backend: Backend | None = None
         self._pid = -1
 
-    def _tokenizer(self) -> Tokenizer:
-        if self._tok is None or self._pid != os.getpid():
-            self._tok = _load(self.info.path, self.info.digest)
+    def backend(self) -> Backend:
+        if self._backend is None or self._pid != os.getpid():
+            self._backend = load_backend(self.info)
             self._pid = os.getpid()
-        return self._tok
+        return self._backend
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
-        encodings = self._tokenizer().encode_batch_fast(texts, add_special_tokens=False)
-        eos = self.info.eos_id
-        bos = self.info.bos_id
-        out = []
-        for enc in encodings:
-            ids = enc.ids
-            ids.append(eos)
-            if bos is not None:
-                ids.insert(0, bos)
-            # uint32 (packers copy tokens into int64 rows): half the memory of int64 while a
-            # chunk waits, and through a C array a third of np.array's time on a list of ints.
-            out.append(np.frombuffer(array.array("I", ids), dtype=np.uint32))
-        return out
+        return self.backend().encode_docs(texts, self.info.bos_id, self.info.eos_id)
 
     def encode_raw(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text alone: no EOS or BOS added (pieces of one document)."""
-        return [enc.ids for enc in
-                self._tokenizer().encode_batch_fast(texts, add_special_tokens=False)]
+        return self.backend().encode_batch(texts)
 
     def token_id(self, token: str) -> int | None:
         """The id of a token given as a string (e.g. "<|image_pad|>"), or None."""
-        return self._tokenizer().token_to_id(token)
+        return self.backend().token_to_id(token)
 
     def decode(self, ids: list[int]) -> str:
-        return self._tokenizer().decode(ids, skip_special_tokens=False)
+        return self.backend().decode(ids)
 
     def __getstate__(self) -> dict:
-        return {"info": self.info, "_tok": None, "_pid": -1}
+        return {"info": self.info, "_backend": None, "_pid": -1}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from mixer.cache.store import tokenizer_info_dir
 from mixer.config.recipe import Recipe
 from mixer.core.document import Document
 from mixer.images.select import layout_for
@@ -17,7 +18,7 @@ from mixer.pipeline.batch import BatchLayout
 from mixer.pipeline.slices import read_amplification
 from mixer.sources import FORMATS, SourceTable, Storage, read_split
 from mixer.sources.manifest import list_sources
-from mixer.tokenize import Encoder, resolve_tokenizer
+from mixer.tokenize import Encoder, resolve_backend, resolve_tokenizer
 
 _SAMPLE_DOCS = 256
 _CHUNK = 64
@@ -87,10 +88,12 @@ def _sample(recipe: Recipe, index: int, table: SourceTable, encoder: Encoder,
 def inspect_recipe(recipe: Recipe, *, training_tokens: int = 10**9) -> dict[str, Any]:
     """A JSON-able report of every source (no credentials: storage_options are never read out)."""
     info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
-    encoder = Encoder(info)
     layout = layout_for(recipe, info)
     rows = []
     tables = list_sources(recipe)
+    backend = resolve_backend(recipe, info, tables, info_cache=tokenizer_info_dir(recipe))
+    info = backend.info
+    encoder = Encoder(info)
     for i, (src, weight, table) in enumerate(zip(recipe.sources, recipe.weights, tables)):
         sample = _sample(recipe, i, table, encoder, layout)
         known = [s.records for s in table.splits]
@@ -119,7 +122,8 @@ def inspect_recipe(recipe: Recipe, *, training_tokens: int = 10**9) -> dict[str,
             rows[-1].update(_image_columns(sample, docs))
     return {"training_tokens": training_tokens, "lanes": recipe.lanes, "seq_len": recipe.seq_len,
             "tokenizer": {"path": info.path, "eos_id": info.eos_id, "bos_id": info.bos_id,
-                          "pad_id": info.pad_id, "vocab_size": info.vocab_size},
+                          "pad_id": info.pad_id, "vocab_size": info.vocab_size,
+                          "backend": info.backend, "backend_verdict": backend.describe()},
             "layout": layout.name, "sources": rows}
 
 

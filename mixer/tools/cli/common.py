@@ -10,3 +10,20 @@ def load(path: str) -> Any:
     from mixer.config.recipe import load_recipe
 
     return load_recipe(path)
+
+
+def backend_line(recipe: Any, info: Any) -> str:
+    """`tokenizer backend: ...` as build_loader would choose it (and caching the verdict
+    where build_loader looks for it). Sources that cannot be listed (files not there yet)
+    leave the stress text alone to check, which the line says."""
+    from mixer.cache.store import tokenizer_info_dir
+    from mixer.core.errors import DataError
+    from mixer.sources.manifest import list_sources
+    from mixer.tokenize import resolve_backend
+
+    try:
+        tables, why = list_sources(recipe), ""
+    except DataError as exc:
+        tables, why = None, f"; sources not read: {exc}"
+    choice = resolve_backend(recipe, info, tables, info_cache=tokenizer_info_dir(recipe))
+    return f"tokenizer backend: {choice.describe()}{why if choice.verdict else ''}"

@@ -21,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
+    print(f"tokenizer backend: {report['tokenizer']['backend_verdict']}\n")
     print(format_table(report["sources"], [
         ("name", "source"), ("files", "files"), ("splits", "splits"), ("bytes", "bytes"),
         ("est_documents", "~docs"), ("est_tokens", "~tokens"), ("weight", "weight"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from mixer.tools.cli.common import load
+from mixer.tools.cli.common import backend_line, load
 
 
 def run(args: argparse.Namespace) -> int:
@@ -14,8 +14,10 @@ def run(args: argparse.Namespace) -> int:
     recipe = load(args.recipe)
     info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
     layout_for(recipe, info)   # an image layout checks that the tokenizer has its tokens
+    backend = backend_line(recipe, info)
     print(f"ok: {len(recipe.sources)} source(s), seq_len {recipe.seq_len}, "
           f"batch_size {recipe.batch_size}, lanes {recipe.lanes}")
+    print(backend)
     return 0
 
 

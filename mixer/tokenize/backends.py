@@ -1,0 +1,167 @@
+"""The libraries that turn text into ids behind `Encoder`: `tokenizers` ("hf") and fastokens.
+
+Both implement `Backend`: ids without special tokens added, one list (or, for the encoder's
+hot path, one uint32 array with EOS and BOS already in place) per text. Which one a loader
+uses is chosen once, by `verify.resolve_backend`, and carried in `TokenizerInfo.backend`, so
+forked and spawned workers use the same one without choosing again.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import re
+from typing import Any, Protocol
+
+import numpy as np
+
+from mixer.tokenize.encoding import FASTOKENS_THREADS, tokenizer_thread_budget
+
+BACKEND_NAMES = ("auto", "hf", "fastokens")
+
+
+class Backend(Protocol):
+    """What `Encoder` needs of a tokenizer library."""
+
+    name: str
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Each text's ids, no special tokens added."""
+        ...
+
+    def encode_docs(self, texts: list[str], bos: int | None, eos: int) -> list[np.ndarray]:
+        """Each text's ids as uint32, `eos` appended and `bos` (when not None) prepended."""
+        ...
+
+    def token_to_id(self, token: str) -> int | None:
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        ...
+
+
+class HfBackend:
+    """The `tokenizers` library (a loaded `tokenizers.Tokenizer`)."""
+
+    name = "hf"
+
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [enc.ids for enc in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def encode_docs(self, texts: list[str], bos: int | None, eos: int) -> list[np.ndarray]:
+        out = []
+        for ids in self.encode_batch(texts):
+            ids.append(eos)
+            if bos is not None:
+                ids.insert(0, bos)
+            # uint32 (packers copy tokens into int64 rows): half the memory of int64 while a
+            # chunk waits, and through a C array a third of np.array's time on a list of ints.
+            out.append(np.frombuffer(array.array("I", ids), dtype=np.uint32))
+        return out
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.tok.token_to_id(token)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+
+class FastokensBackend:
+    """fastokens: one flat uint32 buffer per call (`encode_batch_flat`), cut per text."""
+
+    name = "fastokens"
+
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+
+    def _flat(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
+        ids, offsets = self.tok.encode_batch_flat(texts, add_special_tokens=False)
+        return np.frombuffer(ids, dtype=np.uint32), np.frombuffer(offsets, np.uint64).tolist()
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        ids, at = self._flat(texts)
+        return [ids[at[i]:at[i + 1]].tolist() for i in range(len(texts))]
+
+    def encode_docs(self, texts: list[str], bos: int | None, eos: int) -> list[np.ndarray]:
+        ids, at = self._flat(texts)
+        head = 0 if bos is None else 1
+        out = []
+        for i in range(len(texts)):
+            n = at[i + 1] - at[i]
+            doc = np.empty(head + n + 1, dtype=np.uint32)
+            if bos is not None:
+                doc[0] = bos
+            doc[head:head + n] = ids[at[i]:at[i + 1]]
+            doc[-1] = eos
+            out.append(doc)
+        return out
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.tok.token_to_id(token)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+
+class Unavailable(Exception):
+    """fastokens cannot encode with this tokenizer here; the message says why in a few words
+    (`fastokens not installed`, `Metaspace pre-tokenizer unsupported`)."""
+
+
+def fastokens_version() -> str | None:
+    """The installed fastokens' version, or None where it cannot be imported."""
+    try:
+        import fastokens  # noqa: F401
+    except ImportError:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("fastokens")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+_UNSUPPORTED = re.compile(r"unsupported ([\w-]+(?: [\w-]+)?) type: ([\w.-]+)")
+_fast_loaded: dict[tuple[str, str], FastokensBackend] = {}
+
+
+def _reason(exc: Exception) -> str:
+    """`Metaspace pre-tokenizer unsupported` from fastokens' `pre-tokenizer error: unsupported
+    pre-tokenizer type: Metaspace`; other messages as they are (first line, shortened)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    found = _UNSUPPORTED.search(text)
+    if found:
+        return f"{found.group(2)} {found.group(1)} unsupported"
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def load_fastokens(file: str, digest: str) -> FastokensBackend:
+    """fastokens' tokenizer of `file` (once per process and digest; a forked worker reuses its
+    parent's), or `Unavailable` saying why not."""
+    held = _fast_loaded.get((file, digest))
+    if held is not None:
+        return held
+    try:
+        import fastokens
+    except ImportError as exc:
+        raise Unavailable("fastokens not installed" if isinstance(exc, ModuleNotFoundError)
+                          else f"cannot import fastokens ({exc})") from None
+    set_fastokens_threads()
+    try:
+        tok = fastokens.Tokenizer.from_file(file)
+    except Exception as exc:   # its ValueError names the component it does not support
+        raise Unavailable(_reason(exc)) from None
+    held = _fast_loaded[(file, digest)] = FastokensBackend(tok)
+    return held
+
+
+def set_fastokens_threads() -> None:
+    """Size fastokens' own thread pool (it reads `FASTOKENS_BPE_THREADS` when it first encodes
+    in a process, never `RAYON_NUM_THREADS`) from mixer's budget: `RAYON_NUM_THREADS` when that
+    is set and `FASTOKENS_BPE_THREADS` is not (neither set: every CPU, at most 32).
+    DataLoader workers get their share in `use_worker_encoding_threads`."""
+    if FASTOKENS_THREADS not in os.environ and os.environ.get("RAYON_NUM_THREADS"):
+        os.environ[FASTOKENS_THREADS] = str(tokenizer_thread_budget())

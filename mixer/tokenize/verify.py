@@ -1,0 +1,295 @@
+"""Choosing the recipe's tokenizer backend (`tokenizer_backend: auto | hf | fastokens`) once.
+
+fastokens is used only where it loads the tokenizer and gives the very ids of `tokenizers` on
+the stress text (`stress.py`), the added tokens' ids, and the first documents of every source
+(`sample.py`): same ids, same stream, so a state or a token cache made with one backend
+serves the other. The verdict is kept in a small JSON file named by the tokenizer's digest,
+fastokens' version and the sampled splits (beside the token cache's tokenizer info when there
+is one, else in the user's cache folder), so a warm start reads one file and encodes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mixer.core.errors import RecipeError
+from mixer.core.files import write_atomically
+from mixer.core.token_info import TokenizerInfo
+from mixer.sources import SourceTable
+from mixer.tokenize import sample
+from mixer.tokenize.backends import (
+    FastokensBackend,
+    HfBackend,
+    Unavailable,
+    fastokens_version,
+    load_fastokens,
+)
+from mixer.tokenize.encoding import TOKENIZE_BYTES_AHEAD, chunk_full
+from mixer.tokenize.stress import STRESS_VERSION, stress_sections
+from mixer.tokenize.tokenizer import _load as _load_hf
+
+VERDICT_FORMAT = 1
+_CONTEXT = 4   # ids shown on either side of the first mismatch
+log = logging.getLogger("mixer.tokenizer")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether fastokens matched `tokenizers`; if not, why (a few words, or the first
+    mismatching text); the source documents and text bytes it was checked on."""
+
+    ok: bool
+    reason: str = ""
+    documents: int = 0
+    text_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend a loader encodes with (`info.backend`), what the recipe asked for, and
+    the verdict behind it (None when the recipe asked for hf)."""
+
+    info: TokenizerInfo
+    requested: str
+    verdict: Verdict | None = None
+    cached: bool = False   # the verdict came from the cache: nothing was encoded
+
+    def describe(self) -> str:
+        """`fastokens (verified on 1,204 documents, 3.1 MB)`, `tokenizers (fastokens:
+        Metaspace pre-tokenizer unsupported)` or `tokenizers (tokenizer_backend: hf)`."""
+        v = self.verdict
+        if v is None:
+            return "tokenizers (tokenizer_backend: hf)"
+        if self.info.backend == "fastokens" and not v.documents:
+            return "fastokens (verified on the stress text; no source text)"
+        if self.info.backend == "fastokens":
+            return (f"fastokens (verified on {v.documents:,} documents, "
+                    f"{v.text_bytes / 1e6:.1f} MB)")
+        return f"tokenizers (fastokens: {v.reason})"
+
+
+def resolve_backend(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None, *,
+                    info_cache: str | None = None) -> BackendChoice:
+    """The backend for `recipe` (`info` with `backend` set); `tables` None: the sources could
+    not be listed, so only the stress text is checked (and nothing is cached).
+
+    `fastokens` asked for and not verified is a `RecipeError` saying why; `auto` falls back
+    to `tokenizers` with one log line."""
+    wanted = recipe.tokenizer_backend
+    if wanted == "hf":
+        return BackendChoice(dataclasses.replace(info, backend="hf"), wanted)
+    verdict, cached = _verdict(recipe, info, tables, info_cache)
+    if verdict.ok:
+        choice = BackendChoice(dataclasses.replace(info, backend="fastokens"), wanted, verdict,
+                               cached)
+        log.info("tokenizer backend: %s", choice.describe())
+        return choice
+    if wanted == "fastokens":
+        raise RecipeError(f"tokenizer_backend: fastokens is not usable with "
+                          f"{info.path!r}: {verdict.reason}")
+    choice = BackendChoice(dataclasses.replace(info, backend="hf"), wanted, verdict, cached)
+    # Not loading is expected (a component fastokens lacks, no wheel); differing ids are not.
+    level = logging.WARNING if verdict.reason.startswith("differs") else logging.INFO
+    log.log(level, "tokenizer backend: %s", choice.describe())
+    return choice
+
+
+# -- the verdict, cached -----------------------------------------------------------------------
+# Verdicts found in this process, by key (an unwritable cache folder still verifies once).
+_verdicts: dict[str, tuple[Verdict, dict]] = {}
+
+
+def cache_folder(info_cache: str | None) -> Path:
+    """Where verdicts are kept: `backends/` in `info_cache` (the token cache's tokenizer
+    folder), else `$XDG_CACHE_HOME/mixer/tokenizer-backends` (default `~/.cache/...`)."""
+    if info_cache is not None:
+        return Path(info_cache) / "backends"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mixer" / "tokenizer-backends"
+
+
+def _key(recipe: Any, info: TokenizerInfo, version: str, tables: list[SourceTable]) -> str:
+    planned = sample.planned_ids(recipe, tables)
+    sources = [[s.name, s.format, s.chosen_text_field, planned[s.name]] for s in recipe.sources]
+    material = [VERDICT_FORMAT, STRESS_VERSION, sample.SAMPLE_BYTES, info.digest, version,
+                recipe.max_document_bytes, sources]
+    return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:24]
+
+
+def _check(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read(path: Path, key: str) -> tuple[Verdict, dict] | None:
+    try:
+        data = json.loads(path.read_bytes())
+        fields = {k: data[k] for k in ("key", "ok", "reason", "documents", "text_bytes",
+                                       "sampled")}
+        if data["check"] != _check(fields) or fields["key"] != key:
+            raise ValueError("checksum or key mismatch")
+        verdict = Verdict(bool(fields["ok"]), str(fields["reason"]), int(fields["documents"]),
+                          int(fields["text_bytes"]))
+        return verdict, dict(fields["sampled"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.debug("backend verdict %s is unusable (%s); verifying again", path, exc)
+        return None
+
+
+def _write(path: Path, key: str, verdict: Verdict, sampled: dict) -> None:
+    fields = {"key": key, **dataclasses.asdict(verdict), "sampled": sampled}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, json.dumps({**fields, "check": _check(fields)}).encode())
+    except OSError as exc:
+        log.debug("cannot keep the backend verdict in %s (%s)", path, exc)
+
+
+def _verdict(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None,
+             info_cache: str | None) -> tuple[Verdict, bool]:
+    """(verdict, whether it was cached) for fastokens on this tokenizer and these sources."""
+    version = fastokens_version()
+    if version is None:
+        return Verdict(False, "fastokens not installed"), False
+    if tables is None:
+        return verify(recipe, info, None)[0], False
+    key = _key(recipe, info, version, tables)
+    for held in (_verdicts.get(key), None):
+        if held is None:
+            held = _read(cache_folder(info_cache) / f"backend-{key}.json", key)
+        if held is not None and sample.still_listed(held[1], recipe, tables):
+            _verdicts[key] = held
+            return held[0], True
+    verdict, sampled = verify(recipe, info, tables)
+    _verdicts[key] = (verdict, sampled)
+    _write(cache_folder(info_cache) / f"backend-{key}.json", key, verdict, sampled)
+    return verdict, False
+
+
+# -- verification ------------------------------------------------------------------------------
+def verify(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None
+           ) -> tuple[Verdict, dict[str, list]]:
+    """Encode the stress text and the sources' samples with both backends (no cache); the
+    verdict and the splits sampled."""
+    try:
+        fast = load_fastokens(info.path, info.digest)
+    except Unavailable as exc:
+        return Verdict(False, str(exc)), {}
+    hf = HfBackend(_load_hf(info.path, info.digest))
+    why = _check_tokenizer(hf, fast)
+    if why is None:
+        why = _stress_mismatch(hf, fast, info)
+    if why is not None:
+        return Verdict(False, why), {}
+    if tables is None:
+        return Verdict(True), {}
+    docs, sampled = sample.sample_sources(recipe, tables, info)
+    found = _first_mismatch(hf, fast, [d.text for d in docs])
+    if found is not None:
+        doc = docs[found[0]]
+        return Verdict(False, f"differs on source {doc.source!r}, document {doc.number} "
+                              f"({doc.file}, {doc.where}), {found[1]}"), sampled
+    size = sum(len(d.text.encode("utf-8", "surrogatepass")) for d in docs)
+    return Verdict(True, "", len(docs), size), sampled
+
+
+def _check_tokenizer(hf: HfBackend, fast: FastokensBackend) -> str | None:
+    """Settings fastokens' batch call does not share with `tokenizers`, and the added tokens'
+    ids."""
+    if hf.tok.padding is not None:
+        return "the tokenizer pads batches (`padding` in tokenizer.json)"
+    for token in _added_tokens(hf):
+        ours, theirs = hf.token_to_id(token), fast.token_to_id(token)
+        if ours != theirs:
+            return (f"differs on added token {token!r}: tokenizers id {ours}, "
+                    f"fastokens id {theirs}")
+    return None
+
+
+def _added_tokens(hf: HfBackend) -> list[str]:
+    decoder = hf.tok.get_added_tokens_decoder()
+    return [decoder[i].content for i in sorted(decoder)]
+
+
+# Stress verdicts in this process by (digest, file): the stress text does not depend on data.
+_stress: dict[tuple[str, str], str | None] = {}
+
+
+def _stress_mismatch(hf: HfBackend, fast: FastokensBackend, info: TokenizerInfo) -> str | None:
+    if (info.digest, info.path) in _stress:
+        return _stress[(info.digest, info.path)]
+    sections = stress_sections(_added_tokens(hf))
+    texts = [text for _, text in sections]
+    found = _first_mismatch(hf, fast, texts)
+    why = None
+    if found is not None:
+        why = f"differs on the stress text (section {sections[found[0]][0]!r}), {found[1]}"
+    else:
+        for (name, _), ids in zip(sections, fast.encode_batch(texts)):
+            try:
+                same = hf.decode(ids) == fast.decode(ids)
+            except BaseException as exc:
+                same, name = False, f"{name}: {_raised(exc)}"
+            if not same:
+                why = f"decodes the stress text differently (section {name!r})"
+                break
+    _stress[(info.digest, info.path)] = why
+    return why
+
+
+def _first_mismatch(hf: HfBackend, fast: FastokensBackend,
+                    texts: list[str]) -> tuple[int, str] | None:
+    """(text index, `character N: tokenizers [...] vs fastokens [...]`) of the first text the
+    backends encode differently. fastokens encodes in the chunks `Encoder` uses; `tokenizers`
+    one text at a time (no thread pool in this process: DataLoader workers forked later keep
+    theirs), which also gives the character offsets."""
+    at = 0
+    while at < len(texts):
+        stop, size = at, 0
+        while stop < len(texts) and not chunk_full(stop - at, size, TOKENIZE_BYTES_AHEAD):
+            size += len(texts[stop])
+            stop += 1
+        try:
+            encoded = fast.encode_batch(texts[at:stop])
+        except BaseException as exc:   # (pyo3's PanicException is no Exception)
+            why = _raised(exc)
+            return next((k for k in range(at, stop) if _fails(fast, texts[k])), at), why
+        for k, got in enumerate(encoded, start=at):
+            ref = hf.tok.encode(texts[k], add_special_tokens=False)
+            if ref.ids != got:
+                return k, _describe(ref, got, len(texts[k]))
+        at = stop
+    return None
+
+
+def _fails(fast: FastokensBackend, text: str) -> bool:
+    try:
+        fast.encode_batch([text])
+    except BaseException as exc:
+        _raised(exc)
+        return True
+    return False
+
+
+def _raised(exc: BaseException) -> str:
+    """fastokens' error (or panic) on a text, in words; an interrupt is raised on."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+        raise exc
+    return f"fastokens raised {type(exc).__name__}: {str(exc)[:200]}"
+
+
+def _describe(ref: Any, got: list[int], chars: int) -> str:
+    ids = ref.ids
+    i = next((k for k, (a, b) in enumerate(zip(ids, got)) if a != b), min(len(ids), len(got)))
+    char = ref.offsets[i][0] if i < len(ids) else chars
+    lo = max(0, i - _CONTEXT)
+    return (f"character {char:,} (token {i:,}): tokenizers {ids[lo:i + _CONTEXT]} vs "
+            f"fastokens {got[lo:i + _CONTEXT]}")

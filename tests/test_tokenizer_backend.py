@@ -1,0 +1,418 @@
+"""tokenizer_backend: fastokens is used only where it gives the very ids of `tokenizers` (a
+stress text and the sources' first documents), so the stream, states and token cache are the
+same with either backend; otherwise `auto` falls back and `fastokens` is refused, saying why."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+import unicodedata
+from pathlib import Path
+
+import numpy as np
+import procs
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deadline import deadline
+from helpers import batch_digest
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+import mixer
+from mixer.cache.fill import fill_cache
+from mixer.cache.store import CACHE_STATS
+from mixer.sources.manifest import list_sources
+from mixer.tokenize import Encoder, resolve_backend, resolve_tokenizer, verify
+from mixer.tokenize.backends import FastokensBackend
+from mixer.tokenize.stress import GENERAL_CATEGORIES, LONG_WORD_CHARS, REPEATS, stress_sections
+from mixer.tools.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_TOKENIZER = ROOT / "data" / "tokenizer.json"
+MARKER = "ZEBRAMARKER"
+_WORDS = ("the quick brown fox jumps over a lazy dog; naïve café — 東京 und Ölgemälde 😀👍🏽 "
+          "def f(x):\n\treturn x**2  # ok\r\n https://example.com/?q=1 3.14159 ١٢٣").split(" ")
+
+
+def _text(seed: int, words: int) -> str:
+    return " ".join(_WORDS[(seed * 7 + i * 13) % len(_WORDS)] for i in range(words))
+
+
+@pytest.fixture
+def recipe(tmp_path: Path) -> dict:
+    """Two sources of mixed text (jsonl files, parquet row groups), the demo tokenizer; the
+    parquet source's sixth document holds MARKER."""
+    (tmp_path / "a").mkdir()
+    for f in range(2):
+        lines = [json.dumps({"text": _text(f * 100 + d, 5 + d % 40)}) for d in range(60)]
+        (tmp_path / "a" / f"a{f}.jsonl").write_text("\n".join(lines) + "\n")
+    texts = [_text(1000 + d, 10 + d % 30) for d in range(50)]
+    texts[5] = texts[5] + f" and {MARKER} here"
+    pq.write_table(pa.table({"text": texts}), tmp_path / "b.parquet", row_group_size=8)
+    return {"seed": 3, "tokenizer": str(DEMO_TOKENIZER), "seq_len": 64, "batch_size": 2,
+            "lanes": 4, "shuffle_window": 16,
+            "sources": [{"name": "a", "path": str(tmp_path / "a" / "*.jsonl"), "weight": 0.6},
+                        {"name": "b", "path": str(tmp_path / "b.parquet"), "weight": 0.4}]}
+
+
+@pytest.fixture(autouse=True)
+def fresh_verdicts(monkeypatch, tmp_path):
+    """Each test verifies anew: no verdict in memory, its own cache folder."""
+    monkeypatch.setattr(verify, "_verdicts", {})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+
+
+def take(loader, n: int) -> list[str]:
+    out = []
+    with deadline(120):
+        for batch in loader:
+            out.append(batch_digest(batch))
+            if len(out) == n:
+                break
+    loader.close()
+    return out
+
+
+def backend(recipe: dict, name: str) -> dict:
+    return {**recipe, "tokenizer_backend": name}
+
+
+def trained(path: Path, kind: str) -> Path:
+    """A small tokenizer fastokens cannot load: WordPiece with BertNormalizer, or BPE behind
+    a Metaspace pre-tokenizer."""
+    texts = [_text(i, 30) for i in range(50)]
+    specials = ["[UNK]", "<|endoftext|>"]
+    if kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer()
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials)
+    else:
+        tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials)
+    tok.train_from_iterator(texts, trainer)
+    tok.save(str(path))
+    return path
+
+
+# -- the stress text ---------------------------------------------------------------------------
+def test_the_stress_text_covers_its_cases_and_fastokens_matches_on_the_demo_tokenizer():
+    added = ["<|endoftext|>", "<pad>"]
+    sections = dict(stress_sections(added))
+    everything = sections["all"]
+    found = {unicodedata.category(ch) for ch in everything}
+    assert found == set(GENERAL_CATEGORIES) - {"Cs"}   # (no valid UTF-8 holds a surrogate)
+    for needle in ("\r\n", "\t", "\u00a0", "\u2028", "\u3000", "\u200d", "🇫🇷", "中文",
+                   "العربية", "שָׁלוֹם", "नमस्ते", "ภาษาไทย", "e\u0301", "é", "1234567",
+                   "https://", "def f(", "a" * REPEATS, *added):
+        assert needle in everything, needle
+    assert len(sections["long-word"]) == LONG_WORD_CHARS and " " not in sections["long-word"]
+    assert stress_sections(added) == stress_sections(added)   # the same in every process
+    recipe = mixer.load_recipe({"tokenizer": str(DEMO_TOKENIZER), "seq_len": 8, "batch_size": 1,
+                                "sources": [{"name": "a", "path": "x.jsonl", "weight": 1}]})
+    verdict, _ = verify.verify(recipe, resolve_tokenizer(str(DEMO_TOKENIZER)), None)
+    assert verdict.ok, verdict.reason
+
+
+# -- same tokens, same stream ------------------------------------------------------------------
+def test_batches_are_the_same_with_either_backend_at_any_worker_count(recipe):
+    reference = take(mixer.build_loader(backend(recipe, "hf")), 10)
+    auto = mixer.build_loader(recipe)
+    assert auto.tokenizer.backend == "fastokens"
+    assert take(auto, 10) == reference
+    assert take(mixer.build_loader(backend(recipe, "fastokens"), num_workers=2), 10) == reference
+
+
+def test_a_state_taken_with_one_backend_resumes_with_the_other(recipe):
+    hf, fast = backend(recipe, "hf"), backend(recipe, "fastokens")
+    reference = take(mixer.build_loader(hf), 12)
+    first = mixer.build_loader(fast, num_workers=2)
+    assert take(first, 4) == reference[:4]
+    resumed = mixer.build_loader(hf)
+    resumed.load_state_dict(first.state_dict())
+    assert take(resumed, 8) == reference[4:]
+    states = []   # elastic: two fastokens ranks, merged, resume on one rank with tokenizers
+    for rank in range(2):
+        loader = mixer.build_loader(fast, rank=rank, world_size=2)
+        assert take(loader, 2) == reference[rank:4:2]
+        states.append(loader.state_dict())
+    single = mixer.build_loader(hf, num_workers=2)
+    single.load_state_dict(mixer.merge_states(states))
+    assert take(single, 8) == reference[4:]
+
+
+def test_the_token_cache_serves_either_backend(recipe, tmp_path):
+    recipe = {**recipe, "token_cache": str(tmp_path / "cache"),
+              "sources": [{**s, "epochs": 1} for s in recipe["sources"]]}
+    hf = mixer.load_recipe(backend(recipe, "hf"))
+    assert fill_cache(hf, tables=list_sources(hf), progress=False)["written"] > 0
+    reference = take(mixer.build_loader(hf), 10)
+    CACHE_STATS.reset()
+    loader = mixer.build_loader(recipe)
+    assert loader.tokenizer.backend == "fastokens"
+    assert take(loader, 10) == reference
+    assert CACHE_STATS.hits > 0 and CACHE_STATS.misses == 0
+    assert list((tmp_path / "cache" / "tokenizers" / "backends").glob("backend-*.json"))
+
+
+def test_encoder_output_is_identical(recipe):
+    info = resolve_tokenizer(str(DEMO_TOKENIZER))
+    texts = [_text(i, 3 + i) for i in range(40)] + ["", MARKER, "<|endoftext|> x"]
+    for bos in (None, 7):
+        plain = Encoder(dataclasses.replace(info, bos_id=bos))
+        fast = Encoder(dataclasses.replace(info, bos_id=bos, backend="fastokens"))
+        for a, b in zip(plain(texts), fast(texts)):
+            assert a.dtype == b.dtype == np.uint32 and a.tolist() == b.tolist()
+        assert plain.encode_raw(texts) == fast.encode_raw(texts)
+    assert fast.token_id("<|endoftext|>") == plain.token_id("<|endoftext|>")
+    ids = plain.encode_raw(texts[:5])[3]
+    assert fast.decode(ids) == plain.decode(ids)
+
+
+# -- refusals and fallbacks --------------------------------------------------------------------
+@pytest.mark.parametrize(("kind", "component"), [("wordpiece", "BertNormalizer normalizer"),
+                                                 ("metaspace", "Metaspace pre-tokenizer")])
+def test_a_tokenizer_fastokens_cannot_load_falls_back_or_is_refused(recipe, tmp_path, caplog,
+                                                                    kind, component):
+    recipe = {**recipe, "tokenizer": str(trained(tmp_path / f"{kind}.json", kind))}
+    caplog.set_level(logging.INFO, logger="mixer.tokenizer")
+    loader = mixer.build_loader(recipe)
+    assert loader.tokenizer.backend == "hf"
+    assert loader.backend.describe() == f"tokenizers (fastokens: {component} unsupported)"
+    lines = [r.getMessage() for r in caplog.records if r.name == "mixer.tokenizer"]
+    assert lines == [f"tokenizer backend: tokenizers (fastokens: {component} unsupported)"]
+    reference = take(mixer.build_loader(backend(recipe, "hf")), 3)
+    assert take(loader, 3) == reference
+    with pytest.raises(mixer.RecipeError, match=f"tokenizer_backend: .*{component} unsupported"):
+        mixer.build_loader(backend(recipe, "fastokens"))
+
+
+def _altering(monkeypatch) -> dict:
+    """fastokens' encode_batch changes one id of any text holding MARKER: the first token at
+    or after the marker (per `tokenizers`' offsets). Returns where it did."""
+    hf = Tokenizer.from_file(str(DEMO_TOKENIZER))
+    real = FastokensBackend.encode_batch
+    where: dict = {}
+
+    def encode_batch(self, texts):
+        out = real(self, texts)
+        for text, ids in zip(texts, out):
+            if MARKER in text:
+                enc = hf.encode(text, add_special_tokens=False)
+                at = text.index(MARKER)
+                i = next(k for k, (start, end) in enumerate(enc.offsets) if end > at)
+                ids[i] = (ids[i] + 1) % 8000
+                where.update(char=enc.offsets[i][0], id=ids[i], was=enc.ids[i])
+        return out
+
+    monkeypatch.setattr(FastokensBackend, "encode_batch", encode_batch)
+    return where
+
+
+def test_a_mismatch_on_a_source_document_falls_back_or_is_refused(recipe, monkeypatch, caplog):
+    where = _altering(monkeypatch)
+    caplog.set_level(logging.INFO, logger="mixer.tokenizer")
+    loader = mixer.build_loader(recipe)
+    assert loader.tokenizer.backend == "hf"
+    warned = [r for r in caplog.records if r.name == "mixer.tokenizer"]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    message = warned[0].getMessage()
+    assert "source 'b', document 5 (" in message and "b.parquet" in message
+    assert f"character {where['char']:,}" in message
+    assert "tokenizers [" in message and str(where["was"]) in message
+    assert "fastokens [" in message and str(where["id"]) in message
+    with pytest.raises(mixer.RecipeError, match=r"source 'b', document 5 .*character"):
+        mixer.build_loader(backend(recipe, "fastokens"))
+
+
+def test_fastokens_raising_on_a_document_is_a_mismatch(recipe, monkeypatch):
+    real = FastokensBackend.encode_batch
+
+    def encode_batch(self, texts):
+        if any(MARKER in text for text in texts):
+            raise ValueError("no such luck")
+        return real(self, texts)
+
+    monkeypatch.setattr(FastokensBackend, "encode_batch", encode_batch)
+    assert mixer.build_loader(recipe).tokenizer.backend == "hf"
+    with pytest.raises(mixer.RecipeError, match=r"source 'b', document 5 .*fastokens raised "
+                                                r"ValueError: no such luck"):
+        mixer.build_loader(backend(recipe, "fastokens"))
+
+
+def test_a_mismatch_on_the_stress_text_is_found_before_any_source(recipe, monkeypatch):
+    real = FastokensBackend.encode_batch
+    monkeypatch.setattr(FastokensBackend, "encode_batch", lambda self, texts: [
+        ids[:-1] + [ids[-1] ^ 1] if "\u2028" in text and ids else ids
+        for text, ids in zip(texts, real(self, texts))])
+    monkeypatch.setattr(verify, "_stress", {})
+    with pytest.raises(mixer.RecipeError, match=r"the stress text \(section 'categories'\), "
+                                                r"character [\d,]+ \(token [\d,]+\): tokeniz"):
+        mixer.build_loader(backend(recipe, "fastokens"))
+
+
+# -- the verdict, cached -----------------------------------------------------------------------
+def test_a_warm_start_does_not_verify_again(recipe, tmp_path, monkeypatch):
+    calls: list[float] = []
+    real = verify.verify
+
+    def counted(*args):
+        start = time.perf_counter()
+        try:
+            return real(*args)
+        finally:
+            calls.append(time.perf_counter() - start)
+
+    monkeypatch.setattr(verify, "verify", counted)
+    first = mixer.build_loader(recipe)
+    assert len(calls) == 1 and not first.backend.cached
+    [stored] = (tmp_path / "xdg" / "mixer" / "tokenizer-backends").glob("backend-*.json")
+    monkeypatch.setattr(verify, "_verdicts", {})   # as in a new process
+    second = mixer.build_loader(recipe)
+    assert len(calls) == 1 and second.backend.cached
+    assert second.backend.describe() == first.backend.describe()
+    assert second.tokenizer.backend == "fastokens"
+    stored.write_text(stored.read_text().replace('"ok": true', '"ok": false'))   # tampered
+    monkeypatch.setattr(verify, "_verdicts", {})
+    assert mixer.build_loader(recipe).backend.cached is False and len(calls) == 2
+    time.sleep(0.01)   # a sampled split rewritten: its version changes, so it verifies again
+    parquet = Path(recipe["sources"][1]["path"])
+    parquet.write_bytes(parquet.read_bytes())
+    os.utime(parquet, ns=(time.time_ns(), time.time_ns() + 10**9))
+    monkeypatch.setattr(verify, "_verdicts", {})
+    assert mixer.build_loader(recipe).backend.cached is False and len(calls) == 3
+
+
+def test_an_unwritable_cache_folder_does_not_fail_the_run(recipe, tmp_path, monkeypatch):
+    (tmp_path / "blocked").write_text("a file where the folder would be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocked"))
+    loader = mixer.build_loader(recipe)
+    assert loader.tokenizer.backend == "fastokens" and not loader.backend.cached
+    assert len(take(loader, 2)) == 2
+
+
+# -- processes ---------------------------------------------------------------------------------
+def test_forked_workers_encode_with_fastokens_after_the_parent_did(recipe):
+    info = resolve_backend(mixer.load_recipe(recipe), resolve_tokenizer(str(DEMO_TOKENIZER)),
+                           None).info
+    assert info.backend == "fastokens"
+    Encoder(info)([_text(i, 2000) for i in range(64)])   # the parent's pool has run
+    reference = take(mixer.build_loader(backend(recipe, "hf")), 8)
+    assert take(mixer.build_loader(recipe, num_workers=2), 8) == reference
+
+
+THREADS_SCRIPT = """
+import json, os, sys
+from torch.utils.data import DataLoader, IterableDataset
+from mixer.runtime import workers
+from mixer.tokenize.backends import load_fastokens
+
+TEXTS = ["the quick brown fox, number %d. " % i * 400 for i in range(64)]
+
+def pool_threads():
+    names = [open(f"/proc/self/task/{t}/comm").read() for t in os.listdir("/proc/self/task")]
+    return sum(name.startswith("fastokens") for name in names)
+
+class Worker(IterableDataset):
+    def __iter__(self):
+        load_fastokens(sys.argv[1], "d").encode_batch(TEXTS)
+        yield [os.environ.get("FASTOKENS_BPE_THREADS"), pool_threads()]
+
+os.environ["RAYON_NUM_THREADS"] = "4"
+got = list(DataLoader(Worker(), batch_size=None, num_workers=2, multiprocessing_context="fork",
+                      worker_init_fn=workers.init_fn()))
+os.environ["RAYON_NUM_THREADS"] = "1"
+load_fastokens(sys.argv[1], "d").encode_batch(TEXTS)
+print(json.dumps({"workers": got, "main": [os.environ["FASTOKENS_BPE_THREADS"], pool_threads()]}))
+"""
+
+
+def test_fastokens_threads_follow_mixers_budget(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"}
+    out = procs.run([sys.executable, "-c", THREADS_SCRIPT, str(DEMO_TOKENIZER)], timeout=120,
+                    env={**env, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    # each of 2 workers gets half of RAYON_NUM_THREADS=4: its pool has at most 1 thread
+    # beside the caller; the main process, told 1, runs every call on the calling thread
+    assert [share for share, _ in got["workers"]] == ["2", "2"]
+    assert all(threads <= 1 for _, threads in got["workers"])
+    assert got["main"] == ["1", 0]
+
+
+NO_FASTOKENS_SCRIPT = """
+import sys
+sys.modules["fastokens"] = None   # as where no wheel installs: `import fastokens` fails
+import contextlib, io, json, logging
+import mixer
+from helpers import batch_digest
+from mixer.tools.cli import main
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+recipe = json.load(open(sys.argv[1]))
+loader = mixer.build_loader(recipe)
+out = {"backend": loader.tokenizer.backend, "line": loader.backend.describe()}
+digests = []
+for batch in loader:
+    digests.append(batch_digest(batch))
+    if len(digests) == 4:
+        break
+out["digests"] = digests
+try:
+    mixer.build_loader({**recipe, "tokenizer_backend": "fastokens"})
+except mixer.RecipeError as exc:
+    out["refused"] = str(exc)
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    out["validate"] = main(["validate", sys.argv[1]])
+out["printed"] = printed.getvalue()
+print(json.dumps(out))
+"""
+
+
+def test_without_fastokens_auto_falls_back_and_everything_works(recipe, tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps(recipe))
+    out = procs.run([sys.executable, "-c", NO_FASTOKENS_SCRIPT, str(tmp_path / "r.json")],
+                    timeout=120, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["backend"] == "hf"
+    assert got["line"] == "tokenizers (fastokens: fastokens not installed)"
+    assert "fastokens not installed" in out.stderr   # the one log line
+    assert got["digests"] == take(mixer.build_loader(backend(recipe, "hf")), 4)
+    assert "tokenizer_backend: fastokens" in got["refused"] and "not installed" in got["refused"]
+    assert got["validate"] == 0
+    assert "tokenizer backend: tokenizers (fastokens: fastokens not installed)" in got["printed"]
+
+
+# -- the CLI and the recipe --------------------------------------------------------------------
+def test_validate_and_inspect_print_the_backend(recipe, tmp_path, capsys):
+    (tmp_path / "r.json").write_text(json.dumps(recipe))
+    assert cli_main(["validate", str(tmp_path / "r.json")]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("tokenizer backend: fastokens (verified on 170 documents, 0.0")
+    assert cli_main(["inspect", str(tmp_path / "r.json")]) == 0
+    assert "tokenizer backend: fastokens (verified on 170 documents" in capsys.readouterr().out
+    metaspace = {**recipe, "tokenizer": str(trained(tmp_path / "meta-tok.json", "metaspace"))}
+    (tmp_path / "m.json").write_text(json.dumps(metaspace))
+    assert cli_main(["validate", str(tmp_path / "m.json")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        "tokenizer backend: tokenizers (fastokens: Metaspace pre-tokenizer unsupported)"
+    (tmp_path / "f.json").write_text(json.dumps(backend(metaspace, "fastokens")))
+    assert cli_main(["validate", str(tmp_path / "f.json")]) != 0
+    assert "Metaspace pre-tokenizer unsupported" in capsys.readouterr().err
+    (tmp_path / "h.json").write_text(json.dumps(backend(recipe, "hf")))
+    assert cli_main(["validate", str(tmp_path / "h.json")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        "tokenizer backend: tokenizers (tokenizer_backend: hf)"
+
+
+def test_an_unknown_backend_is_a_recipe_error(recipe):
+    with pytest.raises(mixer.RecipeError, match="tokenizer_backend"):
+        mixer.load_recipe(backend(recipe, "sentencepiece"))
+    assert mixer.load_recipe(recipe).tokenizer_backend == "auto"
