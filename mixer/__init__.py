@@ -24,19 +24,43 @@ The data path, by layer (each imports only those above it in this list; docs/arc
                  report, metrics log and plots
 """
 
+import importlib
+from typing import Any
+
+import mixer.pipeline.packers  # noqa: F401  (fills the registries a recipe is checked against:
+import mixer.sources.formats  # noqa: F401   packers and formats)
 from mixer.config.recipe import Recipe, SourceConfig, load_recipe
 from mixer.core.errors import DataError, MixerError, RecipeError, StateError, TopologyError
-from mixer.pipeline.batch import BatchLayout
-from mixer.runtime.loader import BATCH_KEYS, Loader, build_loader
-from mixer.runtime.ray_workers import RayWorkers
-from mixer.runtime.state import merge_states
 
 __version__ = "0.1.0"
+
+# Imported on first use, so that `import mixer` (and the CLI's start) does not import torch:
+# name -> module that defines it.
+_LAZY = {"BATCH_KEYS": "mixer.runtime.loader", "Loader": "mixer.runtime.loader",
+         "build_loader": "mixer.runtime.loader", "RayWorkers": "mixer.runtime.ray_workers",
+         "merge_states": "mixer.runtime.state"}
+_LAYERS = ("core", "config", "sources", "tokenize", "cache", "pipeline", "images", "runtime",
+           "tools", "integrations")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in _LAYERS:   # `mixer.runtime.state` after a bare `import mixer`, as before
+        module = importlib.import_module(f"mixer.{name}")
+        if name == "runtime":
+            importlib.import_module("mixer.runtime.loader")
+        return module
+    raise AttributeError(f"module 'mixer' has no attribute {name!r}")
 
 
 def is_padding_batch(batch: dict) -> bool:
     """True when a batch carries no token to learn from (an exhausted rank's placeholder)."""
-    return BatchLayout.is_padding(batch)
+    from mixer.pipeline.packing import IGNORE_INDEX
+
+    return bool((batch["labels"] == IGNORE_INDEX).all())
 
 
 __all__ = [

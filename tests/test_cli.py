@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import procs
 import yaml
@@ -55,3 +56,15 @@ def test_console_script_reports_errors_with_non_zero_exit(tmp_path):
     help_text = procs.run([sys.executable, "-m", "mixer.tools.cli", "--help"], timeout=120).stdout
     for command in ("validate", "inspect", "preview", "bench"):
         assert command in help_text
+
+
+def test_the_cli_and_import_mixer_start_without_torch():
+    """`mixer --help`, `validate` and `plan` start without importing torch (it is imported
+    where a batch is built): a fresh interpreter, so nothing else imported it first."""
+    code = ("import sys; import mixer; from mixer.tools.cli import main; "
+            "main(['validate', 'recipes/demo.yaml']); main(['plan', 'recipes/demo.yaml', "
+            "'--tokens', '1e6']); print('torch' in sys.modules)")
+    result = procs.run([sys.executable, "-c", code], timeout=120,
+                       cwd=str(Path(__file__).resolve().parent.parent))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "False", result.stdout

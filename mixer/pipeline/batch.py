@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from mixer.pipeline.packing import IGNORE_INDEX, Row
 
 if TYPE_CHECKING:
+    import torch
+
     from mixer.core.document import Budget, DocumentBuilder
     from mixer.tokenize import Encoder
 
@@ -127,6 +128,8 @@ class BatchLayout:
         for spec in self.specs:
             array = batch.arrays[spec.key]
             if spec.wire == spec.dtype and array.nbytes >= SHARED_BYTES:
+                import torch  # (only where a batch is built: the CLI starts without it)
+
                 tensors[spec.key] = torch.from_numpy(np.ascontiguousarray(array))
                 continue
             parts.append(np.ascontiguousarray(array, dtype=spec.wire).tobytes())
@@ -150,6 +153,8 @@ class BatchLayout:
     # -- the user's view ------------------------------------------------------------------------
     def to_torch(self, batch: Batch) -> dict[str, torch.Tensor]:
         """The user's dict of tensors; nothing internal is left in it."""
+        import torch
+
         return {spec.key: torch.from_numpy(batch.arrays[spec.key]) for spec in self.specs}
 
     @staticmethod
