@@ -56,7 +56,9 @@ def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool,
             log.close(got, metrics)
     elapsed = time.perf_counter() - start
     total = sum(counts.values())
+    backend = loader.backend.describe() if loader.backend is not None else None
     result = {"batches": got, "num_workers": num_workers, "tokens": total,
+              "tokenizer_backend": backend,
               "seconds": elapsed, "tokens_per_s": total / elapsed if elapsed else 0.0,
               "time_to_first_batch_s": first, "peak_rss_mb": peak_rss_mb(),
               "share": {n: (counts[n] / total if total else 0.0) for n in names},

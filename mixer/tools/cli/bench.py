@@ -18,6 +18,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
+    if result.get("tokenizer_backend"):
+        print(f"tokenizer backend: {result['tokenizer_backend']}")
     print(f"batches {result['batches']}  workers {result['num_workers']}  "
           f"tokens {result['tokens']:,}  in {result['seconds']:.2f} s")
     print(f"throughput {result['tokens_per_s']:,.0f} tokens/s   time to first batch "
