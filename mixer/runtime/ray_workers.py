@@ -70,6 +70,13 @@ class RayWorkers:
 
 def connect(spec: RayWorkers) -> Any:
     """The `ray` module, joined to a cluster (see `RayWorkers`)."""
+    import sys
+
+    local = spec.address is None and not os.environ.get("RAY_ADDRESS")
+    if local and "ray" not in sys.modules:
+        # A cluster of this machine alone stays on the loopback address: Ray otherwise binds
+        # the machine's outward address (it reads this before `import ray`).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     if not ray.is_initialized():
