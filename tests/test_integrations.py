@@ -82,3 +82,23 @@ def test_hf_trainer_resumes_the_stream_on_2_and_1_processes(recipe, reference, t
     assert elastic[:STEPS - SAVE_AT] == reference[2 * SAVE_AT:2 * SAVE_AT + STEPS - SAVE_AT]
     assert "resuming the stream at global batch 6 " in one.stdout + one.stderr
     assert "PADDING_LOSS 0.0 zero grads: True" in one.stdout
+
+
+def test_lightning_datamodule_resumes_the_stream_on_2_and_1_processes(recipe, reference,
+                                                                       tmp_path):
+    """DDP on CPU (gloo) under torchrun: Lightning takes the environment from it."""
+    out = tmp_path / "lightning"
+    out.mkdir()
+    args = [str(recipe), str(out), str(STEPS), str(SAVE_AT)]
+    two = job("integ_lightning_job.py", *args, "full", nproc=2)
+    check_two_ranks(out, reference, "full", "resumed")
+    log = two.stdout + two.stderr
+    assert "resuming the stream at global batch 6 " in log
+    assert "resuming the stream at global batch 7 " in log
+    assert "CHECKPOINT_HOLDS_MIXER_STATE" in two.stdout
+    metrics = (out / "full" / "version_0" / "metrics.csv").read_text().splitlines()[0]
+    assert "mixer/realized_share/prose" in metrics and "mixer/skipped/changelog" in metrics
+    one = job("integ_lightning_job.py", *args, "elastic")
+    elastic = read_digests(out / "elastic", 0)
+    assert elastic == reference[2 * SAVE_AT:2 * SAVE_AT + STEPS - SAVE_AT]
+    assert "resuming the stream at global batch 6 " in one.stdout + one.stderr
