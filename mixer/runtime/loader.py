@@ -114,6 +114,11 @@ class Loader:
             return pack(merge_payloads(dist.all_gather_objects(payload)))
         return pack(payload)
 
+    def local_state_dict(self) -> dict[str, Any]:
+        """This rank's part of the state, never a collective: `merge_states` of all ranks'
+        local states of one step is `state_dict()` (a framework's prefetch may need it)."""
+        return pack(self._rank_payload())
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a state; validated against the recipe. Called while an iteration is
         running, that iteration goes on from the loaded state: its next batch is the state's

@@ -1,0 +1,42 @@
+"""What the adapters share: the loader's metrics as flat scalars, the state file's codec."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from mixer.core.files import write_atomically
+
+# Per-source figures of `loader.metrics()` logged as `mixer/<key>/<source>`.
+PER_SOURCE_KEYS = ("realized_share", "target_share", "epochs", "skipped", "tokens")
+STATE_FILE = "mixer_state.json"
+
+
+def flat_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """`loader.metrics()` as `{"mixer/<key>/<source>": value, "mixer/global_tokens": n}`."""
+    out: dict[str, float] = {}
+    for key in PER_SOURCE_KEYS:
+        for source, value in metrics.get(key, {}).items():
+            out[f"mixer/{key}/{source}"] = float(value)
+    if "global_tokens" in metrics:
+        out["mixer/global_tokens"] = float(metrics["global_tokens"])
+    return out
+
+
+def write_state(folder: str | os.PathLike, state: dict[str, Any]) -> Path:
+    """Write a (global) loader state as `folder/mixer_state.json`, atomically."""
+    path = Path(folder) / STATE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, json.dumps(state).encode())
+    return path
+
+
+def read_state(folder: str | os.PathLike) -> dict[str, Any]:
+    path = Path(folder) / STATE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: this checkpoint was not written by a mixer adapter, so the "
+            "data stream's position is unknown (resume from one that holds the file)")
+    return json.loads(path.read_text())

@@ -1,0 +1,147 @@
+"""`MixerDataModule`: a Lightning `LightningDataModule` whose training data is a mixer loader.
+
+`train_dataloader()` returns the loader (wrapped in a plain iterable, not a torch DataLoader,
+so Lightning injects no DistributedSampler whatever `use_distributed_sampler` says); rank and
+world size come from the trainer's strategy. `state_dict()` is the loader's global state at
+the last batch a training step received, so Lightning's own checkpoints (`ModelCheckpoint`,
+`trainer.save_checkpoint`) hold it and `Trainer.fit(ckpt_path=...)` resumes the stream exactly,
+on any world size the recipe's lanes allow. Lightning fetches one batch ahead of the step (its
+`_PrefetchDataFetcher`, for loaders without a length): the module keeps the loader's local
+state before each fetched batch and saves the one of the first batch no step has received.
+Every `log_every_n_steps` the loader's metrics go to the trainer's loggers as
+`mixer/<key>/<source>`. Padding batches (`mixer.is_padding_batch`) reach `training_step`:
+weight them by the global token count, or return `None` to skip them (not under DDP).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+
+try:
+    from lightning.pytorch import LightningDataModule
+except ImportError:  # the standalone package
+    from pytorch_lightning import LightningDataModule
+
+from mixer.config.recipe import Recipe, load_recipe
+from mixer.integrations.common import flat_metrics
+from mixer.runtime.loader import Loader, build_loader
+from mixer.runtime.state import merge_states
+
+log = logging.getLogger(__name__)
+
+
+class _Fetched:
+    """The loader as Lightning iterates it; remembers the state before each fetched batch."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        self.before: deque[dict] = deque()   # local states of fetched, not yet received batches
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self.before.clear()
+        it = iter(self.loader)
+        while True:
+            self.before.append(self.loader.local_state_dict())
+            try:
+                batch = next(it)
+            except StopIteration:
+                self.before.pop()
+                return
+            yield batch
+
+    def received(self) -> None:
+        if self.before:
+            self.before.popleft()
+
+    def local_state(self) -> dict:
+        return self.before[0] if self.before else self.loader.local_state_dict()
+
+
+class MixerDataModule(LightningDataModule):
+    """Training batches from `mixer.build_loader(recipe, num_workers=...)`."""
+
+    def __init__(self, recipe: Recipe | dict | str, num_workers: int = 0) -> None:
+        super().__init__()
+        self.recipe = load_recipe(recipe)
+        self.num_workers = num_workers
+        self.loader: Loader | None = None
+        self._fetched: _Fetched | None = None
+        self._to_load: dict | None = None
+        self._logged_step = -1
+
+    def setup(self, stage: str) -> None:
+        if self.loader is not None:
+            return
+        strategy = self.trainer.strategy if self.trainer is not None else None
+        rank, world = (strategy.global_rank, strategy.world_size) if strategy else (0, 1)
+        if world > 1 and torch_dist.is_initialized():
+            self.loader = build_loader(self.recipe, num_workers=self.num_workers)
+            if (self.loader.rank, self.loader.world_size) != (rank, world):
+                raise RuntimeError(f"MixerDataModule: the strategy says rank {rank} of {world}, "
+                                   "torch.distributed otherwise (model parallelism?)")
+        else:
+            self.loader = build_loader(self.recipe, rank=rank, world_size=world,
+                                       num_workers=self.num_workers)
+        self._fetched = _Fetched(self.loader)
+        if self._to_load is not None:
+            self._load(self._to_load)
+            self._to_load = None
+
+    def train_dataloader(self) -> _Fetched:
+        if self._fetched is None:
+            self.setup("fit")
+        return self._fetched
+
+    def teardown(self, stage: str) -> None:
+        if self.loader is not None:
+            self.loader.close()
+
+    # -- state (in every Lightning checkpoint) ----------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The global state at the first batch no training step has received (every rank
+        calls it: Lightning dumps the checkpoint on all ranks)."""
+        if self._fetched is None:
+            return {"mixer": self._to_load} if self._to_load else {}
+        local = self._fetched.local_state()
+        if torch_dist.is_initialized() and self.loader.world_size > 1:
+            gathered: list[Any] = [None] * torch_dist.get_world_size()
+            torch_dist.all_gather_object(gathered, local)
+            return {"mixer": merge_states(gathered)}
+        return {"mixer": local}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state.get("mixer"):
+            return
+        if self.loader is None:
+            self._to_load = state["mixer"]
+        else:
+            self._load(state["mixer"])
+
+    def _load(self, state: dict) -> None:
+        self.loader.load_state_dict(state)
+        log.info("mixer: resuming the stream at global batch %d (state loaded: no batch "
+                 "skipped by replay)", self.loader.next_global_batch)
+
+    # -- per batch ---------------------------------------------------------------------------
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        trainer = self.trainer
+        if trainer is None or not trainer.training or self._fetched is None:
+            return batch
+        self._fetched.received()
+        step = trainer.global_step
+        if step % max(trainer.log_every_n_steps, 1) == 0 and step != self._logged_step:
+            self._logged_step = step
+            self._log_metrics(trainer, step)
+        return batch
+
+    def _log_metrics(self, trainer: Any, step: int) -> None:
+        metrics = flat_metrics(self.loader.metrics(all_ranks=True))  # every rank, same step
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)

@@ -1,0 +1,72 @@
+"""A transformers.Trainer job on mixer batches (tests/test_integrations.py).
+
+    torchrun --nproc_per_node 2 integ_hf_job.py RECIPE OUT STEPS SAVE_AT full
+        trains STEPS steps saving every SAVE_AT (OUT/run/checkpoint-*), logging OUT/full.rank*;
+        then a fresh MixerTrainer resumes OUT/run/checkpoint-SAVE_AT to STEPS (OUT/resumed.rank*)
+    python integ_hf_job.py RECIPE OUT STEPS SAVE_AT elastic
+        one process resumes the same checkpoint (OUT/elastic.rank0)
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import sys
+
+import torch.distributed as dist
+from integ_common import DigestLog, tiny_llama
+from transformers import TrainingArguments
+
+from mixer.integrations.hf import MixerTrainer
+
+
+def trainer(recipe: str, out: str, steps: int, save_at: int | None, name: str) -> MixerTrainer:
+    args = TrainingArguments(
+        output_dir=f"{out}/{'run' if save_at else name}", max_steps=steps, use_cpu=True,
+        # ddp_backend on a single process makes accelerate ask for a process group
+        ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None,
+        save_strategy="steps" if save_at else "no", save_steps=save_at or 1,
+        logging_steps=2, learning_rate=1e-3, report_to=[], disable_tqdm=True,
+        dataloader_pin_memory=False, log_level="info", log_level_replica="info")
+    model = tiny_llama()
+    t = MixerTrainer(model=model, args=args, recipe=recipe, num_workers=0)
+    model.register_forward_pre_hook(DigestLog(f"{out}/{name}", t.args.process_index).hook,
+                                    with_kwargs=True)
+    return t
+
+
+def padding_loss(t: MixerTrainer) -> None:
+    """An exhausted rank's placeholder batch (labels all -100): a finite loss, zero grads."""
+    batch = next(iter(t.mixer_loader))
+    batch["labels"].fill_(-100)
+    t.model.zero_grad()
+    loss = t.compute_loss(t.model, batch, num_items_in_batch=None)
+    loss.backward()
+    grads = [p.grad for p in t.model.parameters() if p.grad is not None]
+    finite = all(bool(g.isfinite().all()) and not g.any() for g in grads)
+    print("PADDING_LOSS", abs(float(loss)), "zero grads:", finite and len(grads) > 0)
+
+
+def main() -> None:
+    recipe, out, steps, save_at, phase = sys.argv[1:6]
+    steps, save_at = int(steps), int(save_at)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    checkpoint = f"{out}/run/checkpoint-{save_at}"
+    if phase == "full":
+        first = trainer(recipe, out, steps, save_at, "full")
+        first.train()
+        print("MIXER_LOGS", [k for k in first.state.log_history[0] if k.startswith("mixer/")])
+        del first
+        trainer(recipe, out, steps, None, "resumed").train(resume_from_checkpoint=checkpoint)
+    else:
+        elastic = trainer(recipe, out, steps, None, "elastic")
+        elastic.train(resume_from_checkpoint=checkpoint)
+        padding_loss(elastic)
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
