@@ -147,7 +147,12 @@ def _status(key: str) -> int:
 
 def _child(cases: list[dict]) -> None:
     """Measure each case; a case that would be ruinous fails with MemoryError, not the host."""
-    import mixer.images.documents  # noqa: F401  (imported before the limit and the baseline)
+    import mixer.images.documents  # noqa: F401  (imported before the limit and the baseline:
+    import mixer.runtime.loader  # noqa: F401   `import mixer` no longer imports torch,
+    try:                         # and tokenizer_backend: auto imports fastokens when it
+        import fastokens  # noqa: F401  tries it)
+    except ImportError:
+        pass
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     limit = _status("VmData") + (6 << 30)
     if soft == resource.RLIM_INFINITY or soft > limit:

@@ -87,22 +87,32 @@ def _values(column: pa.Array, max_bytes: int) -> list:
         column = column.dictionary_decode()
     if not any(test(column.type) for test in _TEXTUAL):
         return column.to_pylist()   # not text: each row is its own error
-    lengths = pc.binary_length(column).to_pylist()
-    long = [n is not None and n > max_bytes for n in lengths]
-    if any(long):   # too long: left out before conversion, so never copied into Python
-        column = column.filter(pa.array([not too_long for too_long in long]))
+    long = [n is not None and n > max_bytes for n in pc.binary_length(column).to_pylist()]
+    if not any(long):
+        return _texts(column)
+    # Too long: left out before conversion (never copied into Python), by converting the
+    # runs of rows between them (zero-copy slices: a mask array would import pandas).
+    values: list = []
+    start = 0
+    for row, too_long in enumerate([*long, True]):
+        if too_long:
+            if row > start:
+                values += _texts(column.slice(start, row - start))
+            if row < len(long):
+                values.append(_TooLong())
+            start = row + 1
+    return values
+
+
+def _texts(column: pa.Array) -> list:
+    """A text column's values: strings, with `_BadUtf8` for values that are not UTF-8."""
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         try:
-            values = column.to_pylist()
+            return column.to_pylist()
         except UnicodeDecodeError:   # some value is not UTF-8: decode row by row
             binary = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
-            values = [_decode(v) for v in column.view(binary).to_pylist()]
-    else:
-        values = [_decode(v) for v in column.to_pylist()]
-    if not any(long):
-        return values
-    kept = iter(values)
-    return [_TooLong() if too_long else next(kept) for too_long in long]
+            return [_decode(v) for v in column.view(binary).to_pylist()]
+    return [_decode(v) for v in column.to_pylist()]
 
 
 def _decode(value: bytes | None) -> str | _BadUtf8 | None:
