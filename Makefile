@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# the CPU build of torch on local disk; any other spec downloads gigabytes
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test,report,ray]'
+	$(PY) -m pip install --quiet -e '.[test,report,ray,hf,lightning]'
 	touch $@
 
 demo: setup
