@@ -163,6 +163,20 @@ def structural_mutations(value):
     return mutated()
 
 
+def apply_ops(data: bytes, ops: list[tuple[str, int, bytes]]) -> bytes:
+    """`data` with each (kind, at, payload) applied: flip a byte, truncate, or insert."""
+    for kind, at, payload in ops:
+        at = at % (len(data) + 1)
+        if kind == "flip" and data:
+            at = min(at, len(data) - 1)
+            data = data[:at] + bytes([data[at] ^ (payload[0] | 1)]) + data[at + 1:]
+        elif kind == "truncate":
+            data = data[:at]
+        elif kind == "insert":
+            data = data[:at] + payload + data[at:]
+    return data
+
+
 def byte_mutations(data: bytes, alphabet: bytes = b""):
     """A strategy of `data` with one to eight bytes replaced, inserted, deleted or duplicated."""
     chunk = st.one_of(st.binary(min_size=1, max_size=8),

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from helpers import corpus, doc_text, make_tokenizer
+from helpers import apply_ops, corpus, doc_text, make_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,19 +38,6 @@ def _plain(docs) -> bytes:
     return "".join(json.dumps({"text": doc_text(d, n)}) + "\n" for d, n in docs).encode()
 
 
-def _mutate(data: bytes, ops: list[tuple[str, int, bytes]]) -> bytes:
-    for kind, at, payload in ops:
-        at = at % (len(data) + 1)
-        if kind == "flip" and data:
-            at = min(at, len(data) - 1)
-            data = data[:at] + bytes([data[at] ^ (payload[0] | 1)]) + data[at + 1:]
-        elif kind == "truncate":
-            data = data[:at]
-        elif kind == "insert":
-            data = data[:at] + payload + data[at:]
-    return data
-
-
 ops = st.lists(st.tuples(st.sampled_from(["flip", "truncate", "insert"]),
                          st.integers(0, 1 << 16),
                          st.one_of(st.sampled_from(NASTY), st.binary(min_size=1, max_size=8))),
@@ -59,7 +46,7 @@ ops = st.lists(st.tuples(st.sampled_from(["flip", "truncate", "insert"]),
 
 def _write(folder: Path, fmt: str, text_ops, byte_ops) -> Path:
     docs = corpus(0, 30, max_len=12)
-    plain = _mutate(_plain(docs), text_ops)   # parse-level damage
+    plain = apply_ops(_plain(docs), text_ops)   # parse-level damage
     if fmt == "jsonl":
         data = plain
     elif fmt == "jsonl.gz":
@@ -76,7 +63,7 @@ def _write(folder: Path, fmt: str, text_ops, byte_ops) -> Path:
         data = path.read_bytes()
     else:
         data = plain
-    data = _mutate(data, byte_ops)    # codec- and container-level damage
+    data = apply_ops(data, byte_ops)    # codec- and container-level damage
     suffix = {"jsonl.zst-frames": "jsonl.zst", "text": "txt"}.get(fmt, fmt)
     path = folder / f"x.{suffix}"
     path.write_bytes(data)

@@ -23,7 +23,7 @@ import numpy as np
 import procs
 import pytest
 import yaml
-from helpers import JUNK, batch_digest, corpus, doc_text, make_tokenizer, write_docs
+from helpers import JUNK, apply_ops, batch_digest, corpus, doc_text, make_tokenizer, write_docs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -548,19 +548,6 @@ def test_garbage_and_structurally_wrong_commits(world):
             check_damage(world, key, junk_commit(path, junk))
 
 
-def mutate(data: bytes, ops: list[tuple[str, int, bytes]]) -> bytes:
-    for kind, at, payload in ops:
-        at = at % (len(data) + 1)
-        if kind == "flip" and data:
-            at = min(at, len(data) - 1)
-            data = data[:at] + bytes([data[at] ^ (payload[0] | 1)]) + data[at + 1:]
-        elif kind == "truncate":
-            data = data[:at]
-        elif kind == "insert":
-            data = data[:at] + payload + data[at:]
-    return data
-
-
 byte_ops = st.lists(st.tuples(st.sampled_from(["flip", "flip", "truncate", "insert"]),
                               st.integers(0, 1 << 12), st.binary(min_size=1, max_size=8)),
                     min_size=1, max_size=3)
@@ -577,12 +564,12 @@ def test_fuzzed_damage_never_yields_wrong_tokens(world, data):
     if not consistent:
         part = data.draw(st.sampled_from(PARTS))
         ops = data.draw(byte_ops)
-        check_damage(world, key, rewrite(part, lambda b: mutate(b, ops)))
+        check_damage(world, key, rewrite(part, lambda b: apply_ops(b, ops)))
         return
     part = data.draw(st.sampled_from(["idx", "rec"]))
     if part == "idx":
         ops = data.draw(byte_ops)
-        check_damage(world, key, rewrite("idx", lambda b: mutate(b, ops)), "idx")
+        check_damage(world, key, rewrite("idx", lambda b: apply_ops(b, ops)), "idx")
         return
     rows = len(entry_base(world.pristine, key).with_suffix(".rec").read_bytes()) // 32
     row = data.draw(st.integers(0, rows - 1))
