@@ -13,7 +13,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# the CPU build of torch on local disk; any other spec downloads gigabytes
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test,report,ray,hf,lightning]'
+	$(PY) -m pip install --quiet -e '.[test,report,ray,hf,lightning,video]'
+	# test-only: the oracle of the video tests (transformers' Qwen2VLVideoProcessor) needs
+	# torchvision; its wheel's C ops do not load over the CPU torch (tests/conftest.py)
+	$(PY) -m pip install --quiet --no-deps torchvision==0.28.0
 	touch $@
 
 demo: setup
