@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from mixer.config.fields import Float, Int, _Frozen
+from mixer.config.video import VideoSettings
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -16,7 +17,8 @@ MAX_IMAGE_SIDE = 1 << 15
 class ImageSettings(_Frozen):
     """The `images:` block: how images become pixels and sequence tokens (docs/recipes.md)."""
 
-    layout: Literal["qwen2_vl", "llava"] = Field(description="Batch layout and image tokens.")
+    layout: Literal["qwen2_vl", "qwen2_5_vl", "llava"] = Field(
+        description="Batch layout and image tokens.")
     patch_size: Int = Field(default=14, ge=1, le=1024, description="Vision patch side (pixels).")
     merge_size: Int = Field(default=2, ge=1, le=64,
                             description="qwen2_vl: patches merged per side into one token.")
@@ -38,6 +40,14 @@ class ImageSettings(_Frozen):
                                               description="qwen2_vl: cap on pixel_values rows.")
     max_source_pixels: Int = Field(default=64 << 20, ge=1, le=1 << 40,
                                    description="Larger stored images are refused (bombs).")
+    video: VideoSettings | None = Field(default=None,
+                                        description="Video members (null: a video is bad input).")
+    video_marker: str = Field(default="<video>", min_length=1,
+                              description="Where the text holds it, each marker is the next video.")
+    max_videos_per_batch: Int | None = Field(default=None, ge=1,
+                                             description="Cap on videos per rank batch.")
+    tokens_per_second: Int = Field(default=2, ge=1, le=1 << 20,
+                                   description="qwen2_5_vl: temporal positions per second.")
 
     @field_validator("image_std")
     @classmethod
@@ -54,6 +64,13 @@ class ImageSettings(_Frozen):
         if self.layout == "llava" and self.image_size % self.patch_size:
             raise ValueError(f"images.image_size ({self.image_size}) is not a multiple of "
                              f"images.patch_size ({self.patch_size})")
+        if self.layout == "llava" and (self.video is not None
+                                       or self.max_videos_per_batch is not None):
+            raise ValueError("images.video: only the qwen2_vl and qwen2_5_vl layouts take "
+                             "videos")
+        if self.video is not None and self.video_marker == self.marker:
+            raise ValueError(f"images.video_marker is images.marker ({self.marker!r}): a "
+                             "marker stands for one kind of medium")
         if self.layout == "llava" and self.max_patches_per_batch is not None:
             raise ValueError("images.max_patches_per_batch: only the qwen2_vl layout has "
                              "patches per image that vary")

@@ -13,8 +13,8 @@ class RecipeError(MixerError, ValueError):
 
 # Why a record was skipped, as `metrics()["skipped_by_reason"]` counts it (docs/metrics.md):
 # each `DataError` names one at its raise site.
-REASONS = ("too_long", "malformed", "bad_text", "bad_image", "bad_tokens", "corrupt",
-           "unreadable", "other")
+REASONS = ("too_long", "malformed", "bad_text", "bad_image", "bad_video", "bad_tokens",
+           "corrupt", "unreadable", "other")
 
 class DataError(MixerError):
     """A source's data is missing, malformed or corrupt.

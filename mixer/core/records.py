@@ -74,13 +74,19 @@ class EncodedImage:
 
 
 @dataclass(frozen=True)
+class EncodedVideo(EncodedImage):
+    """A video as stored (mp4, webm, mkv, mov or avi bytes); it travels with a record's images
+    (after them) and the document builder tells it apart by its type."""
+
+
+@dataclass(frozen=True)
 class Record:
     """One document (or the error in its place) and where it starts.
 
     `index` counts records from the start of the split, `offset` is the byte offset of the
     record in the file (decompressed bytes for compressed files; row number for parquet).
-    `images` are the document's images in order; `text` places them where it holds the
-    recipe's image marker, else they come before it. `location` says where the text lies in
+    `images` are the document's images in order, then its videos (`EncodedVideo`); `text`
+    places them where it holds the recipe's image (video) marker, else they come before it. `location` says where the text lies in
     words, for errors found after reading (e.g. a webdataset sample's text member); None:
     the format's description of `offset`.
 

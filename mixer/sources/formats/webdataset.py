@@ -3,7 +3,9 @@
 Members whose names share a key (the path up to the first dot of the basename, webdataset's
 `base_plus_ext` rule) and follow each other form a sample. Its images are the members with
 suffix `jpg`, `jpeg`, `png` or `webp`, or `<n>.<ext>` for several (ordered by n; unnumbered
-ones come first); they are passed on as stored bytes, never decoded here. Its text is chosen
+ones come first); its videos those with suffix `mp4`, `webm`, `mkv`, `mov` or `avi` (or
+`<n>.<ext>`, alike), after the images in the record's `images` as `EncodedVideo`s. Both are
+passed on as stored bytes, never decoded here. Its text is chosen
 by `text_field`:
 
 - `txt` (the format's default): the `txt` member, else the `txt` key of the `json` member;
@@ -31,12 +33,13 @@ from collections.abc import Iterator
 from typing import IO
 
 from mixer.core.errors import DataError
-from mixer.core.records import EncodedImage, FileEntry, Record, Split
+from mixer.core.records import EncodedImage, EncodedVideo, FileEntry, Record, Split
 from mixer.sources.formats.tar import Broken, members
 
 _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")   # webdataset.tariterators.base_plus_ext
 _META = re.compile(r"__[^/]*__($|/)")               # webdataset's skip_meta
 _IMAGE = re.compile(r"(?:([0-9]+)\.)?(?:jpg|jpeg|png|webp)")
+_VIDEO = re.compile(r"(?:([0-9]+)\.)?(?:mp4|webm|mkv|mov|avi)")
 
 
 class _Sample:
@@ -48,7 +51,7 @@ class _Sample:
     def __init__(self, key: str, index: int, offset: int, first: str) -> None:
         self.key, self.index, self.offset, self.first = key, index, offset, first
         self.suffixes: set[str] = set()
-        self.images: list[tuple[int, EncodedImage]] = []
+        self.images: list[tuple[tuple[int, int], EncodedImage]] = []   # (kind, n), medium
         self.texts: dict[str, tuple[str, int, bytes | None]] = {}  # suffix -> name, offset, data
         self.error: tuple[str, str, int, str] | None = None   # message, member, offset, reason
         self.text_from: str | None = None   # the suffix of the member the text came from
@@ -180,16 +183,19 @@ def read_webdataset(*, storage, entry: FileEntry, split: Split, source: str, tex
                 if sample.error is not None:
                     continue
                 image = _IMAGE.fullmatch(suffix)
-                if image is not None:
+                video = None if image is not None else _VIDEO.fullmatch(suffix)
+                medium = image or video
+                if medium is not None:
+                    kind, what = (0, "image") if image is not None else (1, "video")
                     if size == 0:
-                        sample.fail("empty image member (0 bytes)", name, at, "bad_image")
+                        sample.fail(f"empty {what} member (0 bytes)", name, at, f"bad_{what}")
                     elif size > max_bytes:
-                        sample.fail(f"image member of {size} bytes, longer than "
+                        sample.fail(f"{what} member of {size} bytes, longer than "
                                     f"max_document_bytes ({max_bytes})", name, at, "too_long")
                     elif _within(sample, size, max_bytes, name, at):
-                        order = int(image.group(1)) if image.group(1) else -1
-                        sample.images.append((order, EncodedImage(_read(f, size, name, at),
-                                                                  name, at)))
+                        order = (kind, int(medium.group(1)) if medium.group(1) else -1)
+                        made = EncodedImage if image is not None else EncodedVideo
+                        sample.images.append((order, made(_read(f, size, name, at), name, at)))
                 elif suffix in wanted:
                     if size > max_bytes:
                         sample.texts[suffix] = (name, at, None)

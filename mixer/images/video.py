@@ -1,0 +1,212 @@
+"""Videos of the qwen2_vl / qwen2_5_vl layouts: which frames, what size, which pixels.
+
+Values follow transformers' `Qwen2VLVideoProcessor` called with `do_sample_frames=True`:
+
+- **Frames.** From `total` frames at container rate `r`: n = total / r × fps, clamped to
+  [min_frames, min(max_frames, total)] and rounded down to a multiple of
+  temporal_patch_size; indices ⌊i·total/n⌋ for i < n (`sample_count`, `sample_indices`).
+- **Size.** Each frame goes to `smart_resize` of the frame size (factor patch × merge,
+  within [min_pixels, max_pixels]; with `cap_pixels_per_frame`, max_pixels is also bounded by
+  an even share of `max_video_tokens`' pixels over the n frames, floored at 1.05 · min_pixels).
+- **Pixels.** Bicubic with antialias on uint8 (torch's `interpolate`, which the processor's
+  torchvision resize calls), then (x - 255·mean) / (255·std) in float32 (the processor's
+  fused rescale and normalize, here a 256-entry table per channel), the last frame repeated to
+  a multiple of temporal_patch_size, and patches in the processor's order:
+  (t·h·w, 3 · temporal_patch_size · patch²) with video_grid_thw (n / temporal, h, w).
+
+A `VideoPlan` is known from the header alone; `LazyVideo` makes the pixels on demand on the
+image pool, under the same per-process pixel budget as images (`handle.py`), decoding only
+the sampled frames and resizing each as it comes (`video_decode.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from mixer.config.images import ImageSettings
+from mixer.config.video import VideoSettings
+from mixer.core.errors import DataError
+from mixer.core.records import EncodedImage
+from mixer.images.handle import LazyImage
+from mixer.images.processing import ImagePlan, Qwen2VLProcessing
+from mixer.images.video_decode import VideoInfo, decode_frames, video_error
+
+
+def sample_count(total: int, rate: float, video: VideoSettings, temporal: int,
+                 cap: int | None = None) -> int:
+    """Frames sampled from `total` frames at `rate` per second (see the module docstring);
+    `cap` lowers the fps rule's count (a document being fitted), never under min_frames."""
+    most = math.floor(min(video.max_frames, total) / temporal) * temporal
+    n = total / rate * video.fps
+    if cap is not None:
+        n = min(n, cap)
+    n = min(max(n, video.min_frames), most, total)
+    return math.floor(n / temporal) * temporal
+
+
+def sample_indices(total: int, n: int) -> list[int]:
+    """The sampled frame indices: ⌊i·total/n⌋ for i < n."""
+    return [i * total // n for i in range(n)]
+
+
+@dataclass(frozen=True)
+class VideoPlan:
+    """What a video becomes, known from its header: the frames and each frame's plan."""
+
+    frame: ImagePlan                  # one frame's resized size and (1, h, w) grid
+    frames: int                       # n sampled frames (a multiple of temporal_patch_size)
+    total: int                        # frames in the stored video
+    fps: float                        # the container's frame rate
+    grid_thw: tuple[int, int, int]    # video_grid_thw row
+    tokens: int
+    rows: int
+
+    @property
+    def width(self) -> int:
+        return self.frame.width
+
+    @property
+    def height(self) -> int:
+        return self.frame.height
+
+    @property
+    def indices(self) -> list[int]:
+        return sample_indices(self.total, self.frames)
+
+    @property
+    def sampled_fps(self) -> float:
+        """The processor's `VideoMetadata.sampled_fps`: n / total × fps."""
+        return self.frames / self.total * self.fps
+
+
+class VideoProcessing:
+    """Plans and pixels of videos under a qwen2_vl-style layout."""
+
+    def __init__(self, settings: ImageSettings) -> None:
+        assert settings.video is not None
+        self.settings = settings
+        self.video = settings.video
+        self.temporal = settings.temporal_patch_size
+        self.patch, self.merge = settings.patch_size, settings.merge_size
+        self.factor = self.patch * self.merge
+        self.row_shape: tuple[int, ...] = (3 * self.temporal * self.patch ** 2,)
+        levels = np.arange(256, dtype=np.float32)
+        mean = np.array(settings.image_mean, dtype=np.float32) * np.float32(255.0)
+        std = np.array(settings.image_std, dtype=np.float32) * np.float32(255.0)
+        self._tables = (levels[None, :] - mean[:, None]) / std[:, None]   # (3, 256) float32
+        self._frames: dict[int, Qwen2VLProcessing] = {}
+
+    def max_pixels(self, frames: int) -> int:
+        """The per-frame pixel bound for n frames (`cap_pixels_per_frame` as the processor)."""
+        v = self.video
+        if not v.cap_pixels_per_frame:
+            return v.max_pixels
+        total_pixels = int(v.max_video_tokens * self.factor * self.factor * 0.9)
+        return max(min(v.max_pixels, total_pixels * self.temporal // frames),
+                   int(v.min_pixels * 1.05))
+
+    def frame_processing(self, frames: int) -> Qwen2VLProcessing:
+        """The image processing that plans one frame of an n-frame video (its budgets)."""
+        bound = self.max_pixels(frames)
+        found = self._frames.get(bound)
+        if found is None:
+            low = min(self.video.min_pixels, bound)
+            found = Qwen2VLProcessing(self.settings.model_copy(
+                update={"min_pixels": low, "max_pixels": bound}))
+            self._frames[bound] = found
+        return found
+
+    def count(self, info: VideoInfo, cap: int | None = None) -> int:
+        return sample_count(info.frames, info.fps, self.video, self.temporal, cap)
+
+    def plan(self, info: VideoInfo, budget: int | None = None,
+             frames: int | None = None) -> VideoPlan:
+        """The plan of a video: the fps rule's frames (or `frames`), each frame at the
+        recipe's bound (or `budget`, clamped as images' are). ValueError when the video has
+        fewer frames than one temporal patch, or an aspect ratio past 200."""
+        n = self.count(info) if frames is None else frames
+        if n <= 0:
+            raise ValueError(f"{info.frames} frame(s) are fewer than one temporal patch "
+                             f"(images.temporal_patch_size {self.temporal})")
+        frame = self.frame_processing(n).plan(info.width, info.height, budget)
+        _, gh, gw = frame.grid_thw
+        t = n // self.temporal
+        return VideoPlan(frame=frame, frames=n, total=info.frames, fps=info.fps,
+                         grid_thw=(t, gh, gw), tokens=t * gh * gw // self.merge ** 2,
+                         rows=t * gh * gw)
+
+    def empty_pixels(self) -> np.ndarray:
+        return np.zeros((0, *self.row_shape), dtype=np.float32)
+
+    def resized(self, rgb: np.ndarray, plan: VideoPlan) -> np.ndarray:
+        """One decoded (H, W, 3) uint8 frame at the plan's size, (3, h, w) uint8."""
+        import torch  # (only where video pixels are made)
+
+        frame = torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1)[None]
+        if frame.shape[-2:] != (plan.height, plan.width):
+            frame = torch.nn.functional.interpolate(
+                frame, size=(plan.height, plan.width), mode="bicubic", align_corners=False,
+                antialias=True)
+        return frame[0].numpy()
+
+    def pixels(self, frames: np.ndarray, plan: VideoPlan) -> np.ndarray:
+        """(plan.rows, 3 · temporal · patch²) float32 from the (n, 3, h, w) resized frames."""
+        n = len(frames)
+        if n % self.temporal:
+            frames = np.concatenate([frames, np.repeat(frames[-1:], -n % self.temporal, 0)])
+        values = np.empty(frames.shape, dtype=np.float32)
+        for c in range(3):
+            np.take(self._tables[c], frames[:, c], out=values[:, c])
+        p, m, tp = self.patch, self.merge, self.temporal
+        t, gh, gw = plan.grid_thw
+        patches = values.reshape(t, tp, 3, gh // m, m, p, gw // m, m, p)
+        patches = patches.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+        return patches.reshape(plan.rows, self.row_shape[0])
+
+
+class LazyVideo(LazyImage):
+    """A video of a document: a `LazyImage` whose pixels are its sampled frames' patches."""
+
+    kind = "video"
+
+    def __init__(self, encoded: EncodedImage, info: VideoInfo, plan: VideoPlan,
+                 processing: VideoProcessing, extra_tokens: int, source: str,
+                 file: str) -> None:
+        super().__init__(encoded, (info.width, info.height), plan,  # type: ignore[arg-type]
+                         processing, extra_tokens=extra_tokens,  # type: ignore[arg-type]
+                         source=source, file=file, max_source_pixels=info.width * info.height)
+        self.info = info
+
+    def replan(self, plan: VideoPlan) -> LazyVideo:  # type: ignore[override]
+        return LazyVideo(self.encoded, self.info, plan, self.processing,  # type: ignore[arg-type]
+                         extra_tokens=self.extra_tokens, source=self.source, file=self.file)
+
+    def _compute(self) -> np.ndarray:
+        plan: VideoPlan = self.plan  # type: ignore[assignment]
+        processing: VideoProcessing = self.processing  # type: ignore[assignment]
+        out = np.empty((plan.frames, 3, plan.height, plan.width), dtype=np.uint8)
+
+        def keep(i: int, rgb: np.ndarray) -> None:
+            if rgb.shape[:2] != (self.info.height, self.info.width):
+                raise video_error(f"frame {plan.indices[i]} is {rgb.shape[1]}x{rgb.shape[0]}, "
+                                  f"not the {self.info.width}x{self.info.height} of the header",
+                                  self.encoded, self.source, self.file)
+            out[i] = processing.resized(rgb, plan)
+
+        decode_frames(self.encoded, plan.indices, keep, source=self.source, file=self.file)
+        return processing.pixels(out, plan)
+
+    def __repr__(self) -> str:
+        plan: VideoPlan = self.plan  # type: ignore[assignment]
+        return (f"LazyVideo({self.encoded.member!r}, {self.info.width}x{self.info.height} "
+                f"-> {plan.frames}x{plan.width}x{plan.height}, {self.tokens} tokens)")
+
+
+def probe_error(exc: ValueError, encoded: EncodedImage, info: VideoInfo, source: str,
+                file: str) -> DataError:
+    """A video the layout cannot plan, as the `DataError` naming it."""
+    return video_error(f"video of {info.width}x{info.height}, {info.frames} frames: {exc}",
+                       encoded, source, file)
