@@ -21,23 +21,24 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 VISION_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<image>"]
 
 
-def make_vlm_tokenizer(path: Path) -> Path:
-    """helpers.make_tokenizer's vocabulary plus Qwen2-VL's and LLaVA's image tokens."""
+def make_vlm_tokenizer(path: Path, extra: tuple[str, ...] = ()) -> Path:
+    """helpers.make_tokenizer's vocabulary plus Qwen2-VL's and LLaVA's image tokens (and
+    `extra` special tokens after them, e.g. `<|video_pad|>`)."""
     vocab = {"<|endoftext|>": EOS_ID, "<pad>": PAD_ID}
     for i in range(VOCAB_WORDS):
         vocab[f"w{i}"] = len(vocab)
-    for token in VISION_TOKENS:
+    for token in (*VISION_TOKENS, *extra):
         vocab[token] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens(["<|endoftext|>", "<pad>", *VISION_TOKENS])
+    tok.add_special_tokens(["<|endoftext|>", "<pad>", *VISION_TOKENS, *extra])
     tok.save(str(path))
     return path
 
 
-def vision_ids(path: Path) -> dict[str, int]:
+def vision_ids(path: Path, extra: tuple[str, ...] = ()) -> dict[str, int]:
     tok = Tokenizer.from_file(str(path))
-    return {name: tok.token_to_id(name) for name in VISION_TOKENS}
+    return {name: tok.token_to_id(name) for name in (*VISION_TOKENS, *extra)}
 
 
 @dataclass

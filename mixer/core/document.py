@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 
 class ImageHandle(Protocol):
-    """An image of a document, decoded only when its pixels are needed."""
+    """An image (or video: `kind` "video") of a document, decoded only when its pixels are
+    needed."""
 
     @property
     def size(self) -> tuple[int, int]:
@@ -81,8 +82,20 @@ class Document:
 
     @property
     def patches(self) -> int:
-        """Rows its images add to `pixel_values` (patches; 1 per image where fixed-size)."""
+        """Rows its images and videos add to the batch's pixels (patches; 1 per image where
+        fixed-size)."""
         return sum(p.image.rows for p in self.images)
+
+    @property
+    def videos(self) -> int:
+        """How many of its `images` are videos (handles whose `kind` is "video")."""
+        return sum(getattr(p.image, "kind", "image") == "video" for p in self.images)
+
+    @property
+    def counts(self) -> tuple[int, int, int]:
+        """(images, patches, videos) as the batch caps count them."""
+        videos = self.videos
+        return len(self.images) - videos, self.patches, videos
 
     @property
     def splittable(self) -> bool:
@@ -109,20 +122,25 @@ class DocumentSource(Protocol):
 
 @dataclass
 class Budget:
-    """What is left of a batch's image caps (`None`: no cap)."""
+    """What is left of a batch's image caps (`None`: no cap); patches count image and video
+    rows alike."""
 
     images: int | None = None
     patches: int | None = None
+    videos: int | None = None
 
-    def allows(self, images: int, patches: int) -> bool:
+    def allows(self, images: int, patches: int, videos: int = 0) -> bool:
         return ((self.images is None or images <= self.images)
-                and (self.patches is None or patches <= self.patches))
+                and (self.patches is None or patches <= self.patches)
+                and (self.videos is None or videos <= self.videos))
 
-    def take(self, images: int, patches: int) -> None:
+    def take(self, images: int, patches: int, videos: int = 0) -> None:
         if self.images is not None:
             self.images -= images
         if self.patches is not None:
             self.patches -= patches
+        if self.videos is not None:
+            self.videos -= videos
 
 
 class DocumentBuilder(Protocol):

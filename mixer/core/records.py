@@ -86,8 +86,9 @@ class Record:
     `index` counts records from the start of the split, `offset` is the byte offset of the
     record in the file (decompressed bytes for compressed files; row number for parquet).
     `images` are the document's images in order, then its videos (`EncodedVideo`); `text`
-    places them where it holds the recipe's image (video) marker, else they come before it. `location` says where the text lies in
-    words, for errors found after reading (e.g. a webdataset sample's text member); None:
+    places them where it holds the recipe's image (video) marker, else they come before it.
+    `location` says where the text lies in words, for errors found after reading (e.g. a
+    webdataset sample's text member); None:
     the format's description of `offset`.
 
     A pre-tokenized record (`format: megatron`/`npy`, or a token-cache hit) has `tokens`

@@ -118,6 +118,8 @@ if hasattr(os, "register_at_fork"):
 class LazyImage:
     """An image of a document (implements `mixer.core.document.ImageHandle`)."""
 
+    kind = "image"
+
     def __init__(self, encoded: EncodedImage, size: tuple[int, int], plan: ImagePlan,
                  processing: Processing, extra_tokens: int, source: str, file: str,
                  max_source_pixels: int) -> None:

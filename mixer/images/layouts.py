@@ -1,4 +1,4 @@
-"""Batch layouts with images: `qwen2_vl` and `llava`.
+"""Batch layouts with images (and videos): `qwen2_vl`, `qwen2_5_vl` and `llava`.
 
 Both add `pixel_values` (images in the order of their placeholders, row by row) to the text
 keys and put -100 in `labels` on every vision token. `qwen2_vl` also has `image_grid_thw`,
@@ -6,6 +6,12 @@ keys and put -100 in `labels` on every vision token. `qwen2_vl` also has `image_
 every document and row start (what builds the packed attention mask), rows 1-3 are the
 M-RoPE positions of each document computed for that document alone. A batch without images
 keeps every key, with zero rows.
+
+With `images.video`, the qwen layouts also have `pixel_values_videos`, `video_grid_thw` and
+`mm_token_type_ids` 2 on `<|video_pad|>` (transformers' convention: 0 text, 1 image, 2 video);
+`qwen2_5_vl` adds `second_per_grid_ts` (temporal_patch_size / sampled fps, per video) and
+spaces a video's temporal positions by `images.tokens_per_second` times it, as
+`Qwen2_5_VLModel.get_rope_index` does. A batch without videos has zero-row video arrays.
 """
 
 from __future__ import annotations
@@ -19,11 +25,15 @@ from mixer.core.token_info import TokenizerInfo
 from mixer.images.documents import ImageDocuments, VisionTokens
 from mixer.images.processing import processing_for
 from mixer.images.rope import mrope_positions
+from mixer.images.video import VideoPlan, VideoProcessing
 from mixer.pipeline.batch import FLOAT32, INT32, INT64, ArraySpec, Batch, BatchLayout
 from mixer.pipeline.packing import IGNORE_INDEX, Row
 from mixer.tokenize import Encoder
 
 QWEN2_VL_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
+QWEN2_VL_VIDEO_TOKEN = "<|video_pad|>"
+VIDEO_SPECS = (ArraySpec("pixel_values_videos", FLOAT32, FLOAT32),
+               ArraySpec("video_grid_thw", INT64, INT32))
 LLAVA_TOKEN = "<image>"
 
 
@@ -43,25 +53,30 @@ class _ImageLayout(BatchLayout):
     """What both image layouts share: the builder, caps, labels and pixels."""
 
     vision: VisionTokens
+    video_vision: VisionTokens | None = None
 
     def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:
         super().__init__(seq_len=recipe.seq_len, pad_id=tokenizer.pad_id)
         assert recipe.images is not None
         self.settings = recipe.images
         self.processing = processing_for(recipe.images)
-        self._vision_ids = np.array(sorted(set(self.vision.ids)), dtype=np.int64)
+        self.videos = VideoProcessing(recipe.images) if recipe.images.video else None
+        ids = set(self.vision.ids) | set(self.video_vision.ids if self.video_vision else ())
+        self._vision_ids = np.array(sorted(ids), dtype=np.int64)
 
     def document_builder(self, encoder: Encoder, source: str) -> ImageDocuments:
         return ImageDocuments(settings=self.settings, processing=self.processing,
                               encoder=encoder, vision=self.vision,
                               vision_names=self.vision_names, seq_len=self.seq_len,
-                              source=source)
+                              source=source, videos=self.videos,
+                              video_vision=self.video_vision)
 
     def budget(self) -> Budget | None:
         s = self.settings
-        if s.max_images_per_batch is None and s.max_patches_per_batch is None:
+        if (s.max_images_per_batch is None and s.max_patches_per_batch is None
+                and s.max_videos_per_batch is None):
             return None
-        return Budget(s.max_images_per_batch, s.max_patches_per_batch)
+        return Budget(s.max_images_per_batch, s.max_patches_per_batch, s.max_videos_per_batch)
 
     def put_row(self, arrays: dict[str, np.ndarray], index: int, row: Row,
                 source_id: int) -> None:
@@ -75,19 +90,23 @@ class _ImageLayout(BatchLayout):
     def _put_positions(self, arrays: dict[str, np.ndarray], index: int, row: Row) -> None:
         arrays["position_ids"][index] = row.position_ids
 
-    def _pixels(self, rows: list[Row | None]) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    def _pixels(self, rows: list[Row | None], kind: str = "image",
+                empty: np.ndarray | None = None) -> tuple[np.ndarray, list]:
+        """The pixels of the batch's images (or videos), in placeholder order, and their
+        handles' plans."""
         handles = [placement.image for row in rows if row is not None for piece in row.pieces
-                   for placement in piece.document.images]
+                   for placement in piece.document.images
+                   if getattr(placement.image, "kind", "image") == kind]
         for image in handles:   # those not made yet are made now, side by side on the pool
             image.prefetch(needed=True)
-        images, grids = [], []
+        images, plans = [], []
         for image in handles:
             images.append(image.pixels())
-            grids.append(image.plan.grid_thw)
+            plans.append(image.plan)
             image.release()
         if not images:
-            return self.processing.empty_pixels(), grids
-        return np.concatenate([self._as_rows(p) for p in images]), grids
+            return self.processing.empty_pixels() if empty is None else empty, plans
+        return np.concatenate([self._as_rows(p) for p in images]), plans
 
     @staticmethod
     def _as_rows(pixels: np.ndarray) -> np.ndarray:
@@ -103,11 +122,21 @@ class Qwen2VLLayout(_ImageLayout):
              ArraySpec("image_grid_thw", INT64, INT32))
 
     def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:
-        start, pad, end = _token_ids(tokenizer, QWEN2_VL_TOKENS, "qwen2_vl")
+        assert recipe.images is not None
+        start, pad, end = _token_ids(tokenizer, QWEN2_VL_TOKENS, self.name)
         self.vision = VisionTokens(pad, (start,), (end,))
         self.vision_names = dict(zip((start, pad, end), QWEN2_VL_TOKENS))
         self.image_pad_id, self.vision_start_id = pad, start
+        self.video_pad_id: int | None = None
+        if recipe.images.video is not None:
+            (video,) = _token_ids(tokenizer, (QWEN2_VL_VIDEO_TOKEN,), self.name)
+            self.video_vision = VisionTokens(video, (start,), (end,))
+            self.vision_names[video] = QWEN2_VL_VIDEO_TOKEN
+            self.video_pad_id = video
+            self.specs = self.specs + self.video_specs
         super().__init__(recipe, tokenizer)
+
+    video_specs = VIDEO_SPECS
 
     def new_rows(self, batch_size: int) -> dict[str, np.ndarray]:
         arrays = super().new_rows(batch_size)
@@ -124,25 +153,68 @@ class Qwen2VLLayout(_ImageLayout):
                 positions[1:, span] = self._mrope(piece.document)
             else:                       # text: the same positions in all three rows
                 positions[1:, span] = positions[0, span]
-        arrays["mm_token_type_ids"][index] = row.input_ids == self.image_pad_id
-        arrays["mm_token_type_ids"][index, row.real:] = 0
+        types = arrays["mm_token_type_ids"][index]
+        types[:] = row.input_ids == self.image_pad_id
+        if self.video_pad_id is not None:
+            types[row.input_ids == self.video_pad_id] = 2
+        types[row.real:] = 0
+
+    def _interval(self, plan) -> float:
+        """A placeholder run's temporal spacing (1: Qwen2-VL; see `Qwen2_5VLLayout`)."""
+        return 1.0
 
     def _mrope(self, document) -> np.ndarray:
         cached = document.meta.get("mrope")
         if cached is None:
+            intervals = [self._interval(p.image.plan) for p in document.images]
             cached = mrope_positions(document.tokens, document.meta["grids"],
                                      image_pad_id=self.image_pad_id,
                                      vision_start_id=self.vision_start_id,
-                                     spatial_merge_size=self.settings.merge_size)
+                                     spatial_merge_size=self.settings.merge_size,
+                                     video_pad_id=self.video_pad_id, intervals=intervals)
             document.meta["mrope"] = cached
         return cached
 
     def finish(self, arrays: dict[str, np.ndarray], rows: list[Row | None],
                padding: bool) -> Batch:
-        pixels, grids = self._pixels(rows)
+        pixels, plans = self._pixels(rows)
         arrays["pixel_values"] = pixels.astype(np.float32, copy=False)
-        arrays["image_grid_thw"] = np.array(grids, dtype=np.int64).reshape(-1, 3)
+        arrays["image_grid_thw"] = _grids(plans)
+        if self.videos is not None:
+            pixels, plans = self._pixels(rows, "video", self.videos.empty_pixels())
+            arrays["pixel_values_videos"] = pixels.astype(np.float32, copy=False)
+            arrays["video_grid_thw"] = _grids(plans)
+            self._video_extras(arrays, plans)
         return Batch(arrays, padding)
+
+    def _video_extras(self, arrays: dict[str, np.ndarray], plans: list[VideoPlan]) -> None:
+        """Per-video arrays a subclass adds (none here)."""
+
+
+def _grids(plans: list) -> np.ndarray:
+    return np.array([plan.grid_thw for plan in plans], dtype=np.int64).reshape(-1, 3)
+
+
+class Qwen2_5VLLayout(Qwen2VLLayout):
+    """Qwen2.5-VL: the qwen2_vl layout whose videos' temporal positions are spaced by
+    tokens_per_second · second_per_grid_ts, with `second_per_grid_ts` in the batch."""
+
+    name = "qwen2_5_vl"
+    video_specs = (*VIDEO_SPECS, ArraySpec("second_per_grid_ts", FLOAT32, FLOAT32))
+
+    def _interval(self, plan) -> float:
+        if not isinstance(plan, VideoPlan):
+            return 1.0
+        # The model multiplies its int tokens_per_second by a float32 second_per_grid_ts.
+        return float(np.float32(self.settings.tokens_per_second)
+                     * self._second_per_grid(plan))
+
+    def _second_per_grid(self, plan: VideoPlan) -> np.float32:
+        return np.float32(self.settings.temporal_patch_size / plan.sampled_fps)
+
+    def _video_extras(self, arrays: dict[str, np.ndarray], plans: list[VideoPlan]) -> None:
+        arrays["second_per_grid_ts"] = np.array([self._second_per_grid(p) for p in plans],
+                                                dtype=np.float32)
 
 
 class LlavaLayout(_ImageLayout):
@@ -168,7 +240,7 @@ class LlavaLayout(_ImageLayout):
         return pixels[None]   # one (3, S, S) image
 
 
-LAYOUTS = {"qwen2_vl": Qwen2VLLayout, "llava": LlavaLayout}
+LAYOUTS = {"qwen2_vl": Qwen2VLLayout, "qwen2_5_vl": Qwen2_5VLLayout, "llava": LlavaLayout}
 
 
 def image_layout(recipe: Recipe, tokenizer: TokenizerInfo) -> _ImageLayout:

@@ -253,6 +253,6 @@ Processing = Qwen2VLProcessing | LlavaProcessing
 
 def processing_for(settings: ImageSettings) -> Processing:
     """The processing of the recipe's image layout."""
-    if settings.layout == "qwen2_vl":
-        return Qwen2VLProcessing(settings)
-    return LlavaProcessing(settings)
+    if settings.layout == "llava":
+        return LlavaProcessing(settings)
+    return Qwen2VLProcessing(settings)   # qwen2_vl and qwen2_5_vl

@@ -21,7 +21,10 @@ the sampled frames and resizing each as it comes (`video_decode.py`).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,12 +134,46 @@ class VideoProcessing:
         if n <= 0:
             raise ValueError(f"{info.frames} frame(s) are fewer than one temporal patch "
                              f"(images.temporal_patch_size {self.temporal})")
-        frame = self.frame_processing(n).plan(info.width, info.height, budget)
+        return self._with_frame(info, n, self.frame_processing(n).plan(info.width, info.height,
+                                                                         budget))
+
+    def _with_frame(self, info: VideoInfo, n: int, frame: ImagePlan) -> VideoPlan:
         _, gh, gw = frame.grid_thw
         t = n // self.temporal
         return VideoPlan(frame=frame, frames=n, total=info.frames, fps=info.fps,
                          grid_thw=(t, gh, gw), tokens=t * gh * gw // self.merge ** 2,
                          rows=t * gh * gw)
+
+    def lowered(self, infos: list[VideoInfo]) -> Iterator[list[VideoPlan]]:
+        """Plans for all of a document's videos, largest first: the recipe's; then, all videos
+        at one per-frame pixel budget, each budget from max_pixels down to min_pixels where a
+        plan shrinks (no frame under min_pixels, nor under its recipe plan when that already
+        is); then, at the lowest budgets, fewer frames (the fps rule's count capped, down to
+        min_frames). Tokens strictly decrease along the list."""
+        current = [self.plan(info) for info in infos]
+        yield list(current)
+        budgets = [self.max_pixels(plan.frames) for plan in current]
+        floors = [min(self.video.min_pixels, p.width * p.height) for p in current]
+        steps = [((-budget, i, frame) for budget, frame in itertools.islice(
+                  self.frame_processing(plan.frames).iter_budgeted_plans(info.width,
+                                                                          info.height), 1, None))
+                 for i, (info, plan) in enumerate(zip(infos, current))]
+        for _, group in itertools.groupby(heapq.merge(*steps), key=lambda step: step[0]):
+            changed = False
+            for negative, i, frame in group:
+                if frame.width * frame.height >= floors[i]:
+                    current[i] = self._with_frame(infos[i], current[i].frames, frame)
+                    budgets[i], changed = -negative, True
+            if changed:
+                yield list(current)
+        for cap in range(max(p.frames for p in current) - self.temporal, 0, -self.temporal):
+            fewer = [self.plan(info, budget, self.count(info, cap)) if plan.frames > cap else plan
+                     for info, plan, budget in zip(infos, current, budgets)]
+            if any(a.tokens != b.tokens for a, b in zip(fewer, current)):
+                current = fewer
+                yield list(current)
+            if cap < self.video.min_frames:
+                return
 
     def empty_pixels(self) -> np.ndarray:
         return np.zeros((0, *self.row_shape), dtype=np.float32)

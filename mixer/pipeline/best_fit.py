@@ -17,25 +17,26 @@ from mixer.core.errors import StateError
 from mixer.pipeline.packing import BLOCKED, Row, _Blocked, build_row
 
 
-def plan_rows(lengths: list[int], seq_len: int, images: list[tuple[int, int]] | None = None,
+def plan_rows(lengths: list[int], seq_len: int,
+              images: list[tuple[int, int, int]] | None = None,
               caps: Budget | None = None) -> list[list[int]]:
     """Best-fit decreasing: piece indices per row, rows in the order they were opened.
 
-    With `images` ((images, patches) per piece) and `caps`, a row also never holds more
-    images or patches than a whole batch may: the fullest row with room that stays within
-    them is chosen.
+    With `images` ((images, patches, videos) per piece) and `caps`, a row also never holds
+    more images, patches or videos than a whole batch may: the fullest row with room that
+    stays within them is chosen.
     """
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     rows: list[list[int]] = []
-    held: list[list[int]] = []         # (images, patches) per row
+    held: list[list[int]] = []         # (images, patches, videos) per row
     free: list[tuple[int, int]] = []   # sorted (room left, row index)
     for piece in order:
         size = lengths[piece]
-        extra = images[piece] if images is not None else (0, 0)
+        extra = images[piece] if images is not None else (0, 0, 0)
         at = bisect.bisect_left(free, (size, -1))
         if caps is not None and any(extra):
-            while at < len(free) and not caps.allows(held[free[at][1]][0] + extra[0],
-                                                      held[free[at][1]][1] + extra[1]):
+            while at < len(free) and not caps.allows(
+                    *(h + e for h, e in zip(held[free[at][1]], extra))):
                 at += 1
         if at < len(free):
             room, row = free.pop(at)
@@ -45,11 +46,10 @@ def plan_rows(lengths: list[int], seq_len: int, images: list[tuple[int, int]] | 
         else:
             row = len(rows)
             rows.append([piece])
-            held.append([0, 0])
+            held.append([0, 0, 0])
             if seq_len - size:
                 bisect.insort(free, (seq_len - size, row))
-        held[row][0] += extra[0]
-        held[row][1] += extra[1]
+        held[row] = [h + e for h, e in zip(held[row], extra)]
     return rows
 
 
@@ -98,7 +98,7 @@ class BestFitPacker:
                 continue
             for at in range(0, len(document), self.seq_len):
                 pieces.append((document, at, min(self.seq_len, len(document) - at), at == 0))
-        images = [(len(p[0].images), p[0].patches) for p in pieces]
+        images = [p[0].counts for p in pieces]
         plan = plan_rows([p[2] for p in pieces], self.seq_len, images, self.caps)
         return [self._row([pieces[i] for i in row]) for row in plan]
 
@@ -117,8 +117,7 @@ class BestFitPacker:
                 self._rows = self._plan()   # replays the window up to `emitted` on resume
             if self._emitted < len(self._rows):
                 row = self._rows[self._emitted]
-                if row.images and budget is not None and not budget.allows(row.images,
-                                                                           row.patches):
+                if budget is not None and row.pieces and not budget.allows(*row.counts):
                     return BLOCKED
                 self._emitted += 1
                 return row

@@ -148,7 +148,7 @@ class Lane:
                 self.layout.put_row(arrays, row_index, row, choice)
                 rows[row_index] = row
                 if budget is not None:
-                    budget.take(row.images, row.patches)
+                    budget.take(*row.counts)
                 self.tokens[choice] += row.real
                 self.mix[choice] += row.real
                 self.documents[choice] += sum(1 for p in row.pieces if p.offset == 0)

@@ -67,12 +67,21 @@ class Row:
         return self._made()[2]
 
     @property
+    def counts(self) -> tuple[int, int, int]:
+        """(images, patches, videos) of its documents, as the batch caps count them."""
+        images = patches = videos = 0
+        for p in self.pieces:
+            i, pa, v = p.document.counts
+            images, patches, videos = images + i, patches + pa, videos + v
+        return images, patches, videos
+
+    @property
     def images(self) -> int:
-        return sum(len(p.document.images) for p in self.pieces)
+        return self.counts[0]
 
     @property
     def patches(self) -> int:
-        return sum(p.document.patches for p in self.pieces)
+        return self.counts[1]
 
     def write(self, input_ids: np.ndarray, labels: np.ndarray,
               position_ids: np.ndarray) -> None:
@@ -176,20 +185,20 @@ class Packer:
             return None
         length = self.seq_len
         pieces: list[tuple[Document, int, int, bool]] = []
-        filled = images = patches = 0
+        filled = images = patches = videos = 0
         while filled < length:
             document = self.peek()
             if document is None:
                 break
             _, offset, before = self._pending
             if document.images:
-                if budget is not None and not budget.allows(
-                        images + len(document.images), patches + document.patches):
+                i, p, v = document.counts
+                if budget is not None and not budget.allows(images + i, patches + p,
+                                                            videos + v):
                     if filled:
                         break   # the row ends here; the document waits for the next batch
                     return BLOCKED
-                images += len(document.images)
-                patches += document.patches
+                images, patches, videos = images + i, patches + p, videos + v
             size = len(document)
             take = min(length - filled, size - offset)
             if take < size - offset and not document.splittable:

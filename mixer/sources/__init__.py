@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from mixer.core.records import EncodedImage, FileEntry, Reader, Record, Split
+from mixer.core.records import EncodedImage, EncodedVideo, FileEntry, Reader, Record, Split
 from mixer.sources.boundary import read_records
 from mixer.sources.formats.registry import FORMATS, Format, infer_format
 from mixer.sources.listing import SourceTable, list_source
@@ -23,6 +23,6 @@ def read_split(*, entry: FileEntry, text_field: str | None, **kwargs: Any) -> It
                         **kwargs)
 
 
-__all__ = ["FORMATS", "IO_STATS", "READERS", "EncodedImage", "FileEntry", "Format", "Record",
-           "SourceTable", "Split", "Storage", "filesystem", "infer_format", "list_source",
-           "read_split"]
+__all__ = ["FORMATS", "IO_STATS", "READERS", "EncodedImage", "EncodedVideo", "FileEntry",
+           "Format", "Record", "SourceTable", "Split", "Storage", "filesystem", "infer_format",
+           "list_source", "read_split"]
