@@ -15,8 +15,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[test,report,ray,hf,lightning,video]'
 	# test-only: the oracle of the video tests (transformers' Qwen2VLVideoProcessor) needs
-	# torchvision; its wheel's C ops do not load over the CPU torch (tests/conftest.py)
+	# torchvision, whose wheel is a CUDA build: over the CPU torch its C ops do not load and
+	# its `_meta_registrations` raises "operator torchvision::nms does not exist", in every
+	# process that imports it (transformers' Qwen2-VL model does). A .pth file puts an empty
+	# module in its place at interpreter start; nothing the processor or models call needs
+	# those ops. mixer itself never imports torchvision.
 	$(PY) -m pip install --quiet --no-deps torchvision==0.28.0
+	cp tests/torchvision_shim.pth "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"/
 	touch $@
 
 demo: setup

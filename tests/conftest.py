@@ -6,7 +6,6 @@ import os
 import shutil
 import sys
 import tempfile
-import types
 from pathlib import Path
 
 import pytest
@@ -21,14 +20,6 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="mixer-tests-cache-")
 atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
 sys.path.insert(0, str(Path(__file__).parent))
-
-# The video tests' oracle (transformers' Qwen2VLVideoProcessor) imports torchvision, whose
-# wheel on the package index is a CUDA build: over the CPU torch its C ops do not load and
-# `torchvision/_meta_registrations.py` raises "operator torchvision::nms does not exist".
-# Nothing the processor calls needs those ops; an empty module in its place lets the real
-# processor run, bit for bit as on a full install. (mixer itself never imports torchvision.)
-sys.modules.setdefault("torchvision._meta_registrations",
-                       types.ModuleType("torchvision._meta_registrations"))
 
 from helpers import corpus, make_tokenizer, write_docs  # noqa: E402
 

@@ -2,14 +2,15 @@
 documents alone.
 
 `assert_packed_equals_alone` knows nothing of how a batch was made: it reads the units of each
-row from `position_ids` (row 0 for qwen2_vl) and `source_ids`, hands each unit's images to it by
-counting placeholders in order, and compares the packed batch's logits with those of each unit
-run alone, the model computing that unit's positions itself (Qwen2-VL's own `get_rope_index`).
+row from `position_ids` (row 0 for qwen2_vl) and `source_ids`, hands each unit's images (and
+videos) to it by counting placeholders in order, and compares the packed batch's logits with
+those of each unit run alone, the model computing that unit's positions itself (Qwen2-VL's and
+Qwen2.5-VL's own `get_rope_index`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import (
@@ -17,9 +18,13 @@ from transformers import (
     LlamaConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
 )
+
+QWEN_LAYOUTS = ("qwen2_vl", "qwen2_5_vl")
 
 # Weights wider than transformers' default (std 0.02) so that attention is far from uniform
 # and a wrong position or a leaked token moves the logits by much more than the tolerance.
@@ -40,16 +45,28 @@ def _finish(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 def tiny_qwen2_vl(vocab_size: int, image_pad_id: int, vision_start_id: int, vision_end_id: int,
                   *, hidden_size: int = 32, num_layers: int = 1, num_heads: int = 2,
                   patch_size: int = 14, temporal_patch_size: int = 2,
-                  spatial_merge_size: int = 2, seed: int = 0
-                  ) -> Qwen2VLForConditionalGeneration:
-    """A random float32 Qwen2-VL (sdpa, no cache) whose vision tower has depth 1."""
+                  spatial_merge_size: int = 2, seed: int = 0, video_pad_id: int | None = None,
+                  tokens_per_second: int | None = None) -> Qwen2VLForConditionalGeneration:
+    """A random float32 Qwen2-VL (sdpa, no cache) whose vision tower has depth 1; with
+    `tokens_per_second`, a Qwen2.5-VL (window attention over a window of one merge unit)."""
     head_dim = hidden_size // num_heads
     if head_dim % 8:
         raise ValueError("hidden_size // num_heads must be a multiple of 8 (M-RoPE sections)")
     half = head_dim // 2
     section = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]  # 16:24:24 like 7B
     torch.manual_seed(seed)
-    config = Qwen2VLConfig(
+    vision = dict(depth=1, embed_dim=hidden_size, hidden_size=hidden_size,
+                  num_heads=num_heads, mlp_ratio=2, patch_size=patch_size,
+                  temporal_patch_size=temporal_patch_size,
+                  spatial_merge_size=spatial_merge_size)
+    kind, model_class = Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    if tokens_per_second is not None:
+        vision = {k: v for k, v in vision.items() if k not in ("embed_dim", "mlp_ratio")}
+        vision.update(intermediate_size=2 * hidden_size, out_hidden_size=hidden_size,
+                      tokens_per_second=tokens_per_second, fullatt_block_indexes=[0],
+                      window_size=patch_size * spatial_merge_size)
+        kind, model_class = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    config = kind(
         text_config=dict(vocab_size=vocab_size, hidden_size=hidden_size,
                          intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
                          num_attention_heads=num_heads, num_key_value_heads=num_heads,
@@ -57,14 +74,11 @@ def tiny_qwen2_vl(vocab_size: int, image_pad_id: int, vision_start_id: int, visi
                          bos_token_id=None, eos_token_id=None,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                           "mrope_section": section}),
-        vision_config=dict(depth=1, embed_dim=hidden_size, hidden_size=hidden_size,
-                           num_heads=num_heads, mlp_ratio=2, patch_size=patch_size,
-                           temporal_patch_size=temporal_patch_size,
-                           spatial_merge_size=spatial_merge_size),
+        vision_config=vision,
         image_token_id=image_pad_id, vision_start_token_id=vision_start_id,
-        vision_end_token_id=vision_end_id, video_token_id=vocab_size + 1)
-    model = Qwen2VLForConditionalGeneration._from_config(config, attn_implementation="sdpa",
-                                                         dtype=torch.float32)
+        vision_end_token_id=vision_end_id,
+        video_token_id=vocab_size + 1 if video_pad_id is None else video_pad_id)
+    model = model_class._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     return _finish(model, seed)
 
 
@@ -102,11 +116,12 @@ class Unit:
     start: int
     end: int
     images: list[int]  # indices into the batch's images, in placeholder order
+    videos: list[int] = field(default_factory=list)   # the same for its videos
 
 
 def _units(batch: dict[str, torch.Tensor], layout: str) -> list[Unit]:
     positions = batch["position_ids"]
-    text_positions = positions[0] if layout == "qwen2_vl" else positions
+    text_positions = positions[0] if layout in QWEN_LAYOUTS else positions
     units = []
     for row, (reals, starts) in enumerate(zip((batch["source_ids"] >= 0).tolist(),
                                               (text_positions == 0).tolist())):
@@ -123,13 +138,15 @@ def _units(batch: dict[str, torch.Tensor], layout: str) -> list[Unit]:
     return units
 
 
-def _assign_images(units: list[Unit], batch: dict[str, torch.Tensor], model, layout: str) -> int:
-    """Hand each unit its images by counting placeholders in order; returns how many images."""
+def _assign_images(units: list[Unit], batch: dict[str, torch.Tensor], model, layout: str,
+                   kind: str = "image") -> int:
+    """Hand each unit its images (or videos) by counting placeholders in order; returns how
+    many."""
     ids = batch["input_ids"]
-    if layout == "qwen2_vl":
-        grids = batch["image_grid_thw"].tolist()
+    if layout in QWEN_LAYOUTS:
+        grids = batch[f"{kind}_grid_thw"].tolist() if f"{kind}_grid_thw" in batch else []
         merge = model.config.vision_config.spatial_merge_size
-        pad = model.config.image_token_id
+        pad = getattr(model.config, f"{kind}_token_id")
         sizes = [t * h * w // merge ** 2 for t, h, w in grids]
     else:
         vision = model.config.vision_config
@@ -143,56 +160,75 @@ def _assign_images(units: list[Unit], batch: dict[str, torch.Tensor], model, lay
             if not is_pad[index]:
                 index += 1
                 continue
-            assert image < len(sizes), (f"row {unit.row}: more image placeholders than images "
-                                        f"({len(sizes)}) in the batch")
+            assert image < len(sizes), (f"row {unit.row}: more {kind} placeholders than "
+                                        f"{kind}s ({len(sizes)}) in the batch")
             count = sizes[image]
-            if layout == "qwen2_vl":  # one run of pads is one image (llava's may touch)
+            if layout in QWEN_LAYOUTS:  # one run of pads is one image (llava's may touch)
                 count = next((i for i in range(index, len(is_pad)) if not is_pad[i]),
                              len(is_pad)) - index
             assert count == sizes[image] and all(is_pad[index:index + count]), (
-                f"row {unit.row}, token {unit.start + index}: image {image} needs {sizes[image]} "
-                f"placeholders inside one unit")
-            unit.images.append(image)
+                f"row {unit.row}, token {unit.start + index}: {kind} {image} needs "
+                f"{sizes[image]} placeholders inside one unit")
+            (unit.videos if kind == "video" else unit.images).append(image)
             image += 1
             index += count
-    assert image == len(sizes), f"{len(sizes)} images in the batch, {image} placeholder groups"
+    assert image == len(sizes), f"{len(sizes)} {kind}s in the batch, {image} placeholder groups"
     return image
 
 
-def _inputs(batch: dict[str, torch.Tensor], layout: str, images: list[int], row: int,
-            start: int, end: int, pixel_offsets: list[int]) -> dict[str, torch.Tensor]:
-    """The model inputs of tokens [start, end) of a row, run alone (positions left to the
-    model), with the given images."""
-    ids = batch["input_ids"][row:row + 1, start:end]
-    inputs = {"input_ids": ids}
-    if not images:
-        return inputs
-    if layout == "qwen2_vl":
-        pixels = [batch["pixel_values"][pixel_offsets[i]:pixel_offsets[i + 1]] for i in images]
-        inputs["pixel_values"] = torch.cat(pixels)
-        inputs["image_grid_thw"] = batch["image_grid_thw"][images]
-    else:
-        inputs["pixel_values"] = batch["pixel_values"][images]
+def _offsets(grids: torch.Tensor) -> list[int]:
+    offsets = [0]
+    for t, h, w in grids.tolist():
+        offsets.append(offsets[-1] + t * h * w)
+    return offsets
+
+
+def _inputs(batch: dict[str, torch.Tensor], layout: str, unit: Unit,
+            offsets: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+    """The model inputs of a unit's tokens, run alone (positions left to the model), with
+    its images and videos."""
+    inputs = {"input_ids": batch["input_ids"][unit.row:unit.row + 1, unit.start:unit.end]}
+    if unit.images and layout in QWEN_LAYOUTS:
+        at = offsets["image"]
+        inputs["pixel_values"] = torch.cat([batch["pixel_values"][at[i]:at[i + 1]]
+                                            for i in unit.images])
+        inputs["image_grid_thw"] = batch["image_grid_thw"][unit.images]
+    elif unit.images:
+        inputs["pixel_values"] = batch["pixel_values"][unit.images]
+    if unit.videos:
+        at = offsets["video"]
+        inputs["pixel_values_videos"] = torch.cat([batch["pixel_values_videos"][at[i]:at[i + 1]]
+                                                   for i in unit.videos])
+        inputs["video_grid_thw"] = batch["video_grid_thw"][unit.videos]
+        if "second_per_grid_ts" in batch:
+            inputs["second_per_grid_ts"] = batch["second_per_grid_ts"][unit.videos]
     return inputs
 
 
+def _token_types(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """transformers' mm_token_type_ids: 1 on image pads, 2 on video pads, 0 elsewhere."""
+    return ((input_ids == model.config.image_token_id).long()
+            + 2 * (input_ids == model.config.video_token_id).long())
+
+
 def _forward(model, layout: str, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    if layout == "qwen2_vl":
-        # The model needs mm_token_type_ids to compute M-RoPE itself (1 on image pads).
+    if layout in QWEN_LAYOUTS:
+        # The model needs mm_token_type_ids to compute M-RoPE itself.
         inputs = dict(inputs)
-        inputs.setdefault("mm_token_type_ids",
-                          (inputs["input_ids"] == model.config.image_token_id).long())
+        inputs.setdefault("mm_token_type_ids", _token_types(model, inputs["input_ids"]))
     with torch.no_grad():
         return model(**inputs, use_cache=False).logits
 
 
-def _packed_inputs(batch: dict[str, torch.Tensor], layout: str,
-                   n_images: int) -> dict[str, torch.Tensor]:
+def _packed_inputs(batch: dict[str, torch.Tensor], layout: str, n_images: int,
+                   n_videos: int) -> dict[str, torch.Tensor]:
     keys = ["input_ids", "position_ids"]
-    if layout == "qwen2_vl":
+    if layout in QWEN_LAYOUTS:
         keys.append("mm_token_type_ids")
     if n_images:
-        keys += ["pixel_values", "image_grid_thw"] if layout == "qwen2_vl" else ["pixel_values"]
+        keys += ["pixel_values", "image_grid_thw"] if layout in QWEN_LAYOUTS else ["pixel_values"]
+    if n_videos:
+        keys += ["pixel_values_videos", "video_grid_thw", "second_per_grid_ts"]
     return {key: batch[key] for key in keys if key in batch}
 
 
@@ -214,40 +250,44 @@ def assert_packed_equals_alone(model, batch: dict[str, torch.Tensor], layout: st
     Unless `require_coverage` is False, at least one compared unit has images and one row holds
     two or more units, so the check cannot pass vacuously. Returns the counts it saw.
     """
-    if layout not in ("qwen2_vl", "llava"):
+    if layout not in (*QWEN_LAYOUTS, "llava"):
         raise ValueError(f"unknown layout {layout!r}")
     rows, length = batch["input_ids"].shape
-    want = (4, rows, length) if layout == "qwen2_vl" else (rows, length)
+    want = (4, rows, length) if layout in QWEN_LAYOUTS else (rows, length)
     assert tuple(batch["position_ids"].shape) == want, (
         f"position_ids has shape {tuple(batch['position_ids'].shape)}, {layout} needs {want}")
     units = _units(batch, layout)
     n_images = _assign_images(units, batch, model, layout)
-    offsets = [0]
-    if layout == "qwen2_vl":
-        for t, h, w in batch["image_grid_thw"].tolist():
-            offsets.append(offsets[-1] + t * h * w)
-        assert offsets[-1] == batch["pixel_values"].shape[0], (
-            f"pixel_values has {batch['pixel_values'].shape[0]} rows, the grids need "
-            f"{offsets[-1]}")
-    packed = _forward(model, layout, _packed_inputs(batch, layout, n_images))
+    n_videos = _assign_images(units, batch, model, layout, "video") if layout != "llava" else 0
+    offsets: dict[str, list[int]] = {}
+    for kind, pixels in (("image", "pixel_values"), ("video", "pixel_values_videos")):
+        if layout in QWEN_LAYOUTS and f"{kind}_grid_thw" in batch:
+            offsets[kind] = _offsets(batch[f"{kind}_grid_thw"])
+            assert offsets[kind][-1] == batch[pixels].shape[0], (
+                f"{pixels} has {batch[pixels].shape[0]} rows, the grids need "
+                f"{offsets[kind][-1]}")
+    packed = _forward(model, layout, _packed_inputs(batch, layout, n_images, n_videos))
     for unit in units:
         where = f"row {unit.row}, tokens {unit.start}:{unit.end}"
         ids = batch["input_ids"][unit.row, unit.start:unit.end]
         if eos_id is not None:
             assert not bool((ids[:-1] == eos_id).any()), (
                 f"{where}: an EOS inside the unit (a document does not restart its positions)")
-        inputs = _inputs(batch, layout, unit.images, unit.row, unit.start, unit.end, offsets)
+        inputs = _inputs(batch, layout, unit, offsets)
         if check_positions:
             _check_positions(model, batch, layout, unit, inputs, where)
         alone = _forward(model, layout, inputs)[0]
         diff = (packed[unit.row, unit.start:unit.end] - alone).abs().max().item()
-        assert diff <= atol, (f"{where} (images {unit.images}): packed logits differ from the "
-                              f"unit alone by {diff:.3g} > {atol}")
+        assert diff <= atol, (f"{where} (images {unit.images}, videos {unit.videos}): packed "
+                              f"logits differ from the unit alone by {diff:.3g} > {atol}")
     units_per_row = [sum(u.row == row for u in units) for row in range(batch["input_ids"].shape[0])]
     seen = {"units": len(units), "units_with_images": sum(bool(u.images) for u in units),
             "images": n_images, "packed_rows": sum(n >= 2 for n in units_per_row)}
+    if "video_grid_thw" in batch:
+        seen.update(units_with_videos=sum(bool(u.videos) for u in units), videos=n_videos)
     if require_coverage:
-        assert seen["units_with_images"] >= 1, f"no unit with images was compared: {seen}"
+        assert seen["units_with_images"] + seen.get("units_with_videos", 0) >= 1, (
+            f"no unit with images or videos was compared: {seen}")
         assert seen["packed_rows"] >= 1, f"no row holds two or more documents: {seen}"
     return seen
 
@@ -262,13 +302,15 @@ def _check_positions(model, batch, layout: str, unit: Unit, inputs, where: str) 
         return
     got = positions[:, unit.row, unit.start:unit.end]
     assert torch.equal(got[0], text), f"{where}: text positions {got[0].tolist()}"
-    mm = (inputs["input_ids"] == model.config.image_token_id).long()
+    mm = _token_types(model, inputs["input_ids"])
     if "mm_token_type_ids" in batch:
         assert torch.equal(batch["mm_token_type_ids"][unit.row, unit.start:unit.end], mm[0]), (
-            f"{where}: mm_token_type_ids is not 1 exactly on <|image_pad|>")
-    if "image_grid_thw" in inputs:
-        want, _ = model.model.get_rope_index(inputs["input_ids"], mm,
-                                             image_grid_thw=inputs["image_grid_thw"])
+            f"{where}: mm_token_type_ids is not 1 exactly on <|image_pad|> and 2 on "
+            "<|video_pad|>")
+    if "image_grid_thw" in inputs or "video_grid_thw" in inputs:
+        extra = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw",
+                                        "second_per_grid_ts") if k in inputs}
+        want, _ = model.model.get_rope_index(inputs["input_ids"], mm, **extra)
         want = want[:, 0]
     else:  # text alone: the model's positions are 0, 1, ... in all three rows
         want = text.expand(3, -1)
