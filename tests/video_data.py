@@ -80,8 +80,11 @@ class VideoSample:
     length: int
     clips: list[Clip] = field(default_factory=list)
     marker: bool = False   # "<video>" markers spread through the caption
+    text: str | None = None   # the caption as given (instead of the words and markers)
 
     def caption(self) -> str:
+        if self.text is not None:
+            return self.text
         words = doc_text(self.doc, self.length).split()
         if not self.marker:
             return " ".join(words)

@@ -82,6 +82,12 @@ class ImageDocuments:
         place (errors about the text) or its image or video member (errors about a medium)."""
         parts: list[tuple[list[str], tuple[EncodedImage, ...]] | Rejected] = []
         for text, media, file, where in zip(texts, images, files, locations):
+            videos = [m for m in media if isinstance(m, EncodedVideo)]
+            if videos and self.videos is None:
+                parts.append(Rejected(video_error(
+                    f"the sample has {len(videos)} video(s) but the recipe has no images.video "
+                    "block (add one to train on videos)", videos[0], self.source, file)))
+                continue
             split = self._split(text, media)
             parts.append(self._error(split[0], file, where, split[1]) if isinstance(split[0], str)
                          else split)
@@ -111,8 +117,7 @@ class ImageDocuments:
         if count and count != len(imgs):
             return (f"the text holds {count} image marker(s) {marker!r} but the sample has "
                     f"{len(imgs)} image(s): each marker stands for one image", "bad_image")
-        watched = self.settings.video is not None or videos
-        video_count = text.count(video_marker) if watched else 0
+        video_count = text.count(video_marker) if self.videos is not None else 0
         if video_count and video_count != len(videos):
             return (f"the text holds {video_count} video marker(s) {video_marker!r} but the "
                     f"sample has {len(videos)} video(s): each marker stands for one video",
@@ -160,9 +165,7 @@ class ImageDocuments:
         return size
 
     def _video_info(self, video: EncodedImage, file: str) -> VideoInfo:
-        if self.videos is None:
-            raise video_error("the sample has a video but the recipe has no images.video "
-                              "block (add one to train on videos)", video, self.source, file)
+        assert self.videos is not None   # (`build` rejected the sample otherwise)
         info = probe_video(video, source=self.source, file=file,
                            max_source_pixels=self.settings.max_source_pixels,
                            max_source_frames=self.videos.video.max_source_frames)

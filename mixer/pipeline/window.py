@@ -18,7 +18,7 @@ from mixer.core.rng import derive_key, permutation
 from mixer.pipeline.settings import StreamSettings
 from mixer.pipeline.slice_reader import Cursor3, SliceReader
 from mixer.pipeline.slices import SliceItem
-from mixer.sources import FORMATS, EncodedImage, Record
+from mixer.sources import FORMATS, EncodedImage, EncodedVideo, Record
 from mixer.tokenize.encoding import TOKENIZE_BYTES
 
 
@@ -182,12 +182,16 @@ class WindowReader:
         """A record with images in a text-only recipe: an error, never a silent text-only
         document."""
         image = record.images[0]
-        error = DataError(f"the sample has {len(record.images)} image(s) but the recipe has no "
+        videos = sum(isinstance(m, EncodedVideo) for m in record.images)
+        what = "image" if not videos else "video"
+        counts = (f"{len(record.images) - videos} image(s)" if not videos else
+                  f"{len(record.images) - videos} image(s) and {videos} video(s)")
+        error = DataError(f"the sample has {counts} but the recipe has no "
                           "`images:` block (add one to train on them, or use text-only "
                           "samples)", source=self.name,
                           file=self.reader.table.files[self.reader.split_of(item).file].url,
                           location=f"member {image.member} at byte offset {image.offset}",
-                          reason="bad_image")
+                          reason=f"bad_{what}")
         return Record(record.index, record.offset, None, error)
 
 
