@@ -33,7 +33,8 @@ def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool,
     start = time.perf_counter()
     loader = build_loader(recipe, num_workers=num_workers)
     first = None
-    got = images = 0
+    got = images = videos = frames = 0
+    temporal = recipe.images.temporal_patch_size if recipe.images is not None else 1
     log = MetricsWriter(metrics_out, recipe, every=metrics_every) if metrics_out else None
     with loader, tqdm(total=batches, disable=not progress, unit="batch",
                       file=sys.stderr) as bar:
@@ -43,6 +44,9 @@ def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool,
             ids = batch["source_ids"].flatten()
             if "pixel_values" in batch:   # one grid row per image (qwen2_vl), else one crop
                 images += len(batch.get("image_grid_thw", batch["pixel_values"]))
+            if "video_grid_thw" in batch:   # sampled frames: t temporal patches per video
+                videos += len(batch["video_grid_thw"])
+                frames += int(batch["video_grid_thw"][:, 0].sum()) * temporal
             for i, name in enumerate(names):
                 counts[name] += int((ids == i).sum())
             got += 1
@@ -66,6 +70,9 @@ def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool,
     if recipe.images is not None:
         result.update(images=images, images_per_s=images / elapsed if elapsed else 0.0,
                       oversize=metrics.get("oversize", {}))
+    if recipe.images is not None and recipe.images.video is not None:
+        result.update(videos=videos, frames=frames,
+                      frames_per_s=frames / elapsed if elapsed else 0.0)
     return result
 
 

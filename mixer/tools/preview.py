@@ -3,7 +3,11 @@ the batch's images rebuilt from `pixel_values`.
 
 An image's run of placeholder tokens prints as `<image 448x336 → 192 tokens>`: the size the
 image was resized to and its placeholder tokens (qwen2_vl: the `<|image_pad|>` tokens, without
-`<|vision_start|>` and `<|vision_end|>`; llava: the `<image>` tokens). Saved images are the
+`<|vision_start|>` and `<|vision_end|>`; llava: the `<image>` tokens); a video's as
+`<video 8×112×112 @2 fps → 32 tokens>`: frames × width × height after sampling and resizing,
+the sampled rate (qwen2_5_vl: temporal_patch_size / second_per_grid_ts; qwen2_vl, whose
+batches do not carry it: the recipe's `images.video.fps`) and its placeholder tokens. Saved
+images are the
 model's input turned back into pixels (patches reassembled, normalization undone), so they
 show exactly what a batch carries: the resized image, transparency composited on white.
 """
@@ -33,6 +37,22 @@ class ImageRef:
         return f"<image {self.width}x{self.height} → {self.tokens} tokens>"
 
 
+@dataclass(frozen=True)
+class VideoRef:
+    """One video of a batch: its index in the batch's video order, frames and frame size."""
+
+    index: int
+    frames: int
+    width: int
+    height: int
+    fps: float
+    tokens: int
+
+    def __str__(self) -> str:
+        return (f"<video {self.frames}×{self.width}×{self.height} @{self.fps:.3g} fps → "
+                f"{self.tokens} tokens>")
+
+
 class RowRenderer:
     """Renders the rows of a batch in order (images are numbered across the batch's rows)."""
 
@@ -42,6 +62,22 @@ class RowRenderer:
         self.settings = getattr(layout, "settings", None)
         self.grids = (batch["image_grid_thw"].tolist() if "image_grid_thw" in batch else None)
         self.next_image = 0
+        video = getattr(layout, "video_vision", None)
+        self.video_pad = video.placeholder if video is not None else None
+        self.video_grids = batch["video_grid_thw"].tolist() if "video_grid_thw" in batch else []
+        self.seconds = (batch["second_per_grid_ts"].tolist() if "second_per_grid_ts" in batch
+                        else None)
+        self.next_video = 0
+
+    def _video(self, run: int) -> VideoRef:
+        s = self.settings
+        index = self.next_video
+        t, h, w = self.video_grids[index]
+        fps = (s.temporal_patch_size / self.seconds[index] if self.seconds is not None
+               else s.video.fps)
+        self.next_video += 1
+        return VideoRef(index, t * s.temporal_patch_size, w * s.patch_size, h * s.patch_size,
+                        fps, run)
 
     def _image(self, run: int) -> list[ImageRef]:
         """The image(s) a run of `run` placeholder tokens stands for."""
@@ -57,30 +93,35 @@ class RowRenderer:
         self.next_image += len(refs)
         return refs
 
-    def render(self, ids: list[int]) -> tuple[list[str | ImageRef], int]:
-        """Pieces of the row (decoded text and images) and its number of image tokens."""
+    def render(self, ids: list[int]) -> tuple[list[str | ImageRef | VideoRef], int]:
+        """Pieces of the row (decoded text, images and videos) and its number of image and
+        video tokens."""
         if self.vision is None:
             return [self.encoder.decode(ids)], 0
-        pad, before, after = self.vision.placeholder, list(self.vision.before), \
-            list(self.vision.after)
-        pieces: list[str | ImageRef] = []
+        pads = {self.vision.placeholder, self.video_pad} - {None}
+        before, after = list(self.vision.before), list(self.vision.after)
+        pieces: list[str | ImageRef | VideoRef] = []
         text: list[int] = []
         image_tokens = i = 0
         while i < len(ids):
             starts = (bool(before) and ids[i:i + len(before)] == before
-                      and i + len(before) < len(ids) and ids[i + len(before)] == pad)
-            if ids[i] != pad and not starts:
+                      and i + len(before) < len(ids) and ids[i + len(before)] in pads)
+            if ids[i] not in pads and not starts:
                 text.append(ids[i])
                 i += 1
                 continue
             j = i + len(before) if starts else i
+            pad = ids[j]
             k = j
             while k < len(ids) and ids[k] == pad:
                 k += 1
             if text:
                 pieces.append(self.encoder.decode(text))
                 text = []
-            pieces.extend(self._image(k - j))
+            if pad == self.video_pad:
+                pieces.append(self._video(k - j))
+            else:
+                pieces.extend(self._image(k - j))
             image_tokens += k - j
             i = k + len(after) if ids[k:k + len(after)] == after else k
         if text:
@@ -88,13 +129,13 @@ class RowRenderer:
         return pieces, image_tokens
 
 
-def join(pieces: list[str | ImageRef], chars: int) -> str:
+def join(pieces: list[str | ImageRef | VideoRef], chars: int) -> str:
     """The row as text, cut after `chars` characters (0: no cut); placeholders stay whole."""
     out, length = [], 0
     for piece in pieces:
         text = str(piece)
         if chars and length + len(text) > chars:
-            out.append(text if isinstance(piece, ImageRef) else text[:chars - length])
+            out.append(text if not isinstance(piece, str) else text[:chars - length])
             return "".join(out) + " …"
         out.append(text)
         length += len(text)

@@ -31,7 +31,8 @@ def _build(layout: BatchLayout, encoder: Encoder, source: str, texts: list[str],
     records under an image layout, and how many became no document (oversize, or bad)."""
     builder = layout.document_builder(encoder, source)
     assert builder is not None
-    out = {"tokens": 0, "images": 0, "image_tokens": 0, "oversize": 0, "rejected": 0}
+    out = {"tokens": 0, "images": 0, "image_tokens": 0, "videos": 0, "video_frames": 0,
+           "video_tokens": 0, "oversize": 0, "rejected": 0}
     for at in range(0, len(texts), _CHUNK):
         stop = at + _CHUNK
         where = [f"{file} (sampled by inspect)" for file in files[at:stop]]
@@ -40,8 +41,13 @@ def _build(layout: BatchLayout, encoder: Encoder, source: str, texts: list[str],
                 out["oversize" if doc.oversize else "rejected"] += 1
                 continue
             out["tokens"] += doc.cost
-            out["images"] += len(doc.images)
-            out["image_tokens"] += sum(p.image.plan.tokens for p in doc.images)
+            for placement in doc.images:
+                handle = placement.image
+                kind = getattr(handle, "kind", "image")
+                out[f"{kind}s"] += 1
+                out[f"{kind}_tokens"] += handle.plan.tokens
+                if kind == "video":
+                    out["video_frames"] += handle.plan.frames
     return out
 
 
@@ -82,6 +88,9 @@ def _sample(recipe: Recipe, index: int, table: SourceTable, encoder: Encoder,
     return {"docs": n, "tokens_per_doc": built["tokens"] / n, "docs_per_byte": docs_per_byte,
             "images_per_doc": built["images"] / n,
             "image_tokens_per_doc": built["image_tokens"] / n,
+            "videos_per_doc": built["videos"] / n,
+            "video_frames_per_doc": built["video_frames"] / n,
+            "video_tokens_per_doc": built["video_tokens"] / n,
             "oversize": built["oversize"], "rejected": built["rejected"]}
 
 
@@ -120,6 +129,8 @@ def inspect_recipe(recipe: Recipe, *, training_tokens: int = 10**9) -> dict[str,
         })
         if recipe.images is not None:
             rows[-1].update(_image_columns(sample, docs))
+        if recipe.images is not None and recipe.images.video is not None:
+            rows[-1].update(_video_columns(sample, docs))
     return {"training_tokens": training_tokens, "lanes": recipe.lanes, "seq_len": recipe.seq_len,
             "tokenizer": {"path": info.path, "eos_id": info.eos_id, "bos_id": info.bos_id,
                           "pad_id": info.pad_id, "vocab_size": info.vocab_size,
@@ -141,4 +152,20 @@ def _image_columns(sample: dict[str, float], docs: float) -> dict[str, Any]:
                               if sample["tokens_per_doc"] else 0.0),
         "sampled_oversize": sample.get("oversize", 0),
         "sampled_rejected": sample.get("rejected", 0),
+    }
+
+
+def _video_columns(sample: dict[str, float], docs: float) -> dict[str, Any]:
+    """Video estimates of one source (sampled frames, and placeholder tokens)."""
+    per_doc = sample.get("videos_per_doc", 0.0)
+    tokens_per_doc = sample.get("video_tokens_per_doc", 0.0)
+    return {
+        "videos_per_doc": per_doc,
+        "frames_per_video": (sample.get("video_frames_per_doc", 0.0) / per_doc
+                             if per_doc else 0.0),
+        "video_tokens_per_doc": tokens_per_doc,
+        "est_videos": round(docs * per_doc),
+        "est_video_tokens": round(docs * tokens_per_doc),
+        "video_token_share": (tokens_per_doc / sample["tokens_per_doc"]
+                              if sample["tokens_per_doc"] else 0.0),
     }

@@ -29,6 +29,9 @@ def run(args: argparse.Namespace) -> int:
                ("skipped", "skipped")]
     if "images" in result:
         print(f"images {result['images']:,} ({result['images_per_s']:,.0f} images/s)")
+    if "videos" in result:
+        print(f"videos {result['videos']:,}, sampled frames {result['frames']:,} "
+              f"({result['frames_per_s']:,.0f} frames/s)")
         columns.append(("oversize", "oversize"))
     rows = [{"source": n, "weight": result["weight"][n], "share": result["share"][n],
              "skipped": result["skipped"].get(n, 0),

@@ -75,6 +75,14 @@ def _print_images(report: dict[str, Any]) -> None:
         ("est_images", "~images"), ("est_image_tokens", "~image tokens"),
         ("image_token_share", "image tok share"), ("sampled_oversize", "oversize"),
         ("sampled_rejected", "rejected")]))
+    if "videos_per_doc" in report["sources"][0]:
+        print("\nvideos (frame counts and sizes from container headers, nothing decoded; "
+              "frames are the sampled ones):")
+        print(format_table(report["sources"], [
+            ("name", "source"), ("videos_per_doc", "videos/doc"),
+            ("frames_per_video", "frames/video"), ("video_tokens_per_doc", "video tok/doc"),
+            ("est_videos", "~videos"), ("est_video_tokens", "~video tokens"),
+            ("video_token_share", "video tok share")]))
     for row in report["sources"]:
         if row["sampled_oversize"]:
             print(f"note: source {row['name']!r}: {row['sampled_oversize']} of "

@@ -12,7 +12,7 @@ from mixer.tools.cli.common import load
 def run(args: argparse.Namespace) -> int:
     from mixer.runtime.loader import build_loader
     from mixer.tokenize import Encoder
-    from mixer.tools.preview import RowRenderer, batch_images, join, save_images
+    from mixer.tools.preview import ImageRef, RowRenderer, VideoRef, batch_images, join, save_images
 
     recipe = load(args.recipe)
     loader = build_loader(recipe, num_workers=0)
@@ -31,8 +31,11 @@ def run(args: argparse.Namespace) -> int:
                 real = [i for i, s in zip(ids, sources) if s >= 0]
                 label = names[max(sources)] if real else "padding"
                 pieces, image_tokens = renderer.render(real)
-                refs = [p for p in pieces if not isinstance(p, str)]
-                extra = (f", {len(refs)} image(s) of {image_tokens} tokens" if refs else "")
+                refs = [p for p in pieces if isinstance(p, ImageRef)]
+                videos = sum(isinstance(p, VideoRef) for p in pieces)
+                media = ([f"{len(refs)} image(s)"] if refs else []) + (
+                    [f"{videos} video(s)"] if videos else [])
+                extra = (f", {' and '.join(media)} of {image_tokens} tokens" if media else "")
                 print(f"--- sequence {shown} [{label}] {len(real)} tokens{extra}")
                 print(join(pieces, args.chars))
                 if folder is not None and refs:
@@ -49,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the command and its flags."""
     p = sub.add_parser("preview", help="print the first sequences, decoded, with sources; "
-                       "images as <image WxH → N tokens>")
+                       "images as <image WxH → N tokens>, videos as "
+                       "<video F×W×H @R fps → N tokens>")
     p.add_argument("recipe")
     p.add_argument("-n", type=count("sequences", 1), default=4,
                    help="number of sequences (default 4)")
