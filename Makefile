@@ -1,4 +1,4 @@
-# `make demo`: set up from scratch and run the demos (text, then image+text);
+# `make demo`: set up from scratch and run the demos (text, image+text, video+text);
 # `make test`: set up and run every test.
 PYTHON ?= python3
 VENV ?= .venv
@@ -40,6 +40,11 @@ demo: setup
 		--save-images out/demo-images
 	$(VENV)/bin/mixer bench recipes/multimodal_demo.yaml --batches 100 --num-workers 2 \
 		--no-progress
+	# video+text: generated clips (mp4, webm) with the picture captions and prose
+	$(VENV)/bin/mixer validate recipes/video_demo.yaml
+	$(VENV)/bin/mixer inspect recipes/video_demo.yaml
+	$(VENV)/bin/mixer preview recipes/video_demo.yaml -n 3 --chars 400
+	$(VENV)/bin/mixer bench recipes/video_demo.yaml --batches 30 --num-workers 2 --no-progress
 
 lint: setup
 	$(VENV)/bin/ruff check mixer tests benchmarks examples

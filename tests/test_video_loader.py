@@ -228,3 +228,28 @@ def test_loader_video_batches_train_like_their_documents_alone(corpus, layout):
         seen.update(assert_packed_equals_alone(model, batch, layout, eos_id=EOS_ID,
                                                require_coverage=False))
     assert seen["units_with_videos"] > 0 and seen["packed_rows"] > 0, seen
+
+
+def test_bundled_video_demo_previews_inspects_and_benches_videos(capsys):
+    """`make demo`'s video recipe: inspect counts videos and sampled frames from headers,
+    preview shows each video as <video F×W×H @R fps → N tokens> with as many placeholders
+    as its grid, bench counts frames per second."""
+    import re
+
+    from test_cli_images import ROOT
+
+    from mixer.tools.cli import main
+
+    recipe = str(ROOT / "recipes" / "video_demo.yaml")
+    assert main(["inspect", recipe, "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["sources"]}
+    assert rows["clips"]["videos_per_doc"] >= 1 and rows["clips"]["frames_per_video"] >= 4
+    assert 0 < rows["clips"]["video_token_share"] < 1 and rows["prose"]["est_videos"] == 0
+    assert main(["preview", recipe, "-n", "1", "--chars", "300"]) == 0
+    out = capsys.readouterr().out
+    shown = re.findall(r"<video (\d+)×(\d+)×(\d+) @2 fps → (\d+) tokens>", out)
+    assert shown and "[clips]" in out
+    for frames, width, height, tokens in shown:
+        assert int(tokens) == int(frames) // 2 * (int(width) // 28) * (int(height) // 28)
+    assert main(["bench", recipe, "--batches", "2", "--num-workers", "0", "--no-progress"]) == 0
+    assert re.search(r"sampled frames [\d,]+ \([\d,]+ frames/s\)", capsys.readouterr().out)
