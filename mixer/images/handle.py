@@ -16,6 +16,7 @@ holds pixels outside the budget.
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import threading
@@ -101,6 +102,24 @@ def decode_threads() -> int:
 def _decode_pool() -> PriorityPool:
     with _lock:
         return _pools.get("decode", lambda: PriorityPool(_threads))
+
+
+_stopping = threading.Event()   # set at interpreter exit: long jobs (videos) end early
+
+
+def stopping() -> bool:
+    """Whether this process is exiting (a job made of many steps should give up)."""
+    return _stopping.is_set()
+
+
+def _stop_at_exit() -> None:
+    _stopping.set()
+    pool = _pools.pop("decode")
+    if pool is not None:
+        pool.stop(timeout=10.0)
+
+
+atexit.register(_stop_at_exit)
 
 
 def _after_fork_in_child() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -46,6 +47,20 @@ class PriorityPool:
         with self._ready:
             self._closed = True
             self._ready.notify_all()
+
+    def stop(self, timeout: float) -> None:
+        """Cancel the queued jobs, stop taking new ones, and wait up to `timeout` seconds for
+        the running ones to end (at interpreter exit: a daemon thread still inside a C++
+        library, torch's video resize for one, when the interpreter finalizes can abort the
+        process with "terminate called without an active exception")."""
+        with self._ready:
+            for _, _, future, _ in self._heap:
+                future.cancel()
+            self._heap.clear()
+        self.shutdown()
+        end = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, end - time.monotonic()))
 
     def _work(self) -> None:
         while True:

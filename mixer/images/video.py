@@ -10,13 +10,15 @@ Values follow transformers' `Qwen2VLVideoProcessor` called with `do_sample_frame
   an even share of `max_video_tokens`' pixels over the n frames, floored at 1.05 · min_pixels).
 - **Pixels.** Bicubic with antialias on uint8 (torch's `interpolate`, which the processor's
   torchvision resize calls), then (x - 255·mean) / (255·std) in float32 (the processor's
-  fused rescale and normalize, here a 256-entry table per channel), the last frame repeated to
-  a multiple of temporal_patch_size, and patches in the processor's order:
-  (t·h·w, 3 · temporal_patch_size · patch²) with video_grid_thw (n / temporal, h, w).
+  fused rescale and normalize, here a 256-entry table per channel), and patches in the
+  processor's order: (t·h·w, 3 · temporal_patch_size · patch²) with video_grid_thw
+  (n / temporal, h, w). (The processor repeats the last frame up to a multiple of
+  temporal_patch_size; n already is one.)
 
 A `VideoPlan` is known from the header alone; `LazyVideo` makes the pixels on demand on the
 image pool, under the same per-process pixel budget as images (`handle.py`), decoding only
-the sampled frames and resizing each as it comes (`video_decode.py`).
+the sampled frames and resizing and normalizing each into its patches as it comes
+(`video_decode.py`): memory holds the result and a few frames, never the whole video.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from mixer.config.images import ImageSettings
 from mixer.config.video import VideoSettings
 from mixer.core.errors import DataError
 from mixer.core.records import EncodedImage
-from mixer.images.handle import LazyImage
+from mixer.images.handle import LazyImage, stopping
 from mixer.images.processing import ImagePlan, Qwen2VLProcessing
 from mixer.images.video_decode import VideoInfo, decode_frames, video_error
 
@@ -189,19 +191,23 @@ class VideoProcessing:
                 antialias=True)
         return frame[0].numpy()
 
-    def pixels(self, frames: np.ndarray, plan: VideoPlan) -> np.ndarray:
-        """(plan.rows, 3 · temporal · patch²) float32 from the (n, 3, h, w) resized frames."""
-        n = len(frames)
-        if n % self.temporal:
-            frames = np.concatenate([frames, np.repeat(frames[-1:], -n % self.temporal, 0)])
-        values = np.empty(frames.shape, dtype=np.float32)
-        for c in range(3):
-            np.take(self._tables[c], frames[:, c], out=values[:, c])
-        p, m, tp = self.patch, self.merge, self.temporal
+    def new_pixels(self, plan: VideoPlan) -> np.ndarray:
+        """The video's pixels to fill frame by frame (`put_frame`), in the processor's patch
+        order: (t, h/m, w/m, m, m, 3, temporal, p, p) float32; `.reshape(plan.rows, -1)` is
+        `pixel_values_videos`."""
+        p, m = self.patch, self.merge
         t, gh, gw = plan.grid_thw
-        patches = values.reshape(t, tp, 3, gh // m, m, p, gw // m, m, p)
-        patches = patches.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
-        return patches.reshape(plan.rows, self.row_shape[0])
+        return np.empty((t, gh // m, gw // m, m, m, 3, self.temporal, p, p), dtype=np.float32)
+
+    def put_frame(self, out: np.ndarray, i: int, frame: np.ndarray) -> None:
+        """Normalize resized frame i ((3, h, w) uint8) into its place in `out`."""
+        p, m = self.patch, self.merge
+        _, rows, cols = out.shape[:3]
+        group, slot = divmod(i, self.temporal)
+        for c in range(3):
+            plane = self._tables[c][frame[c]]            # (h, w) float32
+            out[group, :, :, :, :, c, slot] = plane.reshape(
+                rows, m, p, cols, m, p).transpose(0, 3, 1, 4, 2, 5)
 
 
 class LazyVideo(LazyImage):
@@ -224,17 +230,19 @@ class LazyVideo(LazyImage):
     def _compute(self) -> np.ndarray:
         plan: VideoPlan = self.plan  # type: ignore[assignment]
         processing: VideoProcessing = self.processing  # type: ignore[assignment]
-        out = np.empty((plan.frames, 3, plan.height, plan.width), dtype=np.uint8)
+        out = processing.new_pixels(plan)
 
-        def keep(i: int, rgb: np.ndarray) -> None:
+        def keep(i: int, rgb: np.ndarray) -> None:   # each frame as it is decoded
+            if stopping():
+                raise RuntimeError("the process is exiting")
             if rgb.shape[:2] != (self.info.height, self.info.width):
                 raise video_error(f"frame {plan.indices[i]} is {rgb.shape[1]}x{rgb.shape[0]}, "
                                   f"not the {self.info.width}x{self.info.height} of the header",
                                   self.encoded, self.source, self.file)
-            out[i] = processing.resized(rgb, plan)
+            processing.put_frame(out, i, processing.resized(rgb, plan))
 
         decode_frames(self.encoded, plan.indices, keep, source=self.source, file=self.file)
-        return processing.pixels(out, plan)
+        return out.reshape(plan.rows, processing.row_shape[0])
 
     def __repr__(self) -> str:
         plan: VideoPlan = self.plan  # type: ignore[assignment]
