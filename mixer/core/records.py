@@ -88,8 +88,7 @@ class Record:
     `images` are the document's images in order, then its videos (`EncodedVideo`); `text`
     places them where it holds the recipe's image (video) marker, else they come before it.
     `location` says where the text lies in words, for errors found after reading (e.g. a
-    webdataset sample's text member); None:
-    the format's description of `offset`.
+    webdataset sample's text member); None: the format's description of `offset`.
 
     A pre-tokenized record (`format: megatron`/`npy`, or a token-cache hit) has `tokens`
     (the document's final ids, EOS included) instead of `text`, and `chars`: the size that

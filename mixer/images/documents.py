@@ -2,14 +2,14 @@
 
 For each record: the text is cut at the recipe's image and video markers (each marker is the
 next image, or video; a kind without markers comes first: images, then videos), the pieces
-are tokenized in one batch, each image's
-header is probed and planned (resized size, grid, tokens) without decoding, and the layout's
-placeholder span goes where the image belongs. A document longer than `seq_len` (or over the
-per-batch caps) gets the largest lower image resolution that fits (never below `min_pixels`),
-else, at the lowest, loses the text after its last image; if it still does not fit it is
-rejected as oversize (counted, never an error). A document whose images alone exceed the
-per-batch caps is oversize too. Videos are probed from their headers alike (`video_decode`)
-and lowered first: their per-frame pixel budget, then their frames (`VideoProcessing.lowered`).
+are tokenized in one batch, each image's header is probed and planned (resized size, grid,
+tokens) without decoding, and the layout's placeholder span goes where the image belongs. A
+document longer than `seq_len` (or over the per-batch caps) gets the largest lower image
+resolution that fits (never below `min_pixels`), else, at the lowest, loses the text after
+its last image; if it still does not fit it is rejected as oversize (counted, never an
+error). A document whose images alone exceed the per-batch caps is oversize too. Videos are
+probed from their container headers alike (`video_decode`) and lowered first: their
+per-frame pixel budget, then their frames (`VideoProcessing.lowered`).
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ class ImageDocuments:
             out.append(self._document(pieces, p[1], file, where))
         return out
 
-    def _split(self, text: str, media: tuple[EncodedImage, ...]):
+    def _split(self, text: str, media: tuple[EncodedImage, ...]
+               ) -> tuple[list[str], tuple[EncodedImage, ...]] | tuple[str, str]:
         """(text pieces, media in their order), or (error message, reason). Each kind of
         medium is placed by its markers, one per medium; a kind whose markers the text does
         not hold comes first (images, then videos), before the text."""

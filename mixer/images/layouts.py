@@ -120,6 +120,7 @@ class Qwen2VLLayout(_ImageLayout):
              ArraySpec("mm_token_type_ids", INT64, INT32),
              ArraySpec("pixel_values", FLOAT32, FLOAT32),
              ArraySpec("image_grid_thw", INT64, INT32))
+    video_specs = VIDEO_SPECS   # added to `specs` when the recipe has `images.video`
 
     def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:
         assert recipe.images is not None
@@ -135,8 +136,6 @@ class Qwen2VLLayout(_ImageLayout):
             self.video_pad_id = video
             self.specs = self.specs + self.video_specs
         super().__init__(recipe, tokenizer)
-
-    video_specs = VIDEO_SPECS
 
     def new_rows(self, batch_size: int) -> dict[str, np.ndarray]:
         arrays = super().new_rows(batch_size)

@@ -33,9 +33,9 @@ def mrope_positions(input_ids: np.ndarray, grids: Sequence[tuple[int, int, int]]
     `grids` holds each image's or video's (t, h, w) patch grid, in the order of their
     placeholder runs (`image_pad_id` or `video_pad_id`); `intervals`, where given, each run's
     temporal spacing (Qwen2.5-VL videos; 1 elsewhere). Each image must be `vision_start`
-    followed by exactly t·h·w / merge² image pads (the
-    vision tower emits that many embeddings); anything else raises ValueError rather than
-    yielding positions that the model would not compute.
+    followed by exactly t·h·w / merge² image pads (the vision tower emits that many
+    embeddings); anything else raises ValueError rather than yielding positions that the
+    model would not compute.
     """
     ids = np.asarray(input_ids)
     if ids.ndim != 1:
