@@ -253,3 +253,12 @@ def test_bundled_video_demo_previews_inspects_and_benches_videos(capsys):
         assert int(tokens) == int(frames) // 2 * (int(width) // 28) * (int(height) // 28)
     assert main(["bench", recipe, "--batches", "2", "--num-workers", "0", "--no-progress"]) == 0
     assert re.search(r"sampled frames [\d,]+ \([\d,]+ frames/s\)", capsys.readouterr().out)
+
+
+def test_a_state_resumes_only_under_the_same_video_settings(corpus):
+    state = mixer.build_loader(recipe_of(corpus)).state_dict()
+    for change in ({"video": {**VIDEO, "fps": 3.0}}, {"max_videos_per_batch": 4},
+                   {"layout": "qwen2_5_vl"}):
+        with pytest.raises(mixer.StateError):
+            mixer.build_loader(recipe_of(corpus, **change)).load_state_dict(state)
+    mixer.build_loader(recipe_of(corpus)).load_state_dict(state)

@@ -26,6 +26,9 @@ STATE_VERSION = 3   # 3: lanes encoded column by column
 _STREAM_FIELDS = ("seed", "seq_len", "lanes", "packing", "pack_window", "shuffle_window",
                   "shuffle_window_bytes", "shuffle_budget_bytes", "split_bytes",
                   "max_document_bytes", "mask_document_boundaries")
+# `images` keys added after the image block first entered the fingerprint (videos): in it only
+# when set, so a state saved before them still resumes an image recipe.
+_LATER_IMAGE_KEYS = ("video", "video_marker", "max_videos_per_batch", "tokens_per_second")
 
 
 def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTable]) -> dict:
@@ -34,7 +37,11 @@ def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTab
     stream["tokenizer"] = tokenizer.digest
     stream["eos_id"] = tokenizer.eos_id
     if recipe.images is not None:
-        stream["images"] = recipe.images.model_dump(mode="json")
+        images = recipe.images.model_dump(mode="json")
+        for key in _LATER_IMAGE_KEYS:   # at their defaults: the fingerprint states had before
+            if images[key] == type(recipe.images).model_fields[key].default:
+                del images[key]
+        stream["images"] = images
     sources = {}
     for src, table in zip(recipe.sources, tables):
         files = hashlib.sha256(json.dumps(table.fingerprint()).encode()).hexdigest()[:16]
