@@ -162,3 +162,22 @@ def test_resize_is_the_processors_uint8_antialiased_bicubic():
         theirs = tvF.resize(torch.from_numpy(rgb).permute(2, 0, 1), list(size),
                             interpolation=tvF.InterpolationMode.BICUBIC, antialias=True)
         assert np.array_equal(ours, theirs.numpy())
+
+
+def test_empty_and_non_video_bytes_are_bad_videos_naming_the_member(clips):
+    for data, words in ((b"", "empty video"), (b"\x00not a video" * 50, "cannot read"),
+                        (clips["libx264rgb"][:300], "cannot read")):
+        with pytest.raises(mixer.DataError, match=words) as err:
+            probe_video(EncodedVideo(data, "k.mp4", 512), source="v", file="a.tar",
+                        max_source_pixels=1 << 30, max_source_frames=1000)
+        assert err.value.reason == "bad_video" and "k.mp4 at byte offset 512" in str(err.value)
+
+
+def test_sampled_fps_is_the_processors():
+    """qwen2_5_vl's second_per_grid_ts is temporal_patch_size / sampled fps, with the sampled
+    fps of transformers' VideoMetadata for the same indices."""
+    processing = VideoProcessing(ImageSettings(layout="qwen2_5_vl", video={"fps": 3.0}))
+    for total, rate in ((41, 10.0), (300, 29.97), (7, 24.0)):
+        plan = processing.plan(video_decode.VideoInfo(64, 48, total, rate))
+        meta = VideoMetadata(total_num_frames=total, fps=rate, frames_indices=plan.indices)
+        assert plan.sampled_fps == meta.sampled_fps

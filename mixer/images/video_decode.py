@@ -54,7 +54,6 @@ def video_error(message: str, encoded: EncodedImage, source: str, file: str) -> 
 def _av() -> Any:
     import av  # (the optional extra `video`; checked when the recipe is validated)
 
-    av.logging.set_level(None)   # FFmpeg's own complaints become our errors, not stderr noise
     return av
 
 
