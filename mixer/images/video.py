@@ -117,10 +117,9 @@ class VideoProcessing:
         """The image processing that plans one frame of an n-frame video (its budgets)."""
         bound = self.max_pixels(frames)
         found = self._frames.get(bound)
-        if found is None:
-            low = min(self.video.min_pixels, bound)
+        if found is None:   # (bound >= min_pixels: the recipe checks it, and the cap's floor)
             found = Qwen2VLProcessing(self.settings.model_copy(
-                update={"min_pixels": low, "max_pixels": bound}))
+                update={"min_pixels": self.video.min_pixels, "max_pixels": bound}))
             self._frames[bound] = found
         return found
 
