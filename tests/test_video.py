@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import sys
 
 import av
 import numpy as np
@@ -181,3 +182,13 @@ def test_sampled_fps_is_the_processors():
         plan = processing.plan(video_decode.VideoInfo(64, 48, total, rate))
         meta = VideoMetadata(total_num_frames=total, fps=rate, frames_indices=plan.indices)
         assert plan.sampled_fps == meta.sampled_fps
+
+
+def test_a_video_recipe_without_pyav_names_the_extra(monkeypatch):
+    """Where `av` cannot be imported (the `video` extra not installed), the recipe is refused
+    up front, naming the extra."""
+    monkeypatch.setitem(sys.modules, "av", None)   # Python's mark of a module that is absent
+    with pytest.raises(mixer.RecipeError, match=r"images\.video.*mixer\[video\]"):
+        mixer.load_recipe({"tokenizer": "t.json", "seq_len": 64,
+                           "images": {"layout": "qwen2_vl", "video": {}},
+                           "sources": [{"name": "v", "path": "v/*.tar", "weight": 1}]})
