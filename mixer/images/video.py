@@ -217,6 +217,7 @@ class LazyVideo(LazyImage):
     def __init__(self, encoded: EncodedImage, info: VideoInfo, plan: VideoPlan,
                  processing: VideoProcessing, extra_tokens: int, source: str,
                  file: str) -> None:
+        # (max_source_pixels is the image decoder's; the header was checked by probe_video)
         super().__init__(encoded, (info.width, info.height), plan,  # type: ignore[arg-type]
                          processing, extra_tokens=extra_tokens,  # type: ignore[arg-type]
                          source=source, file=file, max_source_pixels=info.width * info.height)
