@@ -1,6 +1,8 @@
 """Ray actors as the loader's workers: the same stream, state and errors as DataLoader workers;
-actors replaced when they die; none outlives its driver. One real Ray cluster on 127.0.0.1
-for the module.
+actors replaced when they die; none outlives its driver; placement on a data node; ranks of a
+torchrun job sharing the cluster. One real two-node Ray cluster on 127.0.0.1 for the module
+(`ray.cluster_utils.Cluster`: the head, where this driver runs, and a node offering the
+custom resource `data_node`).
 
 Ray turns `_node_ip_address="127.0.0.1"` into the machine's outward address (its
 `resolve_ip_for_localhost`) unless `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, read when `ray` is
@@ -31,11 +33,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
-             num_cpus=4, log_to_driver=False)
-    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+    """The GCS address, and the id of the data node."""
+    from ray.cluster_utils import Cluster
+
+    local = {"node_ip_address": "127.0.0.1", "num_cpus": 4}
+    nodes = Cluster(initialize_head=True, head_node_args={**local, "include_dashboard": False})
+    data_node = nodes.add_node(**local, resources={"data_node": 2})
+    ray.init(address=nodes.address, log_to_driver=False)
+    try:
+        assert {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]} == \
+            {"127.0.0.1"} and len(ray.nodes()) == 2
+        assert ray.get_runtime_context().get_node_id() != data_node.node_id
+        yield nodes.address, data_node.node_id
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
 
 
 def digest(batch: dict) -> str:
@@ -61,6 +73,20 @@ def ray_loader(recipe, **spec) -> mixer.Loader:
 def actor_states(ids: list[str]) -> list[str]:
     table = ray._private.state.state.actor_table(None)
     return [table[i]["State"] if i in table else "GONE" for i in ids]
+
+
+def actor_nodes(loader: mixer.Loader) -> list[str]:
+    table = ray._private.state.state.actor_table(None)
+    return [table[actor._actor_id.hex()]["Address"]["NodeID"] for actor in loader._pool.actors]
+
+
+def test_resources_place_the_actors_on_the_data_node(cluster, three_sources):
+    recipe = three_sources[0]
+    reference = take(mixer.build_loader(recipe), 12)
+    with ray_loader(recipe, resources={"data_node": 1}) as loader:
+        batches = iter(loader)
+        assert [digest(next(batches)) for _ in range(12)] == reference
+        assert actor_nodes(loader) == [cluster[1]] * 2
 
 
 def test_text_stream_is_the_local_stream_and_close_ends_the_actors(cluster, three_sources):
@@ -196,8 +222,43 @@ def test_set_weights_and_metrics_as_local(cluster, three_sources):
     assert out[0] == out[1]
 
 
+def cache_stats(actor) -> dict:
+    """The actor's own token-cache counters (per process)."""
+    def read(_self) -> dict:
+        from mixer.cache.store import CACHE_STATS
+
+        return {"hits": CACHE_STATS.hits, "misses": CACHE_STATS.misses,
+                "writes": CACHE_STATS.writes}
+    return ray.get(actor.__ray_call__.remote(read))
+
+
+def test_schedule_and_token_cache_as_local(cluster, three_sources, tmp_path):
+    """Weights over global tokens change at batch 10; the actors fill the cache, and new
+    actors are served from it: the same batches and metrics as one local process."""
+    recipe = {**three_sources[0], "schedule": {"points": [
+        {"at_tokens": 0, "weights": {"prose": 0.7, "code": 0.3}},
+        {"at_tokens": 10 * 4 * 16, "weights": {"code": 0.2, "web": 0.8}}]}}
+    local = mixer.build_loader(recipe)
+    reference = take(local, 30)
+    expected = {k: v for k, v in local.metrics().items() if k != "io"}
+    assert expected["tokens"]["prose"] > 0 and expected["tokens"]["web"] > 0   # both phases
+    cached = {**recipe, "token_cache": str(tmp_path / "cache")}
+    runs = []
+    for _ in ("cold", "warm"):
+        with ray_loader(cached) as loader:
+            batches = iter(loader)
+            assert [digest(next(batches)) for _ in range(30)] == reference
+            assert {k: v for k, v in loader.metrics().items() if k != "io"} == expected
+            runs.append([cache_stats(actor) for actor in loader._pool.actors])
+    cold, warm = ({k: sum(s[k] for s in run) for k in ("hits", "misses", "writes")}
+                  for run in runs)
+    assert cold["writes"] > 0 and cold["hits"] == 0
+    assert warm["hits"] >= cold["writes"] and warm["writes"] == 0
+    assert len(list((tmp_path / "cache").glob("??/*.bin"))) == cold["writes"]
+
+
 def test_killed_driver_leaves_no_actor(cluster, three_sources):
-    driver = spawn([sys.executable, str(Path(__file__).with_name("ray_driver.py")), cluster,
+    driver = spawn([sys.executable, str(Path(__file__).with_name("ray_driver.py")), cluster[0],
                     json.dumps(three_sources[0])])
     try:
         line = driver.stdout.readline()
