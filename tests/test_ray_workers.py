@@ -23,7 +23,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import pytest  # noqa: E402
 from helpers import corpus, doc_text  # noqa: E402
-from procs import spawn  # noqa: E402
+from procs import run, spawn  # noqa: E402
 
 import mixer  # noqa: E402
 
@@ -255,6 +255,36 @@ def test_schedule_and_token_cache_as_local(cluster, three_sources, tmp_path):
     assert cold["writes"] > 0 and cold["hits"] == 0
     assert warm["hits"] >= cold["writes"] and warm["writes"] == 0
     assert len(list((tmp_path / "cache").glob("??/*.bin"))) == cold["writes"]
+
+
+def test_torchrun_ranks_share_the_cluster(cluster, three_sources, tmp_path):
+    """Two gloo ranks join the cluster through RAY_ADDRESS: each one's stream, the summed
+    metrics and the gathered state equal those of DataLoader workers in the same job, and
+    the ranks' steps interleave into the global stream."""
+    recipe, steps = three_sources[0], 8
+    env = {**os.environ, "RAY_ADDRESS": cluster[0], "OMP_NUM_THREADS": "1",
+           "PYTHONWARNINGS": "ignore"}
+    drivers = len(ray._private.state.jobs())
+    job = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", str(Path(__file__).with_name("dist_ray_job.py")),
+               json.dumps(recipe), str(steps), str(tmp_path / "out")], timeout=180, env=env)
+    assert job.returncode == 0, job.stderr[-5000:]
+    assert len(ray._private.state.jobs()) == drivers + 2   # the ranks joined this cluster
+    ranks = [json.loads((tmp_path / f"out.rank{r}").read_text()) for r in (0, 1)]
+    for rank in ranks:
+        assert rank["ray"] == rank["dataloader"]
+    assert ranks[0]["ray"]["state"] == ranks[1]["ray"]["state"]   # the gathered state
+    assert ranks[0]["ray"]["metrics"] == ranks[1]["ray"]["metrics"]   # the summed metrics
+    with mixer.build_loader(recipe) as single:
+        batches = iter(single)
+        reference = [digest(next(batches)) for _ in range(2 * steps)]
+        assert [ranks[g % 2]["ray"]["batches"][g // 2] for g in range(2 * steps)] == reference
+        assert {k: v for k, v in single.metrics().items() if k != "io"} == \
+            ranks[0]["ray"]["metrics"]
+        after = [digest(next(batches)) for _ in range(4)]
+    resumed = mixer.build_loader(recipe)
+    resumed.load_state_dict(ranks[1]["ray"]["state"])
+    assert take(resumed, 4) == after
 
 
 def test_killed_driver_leaves_no_actor(cluster, three_sources):
