@@ -194,7 +194,7 @@ class ActorPool:
         pending: list[deque] = [deque() for _ in range(count)]   # their references
         ready: list[deque] = [deque() for _ in range(count)]   # batches received
         dataset = plain(dataset)
-        states = dict(dataset.lane_states)   # each lane's latest state received
+        states = dict(dataset.lane_states)   # each lane's latest state passed on
         shared = self.ray.put(dataset)
         for w, actor in enumerate(self.actors):
             actor.start.remote(shared, w, count)
