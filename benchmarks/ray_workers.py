@@ -1,7 +1,8 @@
 """Ray actors vs DataLoader workers with the same process count, text and image+text.
 
     python benchmarks/ray_workers.py [--copies 2] [--batches 1000] [--image-batches 120]
-                                     [--procs 2] [--only text|image] [--overhead]
+                                     [--procs 2] [--only text|image] [--backend hf]
+                                     [--overhead]
 
 Each row runs in a fresh subprocess. After 5 warm-up batches, `--batches` batches (text: the
 throughput corpus, 8 × 2048; image: recipes/multimodal_demo.yaml, qwen2_vl): tokens/s (and
@@ -158,7 +159,7 @@ def _subprocess(code: str, env: dict | None = None) -> Any:
 
 
 def compare(args: argparse.Namespace, folder: str) -> None:
-    text = recipe_for(Path(folder))
+    text = recipe_for(Path(folder), tokenizer_backend=args.backend)
     image = str(ROOT / "recipes" / "multimodal_demo.yaml")
     rows = []
     for workload, recipe, batches in (("text", text, args.batches),
@@ -221,6 +222,8 @@ def main() -> None:
     parser.add_argument("--image-batches", type=int, default=120)
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--only", choices=["text", "image"])
+    parser.add_argument("--backend", choices=["auto", "hf", "fastokens"], default="auto",
+                        help="the text recipe's tokenizer_backend")
     parser.add_argument("--overhead", action="store_true")
     args = parser.parse_args()
     if args.overhead:
