@@ -36,7 +36,7 @@ def cluster():
     """The GCS address, and the id of the data node."""
     from ray.cluster_utils import Cluster
 
-    local = {"node_ip_address": "127.0.0.1", "num_cpus": 4}
+    local = {"node_ip_address": "127.0.0.1", "num_cpus": 2}
     nodes = Cluster(initialize_head=True, head_node_args={**local, "include_dashboard": False})
     data_node = nodes.add_node(**local, resources={"data_node": 2})
     ray.init(address=nodes.address, log_to_driver=False)
@@ -81,12 +81,21 @@ def actor_nodes(loader: mixer.Loader) -> list[str]:
 
 
 def test_resources_place_the_actors_on_the_data_node(cluster, three_sources):
+    """Placed by a custom resource; batches in groups of 4 (in_flight 8); the actors never
+    import torch (seconds of their start)."""
+    def imports_torch(_actor) -> bool:   # (nested: pickled by value, run in the actor)
+        import sys
+
+        return "torch" in sys.modules
+
     recipe = three_sources[0]
     reference = take(mixer.build_loader(recipe), 12)
-    with ray_loader(recipe, resources={"data_node": 1}) as loader:
+    with ray_loader(recipe, resources={"data_node": 1}, in_flight=8) as loader:
         batches = iter(loader)
         assert [digest(next(batches)) for _ in range(12)] == reference
         assert actor_nodes(loader) == [cluster[1]] * 2
+        assert not any(ray.get([actor.__ray_call__.remote(imports_torch)
+                                for actor in loader._pool.actors]))
 
 
 def test_text_stream_is_the_local_stream_and_close_ends_the_actors(cluster, three_sources):
@@ -147,7 +156,7 @@ def test_states_cross_between_ray_and_local_and_world_sizes(cluster, three_sourc
 def test_dead_actors_are_replaced_and_the_stream_is_unchanged(cluster, three_sources):
     recipe = {**three_sources[0], "shuffle_window": 5}
     reference = take(mixer.build_loader(recipe), 36)
-    loader = ray_loader(recipe)
+    loader = ray_loader(recipe, in_flight=4)   # groups of 2
     batches = iter(loader)
     got = [digest(next(batches)) for _ in range(5)]
     ray.kill(loader._pool.actors[0])
@@ -188,7 +197,7 @@ def test_data_error_inside_an_actor_keeps_its_attributes(cluster, tmp_path, toke
     with pytest.raises(mixer.DataError) as local:
         take(mixer.build_loader(recipe), 100)
     with pytest.raises(mixer.DataError) as remote:
-        take(ray_loader(recipe), 100)
+        take(ray_loader(recipe, in_flight=8), 100)   # the error item inside a group
     for attr in ("source", "file", "location", "reason"):
         assert getattr(remote.value, attr) == getattr(local.value, attr)
     assert str(remote.value) == str(local.value) and remote.value.file == str(path)
@@ -224,7 +233,7 @@ def test_set_weights_and_metrics_as_local(cluster, three_sources):
 
 def cache_stats(actor) -> dict:
     """The actor's own token-cache counters (per process)."""
-    def read(_self) -> dict:
+    def read(_self) -> dict:   # (nested: pickled by value, run in the actor)
         from mixer.cache.store import CACHE_STATS
 
         return {"hits": CACHE_STATS.hits, "misses": CACHE_STATS.misses,
