@@ -5,27 +5,20 @@ and `state_dict()` (both collectives)."""
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import sys
 
 import torch.distributed as dist
+from helpers import batch_digest
 
 import mixer
-
-
-def digest(batch: dict) -> str:
-    h = hashlib.sha256()
-    for key in sorted(batch):
-        h.update(key.encode() + batch[key].numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def run(recipe: dict, steps: int, **options) -> dict:
     with mixer.build_loader(recipe, **options) as loader:
         batches = iter(loader)
-        digests = [digest(batch) for batch in itertools.islice(batches, steps)]
+        digests = [batch_digest(batch) for batch in itertools.islice(batches, steps)]
         metrics = loader.metrics(all_ranks=True)
         metrics.pop("io")
         return {"batches": digests, "metrics": metrics, "state": loader.state_dict()}

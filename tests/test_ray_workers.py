@@ -22,7 +22,7 @@ from pathlib import Path
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import pytest  # noqa: E402
-from helpers import corpus, doc_text  # noqa: E402
+from helpers import batch_digest, corpus, doc_text  # noqa: E402
 from procs import run, spawn  # noqa: E402
 
 import mixer  # noqa: E402
@@ -286,7 +286,7 @@ def test_torchrun_ranks_share_the_cluster(cluster, three_sources, tmp_path):
     assert ranks[0]["ray"]["metrics"] == ranks[1]["ray"]["metrics"]   # the summed metrics
     with mixer.build_loader(recipe) as single:
         batches = iter(single)
-        reference = [digest(next(batches)) for _ in range(2 * steps)]
+        reference = [batch_digest(next(batches)) for _ in range(2 * steps)]
         assert [ranks[g % 2]["ray"]["batches"][g // 2] for g in range(2 * steps)] == reference
         assert {k: v for k, v in single.metrics().items() if k != "io"} == \
             ranks[0]["ray"]["metrics"]
