@@ -1,6 +1,8 @@
 """Ray actors as the loader's workers: the same stream, state and errors as DataLoader workers;
-actors replaced when they die; none outlives its driver. One real Ray cluster on 127.0.0.1
-for the module.
+actors replaced when they die; none outlives its driver; placement on a data node; ranks of a
+torchrun job sharing the cluster. One real two-node Ray cluster on 127.0.0.1 for the module
+(`ray.cluster_utils.Cluster`: the head, where this driver runs, and a node offering the
+custom resource `data_node`).
 
 Ray turns `_node_ip_address="127.0.0.1"` into the machine's outward address (its
 `resolve_ip_for_localhost`) unless `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, read when `ray` is
@@ -20,8 +22,8 @@ from pathlib import Path
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import pytest  # noqa: E402
-from helpers import corpus, doc_text  # noqa: E402
-from procs import spawn  # noqa: E402
+from helpers import batch_digest, corpus, doc_text  # noqa: E402
+from procs import run, spawn  # noqa: E402
 
 import mixer  # noqa: E402
 
@@ -31,11 +33,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
-             num_cpus=4, log_to_driver=False)
-    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+    """The GCS address, and the id of the data node."""
+    from ray.cluster_utils import Cluster
+
+    local = {"node_ip_address": "127.0.0.1", "num_cpus": 2}
+    nodes = Cluster(initialize_head=True, head_node_args={**local, "include_dashboard": False})
+    data_node = nodes.add_node(**local, resources={"data_node": 2})
+    ray.init(address=nodes.address, log_to_driver=False)
+    try:
+        assert {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]} == \
+            {"127.0.0.1"} and len(ray.nodes()) == 2
+        assert ray.get_runtime_context().get_node_id() != data_node.node_id
+        yield nodes.address, data_node.node_id
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
 
 
 def digest(batch: dict) -> str:
@@ -61,6 +73,29 @@ def ray_loader(recipe, **spec) -> mixer.Loader:
 def actor_states(ids: list[str]) -> list[str]:
     table = ray._private.state.state.actor_table(None)
     return [table[i]["State"] if i in table else "GONE" for i in ids]
+
+
+def actor_nodes(loader: mixer.Loader) -> list[str]:
+    table = ray._private.state.state.actor_table(None)
+    return [table[actor._actor_id.hex()]["Address"]["NodeID"] for actor in loader._pool.actors]
+
+
+def test_resources_place_the_actors_on_the_data_node(cluster, three_sources):
+    """Placed by a custom resource; batches in groups of 4 (in_flight 8); the actors never
+    import torch (seconds of their start)."""
+    def imports_torch(_actor) -> bool:   # (nested: pickled by value, run in the actor)
+        import sys
+
+        return "torch" in sys.modules
+
+    recipe = three_sources[0]
+    reference = take(mixer.build_loader(recipe), 12)
+    with ray_loader(recipe, resources={"data_node": 1}, in_flight=8) as loader:
+        batches = iter(loader)
+        assert [digest(next(batches)) for _ in range(12)] == reference
+        assert actor_nodes(loader) == [cluster[1]] * 2
+        assert not any(ray.get([actor.__ray_call__.remote(imports_torch)
+                                for actor in loader._pool.actors]))
 
 
 def test_text_stream_is_the_local_stream_and_close_ends_the_actors(cluster, three_sources):
@@ -121,7 +156,7 @@ def test_states_cross_between_ray_and_local_and_world_sizes(cluster, three_sourc
 def test_dead_actors_are_replaced_and_the_stream_is_unchanged(cluster, three_sources):
     recipe = {**three_sources[0], "shuffle_window": 5}
     reference = take(mixer.build_loader(recipe), 36)
-    loader = ray_loader(recipe)
+    loader = ray_loader(recipe, in_flight=4)   # groups of 2
     batches = iter(loader)
     got = [digest(next(batches)) for _ in range(5)]
     ray.kill(loader._pool.actors[0])
@@ -162,7 +197,7 @@ def test_data_error_inside_an_actor_keeps_its_attributes(cluster, tmp_path, toke
     with pytest.raises(mixer.DataError) as local:
         take(mixer.build_loader(recipe), 100)
     with pytest.raises(mixer.DataError) as remote:
-        take(ray_loader(recipe), 100)
+        take(ray_loader(recipe, in_flight=8), 100)   # the error item inside a group
     for attr in ("source", "file", "location", "reason"):
         assert getattr(remote.value, attr) == getattr(local.value, attr)
     assert str(remote.value) == str(local.value) and remote.value.file == str(path)
@@ -196,8 +231,73 @@ def test_set_weights_and_metrics_as_local(cluster, three_sources):
     assert out[0] == out[1]
 
 
+def cache_stats(actor) -> dict:
+    """The actor's own token-cache counters (per process)."""
+    def read(_self) -> dict:   # (nested: pickled by value, run in the actor)
+        from mixer.cache.store import CACHE_STATS
+
+        return {"hits": CACHE_STATS.hits, "misses": CACHE_STATS.misses,
+                "writes": CACHE_STATS.writes}
+    return ray.get(actor.__ray_call__.remote(read))
+
+
+def test_schedule_and_token_cache_as_local(cluster, three_sources, tmp_path):
+    """Weights over global tokens change at batch 10; the actors fill the cache, and new
+    actors are served from it: the same batches and metrics as one local process."""
+    recipe = {**three_sources[0], "schedule": {"points": [
+        {"at_tokens": 0, "weights": {"prose": 0.7, "code": 0.3}},
+        {"at_tokens": 10 * 4 * 16, "weights": {"code": 0.2, "web": 0.8}}]}}
+    local = mixer.build_loader(recipe)
+    reference = take(local, 30)
+    expected = {k: v for k, v in local.metrics().items() if k != "io"}
+    assert expected["tokens"]["prose"] > 0 and expected["tokens"]["web"] > 0   # both phases
+    cached = {**recipe, "token_cache": str(tmp_path / "cache")}
+    runs = []
+    for _ in ("cold", "warm"):
+        with ray_loader(cached) as loader:
+            batches = iter(loader)
+            assert [digest(next(batches)) for _ in range(30)] == reference
+            assert {k: v for k, v in loader.metrics().items() if k != "io"} == expected
+            runs.append([cache_stats(actor) for actor in loader._pool.actors])
+    cold, warm = ({k: sum(s[k] for s in run) for k in ("hits", "misses", "writes")}
+                  for run in runs)
+    assert cold["writes"] > 0 and cold["hits"] == 0
+    assert warm["hits"] >= cold["writes"] and warm["writes"] == 0
+    assert len(list((tmp_path / "cache").glob("??/*.bin"))) == cold["writes"]
+
+
+def test_torchrun_ranks_share_the_cluster(cluster, three_sources, tmp_path):
+    """Two gloo ranks join the cluster through RAY_ADDRESS: each one's stream, the summed
+    metrics and the gathered state equal those of DataLoader workers in the same job, and
+    the ranks' steps interleave into the global stream."""
+    recipe, steps = three_sources[0], 8
+    env = {**os.environ, "RAY_ADDRESS": cluster[0], "OMP_NUM_THREADS": "1",
+           "PYTHONWARNINGS": "ignore"}
+    drivers = len(ray._private.state.jobs())
+    job = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", str(Path(__file__).with_name("dist_ray_job.py")),
+               json.dumps(recipe), str(steps), str(tmp_path / "out")], timeout=180, env=env)
+    assert job.returncode == 0, job.stderr[-5000:]
+    assert len(ray._private.state.jobs()) == drivers + 2   # the ranks joined this cluster
+    ranks = [json.loads((tmp_path / f"out.rank{r}").read_text()) for r in (0, 1)]
+    for rank in ranks:
+        assert rank["ray"] == rank["dataloader"]
+    assert ranks[0]["ray"]["state"] == ranks[1]["ray"]["state"]   # the gathered state
+    assert ranks[0]["ray"]["metrics"] == ranks[1]["ray"]["metrics"]   # the summed metrics
+    with mixer.build_loader(recipe) as single:
+        batches = iter(single)
+        reference = [batch_digest(next(batches)) for _ in range(2 * steps)]
+        assert [ranks[g % 2]["ray"]["batches"][g // 2] for g in range(2 * steps)] == reference
+        assert {k: v for k, v in single.metrics().items() if k != "io"} == \
+            ranks[0]["ray"]["metrics"]
+        after = [digest(next(batches)) for _ in range(4)]
+    resumed = mixer.build_loader(recipe)
+    resumed.load_state_dict(ranks[1]["ray"]["state"])
+    assert take(resumed, 4) == after
+
+
 def test_killed_driver_leaves_no_actor(cluster, three_sources):
-    driver = spawn([sys.executable, str(Path(__file__).with_name("ray_driver.py")), cluster,
+    driver = spawn([sys.executable, str(Path(__file__).with_name("ray_driver.py")), cluster[0],
                     json.dumps(three_sources[0])])
     try:
         line = driver.stdout.readline()

@@ -1,13 +1,13 @@
-"""The worker side of the loader: the dataset each DataLoader worker (or the main process,
-at num_workers 0) iterates, producing the global batches of the lanes it serves."""
+"""The worker side of the loader: what each DataLoader worker, Ray actor (or the main process,
+at num_workers 0) runs, producing the global batches of the lanes it serves.
+
+Torch-free, so that a Ray actor never imports torch (seconds of its start); the DataLoader's
+`IterableDataset` is `runtime/torch_dataset.py`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
-
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from typing import TYPE_CHECKING, Any
 
 from mixer.config.recipe import Recipe
 from mixer.core.errors import MixerError
@@ -19,11 +19,15 @@ from mixer.pipeline.schedule import WeightPlan
 from mixer.sources import IO_STATS, SourceTable
 from mixer.tokenize import Encoder
 
+if TYPE_CHECKING:
+    import torch
+
 Send = Callable[[BatchLayout, Batch], Any]   # a batch → what crosses to the loader's process
 
 
-class LaneDataset(IterableDataset):
-    """Yields (batch array or bytes, lane metadata) for the global batches this worker serves."""
+class LaneDataset:
+    """Makes (batch array or what `send` makes of it, lane metadata) for the global batches a
+    worker serves (`produce`)."""
 
     def __init__(self, recipe: Recipe, tables: list[SourceTable], tokenizer: TokenizerInfo,
                  lane_states: dict[int, dict | None], start: int, rank: int,
@@ -36,12 +40,6 @@ class LaneDataset(IterableDataset):
         self.start = start
         self.rank = rank
         self.world_size = world_size
-
-    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
-        info = get_worker_info()
-        if info is None:
-            return self.produce(0, 1, None)
-        return self.produce(info.id, info.num_workers, _wire)
 
     def produce(self, worker: int, workers: int, send: Send | None
                 ) -> Iterator[tuple[Any, dict[str, Any]]]:
@@ -90,10 +88,6 @@ class LaneDataset(IterableDataset):
             # half the time); Ray actors send arrays through the object store.
             yield (batch if send is None else send(layout, batch)), meta
             step += workers
-
-
-def _wire(layout: BatchLayout, batch: Batch) -> Wire:
-    return layout.to_wire(batch)
 
 
 def as_batch(layout: BatchLayout, data: Any, meta: dict) -> dict[str, torch.Tensor]:

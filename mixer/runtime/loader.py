@@ -26,11 +26,12 @@ from mixer.images.select import layout_for
 from mixer.pipeline.batch import TEXT_KEYS
 from mixer.pipeline.schedule import Override, WeightPlan, check_schedule, schedule_snapshot
 from mixer.runtime import dist, workers
-from mixer.runtime.lane_dataset import LaneDataset, as_batch
+from mixer.runtime.lane_dataset import as_batch
 from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics
 from mixer.runtime.ray_workers import ActorPool, RayWorkers
 from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
 from mixer.runtime.topology import check_workers
+from mixer.runtime.torch_dataset import TorchLaneDataset
 from mixer.sources import SourceTable
 from mixer.sources.manifest import list_sources
 from mixer.tokenize import BackendChoice, TokenizerInfo, resolve_backend, resolve_tokenizer
@@ -271,7 +272,7 @@ class Loader:
                 self._pool.close()
                 self._pool = None
 
-    def _open(self, dataset: LaneDataset) -> Any:
+    def _open(self, dataset: TorchLaneDataset) -> Any:
         """What yields (batch, meta): the dataset itself, DataLoader workers, or Ray actors."""
         if self._pool is not None:
             return self._pool.stream(dataset)
@@ -286,8 +287,9 @@ class Loader:
     def _run(self) -> Iterator[dict[str, torch.Tensor]]:
         """Batches until the stream ends (returns False) or the weights change (True)."""
         version = self._plan_version
-        dataset = LaneDataset(self.recipe, self.tables, self.tokenizer, dict(self._lane_states),
-                               self._next_global, self.rank, self.world_size, self._plan)
+        dataset = TorchLaneDataset(self.recipe, self.tables, self.tokenizer,
+                                   dict(self._lane_states), self._next_global, self.rank,
+                                   self.world_size, self._plan)
         source = self._open(dataset)
         held: list[tuple[dict, dict]] = []
         try:

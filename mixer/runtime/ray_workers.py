@@ -2,11 +2,14 @@
 workers, and the stream does not change.
 
 Actor w of A runs `LaneDataset.produce(w, A, ...)`, exactly what DataLoader worker w of A
-runs, so it makes global steps w, w + A, w + 2A, ... of this rank; the driver asks each actor
-for one batch at a time and keeps at most `in_flight` requests outstanding per actor (Ray runs
-an actor's calls in the order they were sent), taking the results in step order. A batch's
-arrays come back through the object store as numpy arrays (no pickled lists); the driver turns
-them into its own arrays at once and drops the reference.
+runs, so it makes global steps w, w + A, w + 2A, ... of this rank. It gets a plain, torch-free
+`LaneDataset` and never imports torch (seconds of each actor's start). The driver asks each
+actor for groups of `in_flight // 2` batches (at least one) and keeps at most `in_flight`
+batches requested per actor beyond those it holds (Ray runs an actor's calls in the order
+they were sent), taking the results in step order: one object per group, since every object
+costs each process involved about a millisecond whatever its size. A batch's arrays come back
+through the object store as numpy arrays (no pickled lists); the driver turns them into its
+own arrays as it hands them out, and the group's object is released with its last batch.
 
 An actor that dies is replaced, and its lanes restart from the latest lane states the driver
 received (those of the batches handed out, or held back as padding), at the step it was
@@ -104,7 +107,7 @@ def from_store(layout: BatchLayout, arrays: dict[str, np.ndarray], padding: bool
 
 
 class LaneActor:
-    """One actor: the batches of worker `worker` of `workers`, one per `next()` call."""
+    """One actor: the batches of worker `worker` of `workers`, a group of them per call."""
 
     def __init__(self, tokenizer_threads: int) -> None:
         use_worker_encoding_threads(1, tokenizer_threads)
@@ -117,12 +120,16 @@ class LaneActor:
         self.stop()
         self._batches = dataset.produce(worker, workers, to_store)
 
-    def next(self) -> tuple[Any, dict]:
+    def next(self, count: int) -> list[tuple[Any, dict]]:
+        """The next `count` batches, fewer after an error item: one object in the store per
+        call, since each object costs about a millisecond of each process (measured)."""
         assert self._batches is not None
-        try:
-            return next(self._batches)
-        except StopIteration:   # after an error item; the driver raised it already
-            return None, {"end": True}
+        group: list[tuple[Any, dict]] = []
+        for item in self._batches:
+            group.append(item)
+            if len(group) == count or "error" in item[1]:
+                return group
+        return group + [(None, {"end": True})]   # after an error item, already raised
 
     def stop(self) -> None:
         if self._batches is not None:
@@ -131,6 +138,14 @@ class LaneActor:
 
 
 # -- the driver's side -----------------------------------------------------------------------
+def plain(dataset: LaneDataset) -> LaneDataset:
+    """`dataset` as a `LaneDataset`: a subclass's instance pickles with its class, and the
+    loader's (a torch `IterableDataset`) would make each actor import torch."""
+    work = LaneDataset.__new__(LaneDataset)
+    work.__dict__.update(vars(dataset))
+    return work
+
+
 _pools: weakref.WeakSet[ActorPool] = weakref.WeakSet()
 _hook: list[bool] = []
 
@@ -173,9 +188,13 @@ class ActorPool:
 
     def stream(self, dataset: LaneDataset) -> Iterator[tuple[Any, dict]]:
         """(batch, meta) for the dataset's steps in order, as a DataLoader would yield them."""
-        count, depth = len(self.actors), self.spec.in_flight
-        queues: list[deque] = [deque() for _ in range(count)]
-        states = dict(dataset.lane_states)   # each lane's latest state received
+        count = len(self.actors)
+        group = max(1, self.spec.in_flight // 2)   # batches per call
+        calls = max(1, self.spec.in_flight // group)   # calls outstanding per actor
+        pending: list[deque] = [deque() for _ in range(count)]   # their references
+        ready: list[deque] = [deque() for _ in range(count)]   # batches received
+        dataset = plain(dataset)
+        states = dict(dataset.lane_states)   # each lane's latest state passed on
         shared = self.ray.put(dataset)
         for w, actor in enumerate(self.actors):
             actor.start.remote(shared, w, count)
@@ -183,23 +202,24 @@ class ActorPool:
         try:
             while True:
                 w = step % count
-                queue = queues[w]
-                while len(queue) < depth:
-                    queue.append(self.actors[w].next.remote())
-                try:
-                    data, meta = self.ray.get(queue.popleft())
-                except self.ray.exceptions.RayActorError as exc:
-                    queue.clear()
-                    self._replace(w, exc, dataset, step, states)
-                    continue
-                queue.append(self.actors[w].next.remote())
+                if not ready[w]:
+                    while len(pending[w]) < calls:
+                        pending[w].append(self.actors[w].next.remote(group))
+                    try:
+                        ready[w].extend(self.ray.get(pending[w].popleft()))
+                    except self.ray.exceptions.RayActorError as exc:
+                        pending[w].clear()
+                        self._replace(w, exc, dataset, step, states)
+                        continue
+                    pending[w].append(self.actors[w].next.remote(group))
+                data, meta = ready[w].popleft()
                 if "lane" in meta:
                     states[meta["lane"]] = meta["state"]
                     data = from_store(self.layout, data, meta["padding"])
-                yield data, meta   # the object store's copy is released here
+                yield data, meta   # the object store's copy is released with the group
                 step += 1
         finally:
-            for queue in queues:
+            for queue in pending + ready:
                 queue.clear()
 
     def lanes_of(self, w: int, dataset: LaneDataset) -> list[int]:

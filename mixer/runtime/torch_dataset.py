@@ -1,0 +1,27 @@
+"""The lanes as a torch `IterableDataset`: what the loader hands a DataLoader (or iterates
+itself at num_workers 0)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from mixer.pipeline.batch import Batch, BatchLayout, Wire
+from mixer.runtime.lane_dataset import LaneDataset
+
+
+class TorchLaneDataset(LaneDataset, IterableDataset):
+    """Yields (batch or its wire form, lane metadata): DataLoader worker w of N produces what
+    `LaneDataset.produce(w, N, ...)` does; without workers, `produce(0, 1, None)`."""
+
+    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
+        info = get_worker_info()
+        if info is None:
+            return self.produce(0, 1, None)
+        return self.produce(info.id, info.num_workers, _wire)
+
+
+def _wire(layout: BatchLayout, batch: Batch) -> Wire:
+    return layout.to_wire(batch)
