@@ -2,12 +2,16 @@
 
 A job appends one line per batch its model's forward saw, `{"rank", "i", "hash"}`, to
 `<prefix>.rank<r>`; `digest` hashes what the model receives (input_ids, labels, position_ids).
+A job run by `torchrun --max-restarts 1` kills itself (SIGKILL, every rank) after a given
+batch in its first attempt; torchrun's restart (`attempt() == 1`) resumes from the checkpoint.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 from pathlib import Path
 
 import torch
@@ -28,6 +32,11 @@ def recipe_dict() -> dict:
                          "weight": 0.4}]}
 
 
+def attempt() -> int:
+    """0 in a job's first run, 1 after torchrun restarted it (`--max-restarts 1`)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
 def digest(batch: dict) -> str:
     h = hashlib.sha256()
     for key in MODEL_KEYS:
@@ -46,17 +55,21 @@ def tiny_llama():
 
 
 class DigestLog:
-    """Appends a digest line per batch to `<prefix>.rank<rank>`."""
+    """Appends a digest line per batch to `<prefix>.rank<rank>`; with `kill_after=n` the
+    process SIGKILLs itself once it has logged its n-th batch (before computing on it)."""
 
-    def __init__(self, prefix: str | Path, rank: int) -> None:
+    def __init__(self, prefix: str | Path, rank: int, kill_after: int | None = None) -> None:
         self.path = Path(f"{prefix}.rank{rank}")
-        self.rank, self.count = rank, 0
+        self.rank, self.count, self.kill_after = rank, 0, kill_after
 
     def __call__(self, batch: dict) -> None:
         with self.path.open("a") as out:
             out.write(json.dumps({"rank": self.rank, "i": self.count,
                                   "hash": digest(batch)}) + "\n")
         self.count += 1
+        if self.count == self.kill_after:
+            print(f"KILLING rank {self.rank} after {self.count} batches", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def hook(self, module, args, kwargs):   # a forward pre-hook (with_kwargs=True)
         if "labels" in kwargs:  # a padding batch's forward (no labels) is not a batch seen
@@ -66,3 +79,8 @@ class DigestLog:
 def read_digests(prefix: Path, rank: int) -> list[str]:
     path = Path(f"{prefix}.rank{rank}")
     return [json.loads(line)["hash"] for line in path.read_text().splitlines()]
+
+
+def titan_view(inputs: dict, labels) -> dict:
+    """A torchtitan batch (`({"input", "positions"}, labels)`) under the keys `digest` reads."""
+    return {"input_ids": inputs["input"], "labels": labels, "position_ids": inputs["positions"]}
