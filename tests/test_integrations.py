@@ -19,7 +19,7 @@ from pathlib import Path
 import procs
 import pytest
 import yaml
-from integ_common import digest, read_digests, recipe_dict
+from integ_common import ROOT, digest, read_digests, recipe_dict, titan_view
 
 import mixer
 
@@ -50,10 +50,15 @@ def recipe(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(recipe) -> list[str]:
+def batches(recipe) -> list[dict]:
     """The global stream's first batches (any world size yields it: the lanes rule)."""
     with mixer.build_loader(str(recipe), rank=0, world_size=1) as loader:
-        return [digest(b) for _, b in zip(range(2 * STEPS + 4), loader)]
+        return [b for _, b in zip(range(2 * STEPS + 4), loader)]
+
+
+@pytest.fixture(scope="module")
+def reference(batches) -> list[str]:
+    return [digest(b) for b in batches]
 
 
 def check_two_ranks(out: Path, reference: list[str], first: str, resumed: str) -> None:
@@ -121,3 +126,54 @@ def test_lightning_datamodule_resumes_the_stream_on_2_and_1_processes(recipe, re
     check_killed_and_resumed_on_one(out, reference, "full")
     assert len(read_digests(out / "elastic", 0)) == STEPS - SAVE_AT
     assert "resuming the stream at global batch 6 " in one.stdout + one.stderr
+
+
+def test_torchtitan_batches_are_next_token_aligned_and_the_builder_checks_the_training(
+        recipe, batches):
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    from mixer.integrations.torchtitan import MixerDataLoader, titan_batch
+
+    inputs, labels = titan_batch(batches[0])
+    assert inputs["input"].equal(batches[0]["input_ids"])
+    assert inputs["positions"].equal(batches[0]["position_ids"])
+    assert labels[:, :-1].equal(batches[0]["labels"][:, 1:])   # torchtitan's loss never shifts
+    assert (labels[:, -1] == -100).all()
+    config = MixerDataLoader.Config(recipe=str(recipe))
+    with pytest.raises(mixer.RecipeError, match=r"training.seq_len is 64 .* batches of 32"):
+        config.build(dp_world_size=1, dp_rank=0, seq_len=64, local_batch_size=2)
+    with pytest.raises(mixer.RecipeError, match=r"training.local_batch_size is 8 .* of 2"):
+        config.build(dp_world_size=1, dp_rank=0, seq_len=32, local_batch_size=8)
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(ROOT / "data"))   # the recipe's
+    loader = config.build(dp_world_size=2, dp_rank=1, tokenizer=tokenizer, seq_len=32,
+                          local_batch_size=2)
+    inputs, labels = next(iter(loader))   # DP rank 1 of 2: global batch 1
+    assert digest(titan_view(inputs, labels)) == digest(titan_view(*titan_batch(batches[1])))
+    loader.close()
+
+
+def test_torchtitan_checkpoint_manager_resumes_the_stream_after_sigkill_on_2_and_1_ranks(
+        recipe, batches, tmp_path):
+    """torchtitan's CheckpointManager (DCP) in a torchtitan loop on 2 gloo ranks: SIGKILLed in
+    step KILL, resumed from its latest checkpoint on 2 ranks and on one DP rank."""
+    from mixer.integrations.torchtitan import titan_batch
+
+    stream = [digest(titan_view(*titan_batch(b))) for b in batches]
+    out = tmp_path / "titan"
+    out.mkdir()
+    args = [str(recipe), str(out), str(STEPS), str(SAVE_AT), str(KILL)]
+    job("integ_titan_job.py", *args, "killed", nproc=2, killed=True)
+    assert sorted(p.name for p in (out / "ckpt").iterdir()) == [f"step-{SAVE_AT}"]
+    resumed = job("integ_titan_job.py", *args, "resume", nproc=2)
+    for rank in (0, 1):
+        killed = read_digests(out / "killed", rank)
+        after = read_digests(out / "resumed", rank)
+        assert killed == stream[rank:2 * KILL:2]
+        assert after == stream[2 * SAVE_AT + rank:2 * STEPS:2]
+        assert after[:KILL - SAVE_AT] == killed[SAVE_AT:]   # what the killed job saw past it
+    assert read_digests(out / "elastic", 0) == stream[2 * SAVE_AT:2 * SAVE_AT + STEPS - SAVE_AT]
+    log = resumed.stdout + resumed.stderr
+    for line in ("resumed: rank 0 of 2 starts after step 3", "elastic: rank 0 of 1 starts "
+                 "after step 3", "resuming the stream at global batch 6 ",
+                 "resuming the stream at global batch 7 "):
+        assert line in log
