@@ -13,7 +13,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# the CPU build of torch on local disk; any other spec downloads gigabytes
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test,report,ray,hf,lightning]'
+	$(PY) -m pip install --quiet -e '.[test,report,ray,hf,lightning,tensorboard]' \
+		'torchdata>=0.11' 'tyro>=0.9' 'spmd_types==0.2.3'
+	# the [torchtitan] extra without torchtitan's own requirements (see pyproject.toml)
+	$(PY) -m pip install --quiet --no-deps 'torchtitan==0.3.0'
 	touch $@
 
 demo: setup
