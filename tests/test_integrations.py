@@ -177,3 +177,28 @@ def test_torchtitan_checkpoint_manager_resumes_the_stream_after_sigkill_on_2_and
                  "after step 3", "resuming the stream at global batch 6 ",
                  "resuming the stream at global batch 7 "):
         assert line in log
+
+
+def test_tensorboard_log_metrics_writes_the_loaders_metrics_as_scalars(recipe, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    from mixer.integrations.tensorboard import log_metrics
+
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    with mixer.build_loader(str(recipe), rank=0, world_size=1) as loader:
+        for step, _ in zip((1, 2), loader):
+            written = log_metrics(writer, loader, step)
+        metrics = loader.metrics()
+    writer.close()
+    events = EventAccumulator(str(tmp_path / "tb"))   # TensorBoard's own reader
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert tags == set(written) and "mixer/global_tokens" in tags
+    for key in ("realized_share", "target_share", "epochs", "skipped", "tokens"):
+        for source in ("prose", "changelog"):
+            scalars = events.Scalars(f"mixer/{key}/{source}")
+            assert [s.step for s in scalars] == [1, 2]
+            assert scalars[-1].value == pytest.approx(metrics[key][source], rel=1e-6)
+    assert events.Scalars("mixer/global_tokens")[-1].value == 2 * 2 * 32
+    assert log_metrics(None, loader, 3) == written   # a rank without a writer: nothing written
