@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import sys
 
-import torch
 import torch.distributed as dist
 from integ_common import DigestLog, tiny_llama, titan_view
 from torch.nn.parallel import DistributedDataParallel
