@@ -1,6 +1,9 @@
 """A torchtitan training loop on a MixerDataLoader, checkpointed by torchtitan's own
 CheckpointManager (DCP) with its optimizer and LR-scheduler containers
-(tests/test_integrations.py). torchtitan's Trainer itself needs a GPU; this is its loop on CPU.
+(tests/test_integrations.py): the loop of torchtitan's Trainer (batch, forward, its loss,
+optimizer and scheduler steps, `checkpointer.save(step)`), on CPU with a transformers Llama.
+The Trainer itself cannot run here: with no accelerator it takes the device type "cuda" and
+calls `torch.cuda.set_device`.
 
     torchrun --nproc_per_node 2 integ_titan_job.py RECIPE OUT STEPS SAVE_AT KILL killed
         trains saving every SAVE_AT steps (OUT/ckpt); every rank SIGKILLs itself in step KILL
