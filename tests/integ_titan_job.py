@@ -10,8 +10,9 @@ calls `torch.cuda.set_device`.
         (OUT/killed.rank*)
     torchrun --nproc_per_node 2 integ_titan_job.py RECIPE OUT STEPS SAVE_AT KILL resume
         loads the latest checkpoint (`CheckpointManager.load()`) and trains to STEPS
-        (OUT/resumed.rank*); then, the process group gone, rank 0 alone (one DP rank) loads
-        the same checkpoint and trains to STEPS (OUT/elastic.rank0)
+        (OUT/resumed.rank*); prints what two processes of one DP rank see (ONE_DP_RANK);
+        then, the process group gone, rank 0 alone (one DP rank) loads the same checkpoint
+        and trains to STEPS (OUT/elastic.rank0)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersCon
 from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 
 from mixer.integrations.torchtitan import MixerDataLoader
+from mixer.runtime.state import unpack
 
 
 class TrainState:
@@ -91,6 +93,11 @@ def main() -> None:
         raise AssertionError("not killed")
     train(recipe, out, steps, "resumed")
     rank = dist.get_rank()
+    # Both processes one DP rank (as under tensor parallelism of 2): the same batches, and
+    # state_dict() gathers one state per DP rank.
+    one = MixerDataLoader(recipe, dp_rank=0, dp_world_size=1)
+    first = [titan_view(*batch)["input_ids"].sum().item() for _, batch in zip(range(2), one)]
+    print("ONE_DP_RANK", rank, first, unpack(one.state_dict())["next_global"], flush=True)
     dist.destroy_process_group()
     if rank == 0:   # 2 -> 1 DP ranks
         train(recipe, out, steps, "elastic")

@@ -173,6 +173,9 @@ def test_torchtitan_checkpoint_manager_resumes_the_stream_after_sigkill_on_2_and
         assert after[:KILL - SAVE_AT] == killed[SAVE_AT:]   # what the killed job saw past it
     assert read_digests(out / "elastic", 0) == stream[2 * SAVE_AT:2 * SAVE_AT + STEPS - SAVE_AT]
     log = resumed.stdout + resumed.stderr
+    sums = [b["input_ids"].sum().item() for b in batches[:2]]
+    for rank in (0, 1):   # two processes of one DP rank: the same batches, a global state
+        assert f"ONE_DP_RANK {rank} {sums} 2" in resumed.stdout
     for line in ("resumed: rank 0 of 2 starts after step 3", "elastic: rank 0 of 1 starts "
                  "after step 3", "resuming the stream at global batch 6 ",
                  "resuming the stream at global batch 7 "):
