@@ -48,7 +48,7 @@ class MixerDataLoader(BaseDataLoader):
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
-        recipe: str = ""
+        recipe: str
         """The mixer recipe (a YAML file); its seq_len and batch_size are the training's."""
 
         num_workers: int = 0
@@ -115,9 +115,8 @@ def build_mixer_dataloader(config: MixerDataLoader.Config, *, dp_world_size: int
     """What torchtitan's trainer calls to build its data loader (the keywords of
     `config.dataloader.build(...)`), checked against the recipe: `training.seq_len` and
     `training.local_batch_size` must be the recipe's, and the tokenizer's EOS id its EOS id.
-    `snapshot_every_n_steps` is not needed: the state is exact at every step."""
-    if not config.recipe:
-        raise RecipeError("MixerDataLoader.Config needs recipe= (the path of a mixer recipe)")
+    `snapshot_every_n_steps` is not needed: the state is exact at every step. Other keywords
+    a later torchtitan passes are ignored, as its own loaders do."""
     recipe = load_recipe(config.recipe)
     for name, theirs, ours in (("seq_len", seq_len, recipe.seq_len),
                                ("local_batch_size", local_batch_size, recipe.batch_size)):
@@ -127,6 +126,7 @@ def build_mixer_dataloader(config: MixerDataLoader.Config, *, dp_world_size: int
     loader = MixerDataLoader(recipe, dp_rank, dp_world_size, num_workers=config.num_workers)
     eos = getattr(tokenizer, "eos_id", None)
     if eos is not None and eos != loader.loader.tokenizer.eos_id:
+        loader.close()
         raise RecipeError(f"torchtitan's tokenizer has EOS id {eos}, the recipe's tokenizer "
                           f"{loader.loader.tokenizer.eos_id}: train with the recipe's tokenizer")
     return loader
