@@ -2,8 +2,7 @@
 
 A job appends one line per batch its model's forward saw, `{"rank", "i", "hash"}`, to
 `<prefix>.rank<r>`; `digest` hashes what the model receives (input_ids, labels, position_ids).
-A job run by `torchrun --max-restarts 1` kills itself (SIGKILL, every rank) after a given
-batch in its first attempt; torchrun's restart (`attempt() == 1`) resumes from the checkpoint.
+A job may kill itself (SIGKILL, every rank) once its model has seen a given number of batches.
 """
 
 from __future__ import annotations
@@ -30,11 +29,6 @@ def recipe_dict() -> dict:
                          "weight": 0.6},
                         {"name": "changelog", "path": str(sample / "changelog" / "*.jsonl"),
                          "weight": 0.4}]}
-
-
-def attempt() -> int:
-    """0 in a job's first run, 1 after torchrun restarted it (`--max-restarts 1`)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
 def digest(batch: dict) -> str:
