@@ -8,12 +8,15 @@ PY := $(VENV)/bin/python
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# the CPU build of torch on local disk; any other spec downloads gigabytes
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test,report,ray,hf,lightning,video]'
+	$(PY) -m pip install --quiet -e '.[test,report,ray,hf,lightning,tensorboard,video]' \
+		'torchdata>=0.11' 'tyro>=0.9' 'spmd_types==0.2.3'
+	# the [torchtitan] extra without torchtitan's own requirements (see pyproject.toml)
+	$(PY) -m pip install --quiet --no-deps 'torchtitan==0.3.0'
 	# test-only: the oracle of the video tests (transformers' Qwen2VLVideoProcessor) needs
 	# torchvision, whose wheel is a CUDA build: over the CPU torch its C ops do not load and
 	# its `_meta_registrations` raises "operator torchvision::nms does not exist", in every

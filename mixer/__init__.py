@@ -22,6 +22,8 @@ The data path, by layer (each imports only those above it in this list; docs/arc
                  rank/world), metrics, state (+ codec, schema)
     tools/       the CLI (one module per command), bench harness, plan, preview, inspect's
                  report, metrics log and plots
+    integrations/  HF Trainer, Lightning, torchtitan and TensorBoard adapters (each imports
+                 its framework; `import mixer` imports none)
 """
 
 import importlib

@@ -2,12 +2,15 @@
 
 A job appends one line per batch its model's forward saw, `{"rank", "i", "hash"}`, to
 `<prefix>.rank<r>`; `digest` hashes what the model receives (input_ids, labels, position_ids).
+A job may kill itself (SIGKILL, every rank) once its model has seen a given number of batches.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 from pathlib import Path
 
 import torch
@@ -46,17 +49,21 @@ def tiny_llama():
 
 
 class DigestLog:
-    """Appends a digest line per batch to `<prefix>.rank<rank>`."""
+    """Appends a digest line per batch to `<prefix>.rank<rank>`; with `kill_after=n` the
+    process SIGKILLs itself once it has logged its n-th batch (before computing on it)."""
 
-    def __init__(self, prefix: str | Path, rank: int) -> None:
+    def __init__(self, prefix: str | Path, rank: int, kill_after: int | None = None) -> None:
         self.path = Path(f"{prefix}.rank{rank}")
-        self.rank, self.count = rank, 0
+        self.rank, self.count, self.kill_after = rank, 0, kill_after
 
     def __call__(self, batch: dict) -> None:
         with self.path.open("a") as out:
             out.write(json.dumps({"rank": self.rank, "i": self.count,
                                   "hash": digest(batch)}) + "\n")
         self.count += 1
+        if self.count == self.kill_after:
+            print(f"KILLING rank {self.rank} after {self.count} batches", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def hook(self, module, args, kwargs):   # a forward pre-hook (with_kwargs=True)
         if "labels" in kwargs:  # a padding batch's forward (no labels) is not a batch seen
@@ -66,3 +73,8 @@ class DigestLog:
 def read_digests(prefix: Path, rank: int) -> list[str]:
     path = Path(f"{prefix}.rank{rank}")
     return [json.loads(line)["hash"] for line in path.read_text().splitlines()]
+
+
+def titan_view(inputs: dict, labels) -> dict:
+    """A torchtitan batch (`({"input", "positions"}, labels)`) under the keys `digest` reads."""
+    return {"input_ids": inputs["input"], "labels": labels, "position_ids": inputs["positions"]}

@@ -285,7 +285,8 @@ def test_report_figure_has_a_share_line_per_source_and_loss_only_when_logged(tmp
     fig = report_figure(log_lines())
     axes = panels(fig)
     assert set(axes) == {"share", "epochs"}
-    assert sorted(line.get_label() for line in axes["share"].lines) == ["a", "b"]
+    assert sorted(line.get_label() for line in axes["share"].lines
+                  if not line.get_label().startswith("_")) == ["a", "b"]
     assert sorted(line.get_label() for line in axes["epochs"].lines) == ["a", "b"]
     assert stretch_shares(log_lines())["a"] == pytest.approx([0.75] * 6)
 
@@ -295,6 +296,38 @@ def test_report_figure_has_a_share_line_per_source_and_loss_only_when_logged(tmp
     axes = panels(fig)
     assert set(axes) == {"share", "epochs", "loss"}
     assert sorted(line.get_label() for line in axes["loss"].lines) == ["a", "b"]
+
+
+def test_report_draws_the_cumulative_share_bold_the_stretches_light_the_target_dashed():
+    """A mix exact over the run but lumpy per stretch (a row's worth either way, as on the
+    demo): the main line is the cumulative share, which settles on the target."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.colors import to_rgba
+
+    from mixer.tools.plots import cumulative_shares, report_figure, stretch_shares
+
+    lines, a, b = [], 0, 0
+    for step in range(1, 9):
+        a, b = a + (40 if step % 2 else 20), b + (0 if step % 2 else 20)   # a: 1.0, 0.5, ...
+        lines.append({"step": step, "tokens": {"a": a, "b": b}, "global_tokens": a + b,
+                      "target_share": {"a": 0.75, "b": 0.25}})
+    assert stretch_shares(lines)["a"] == pytest.approx([1.0, 0.5] * 4)
+    assert cumulative_shares(lines)["a"][:3] == pytest.approx([1.0, 0.75, 100 / 120])
+    assert cumulative_shares(lines)["a"][1::2] == pytest.approx([0.75] * 4)
+    share = panels(report_figure(lines))["share"]
+    drawn = {line.get_gid(): line for line in share.lines}
+    assert set(drawn) == {"cumulative:a", "cumulative:b", "stretch:a", "stretch:b"}
+    for name in ("a", "b"):
+        bold, light = drawn[f"cumulative:{name}"], drawn[f"stretch:{name}"]
+        assert list(bold.get_ydata()) == pytest.approx(cumulative_shares(lines)[name])
+        assert list(light.get_ydata()) == pytest.approx(stretch_shares(lines)[name])
+        assert bold.get_label() == name and light.get_label().startswith("_")  # legend: bold
+        assert light.get_alpha() < (bold.get_alpha() or 1.0)
+        assert light.get_linewidth() < bold.get_linewidth()
+        assert to_rgba(light.get_color())[:3] == to_rgba(bold.get_color())[:3]
+    targets = share.collections[0]
+    assert targets.get_linestyle()[0][1] is not None               # dashed
+    assert [seg[:, 1].tolist() for seg in targets.get_segments()] == [[0.75] * 8, [0.25] * 8]
 
 
 def test_bench_metrics_log_feeds_report(data, tmp_path, capsys):

@@ -1,8 +1,10 @@
 """What `mixer report` draws from a metrics log (metrics_log.py): a PNG of subplots.
 
-1. share: per source, the realized share of each logged stretch (tokens added since the
-   previous line over all tokens added; solid line, labelled with the source name) against the
-   target share (dashed, same colour), over global tokens;
+1. share: per source, the cumulative realized share (its tokens so far over all tokens so far;
+   the main line, labelled with the source name), the share of each logged stretch (tokens
+   added since the previous line over all tokens added; a thin, lighter line of the same
+   colour: it swings by a row's worth from stretch to stretch) and the target share (dashed),
+   over global tokens;
 2. epochs: completed passes per source (the log's `epochs`; a note when it has none);
 3. loss: per source (`loss_by_source`), else the overall `loss`; only when the log has one.
 
@@ -55,6 +57,18 @@ def stretch_shares(lines: list[dict[str, Any]]) -> dict[str, list[float]]:
     return out
 
 
+def cumulative_shares(lines: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per source, its share of all tokens delivered up to each line (the log's `tokens` are
+    running totals). NaN before any token."""
+    names = _names(lines, "tokens")
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for line in lines:
+        total = sum(line["tokens"].get(n, 0) for n in names)
+        for n in names:
+            out[n].append(line["tokens"].get(n, 0) / total if total > 0 else float("nan"))
+    return out
+
+
 def report_figure(lines: list[dict[str, Any]]):
     """The report's `matplotlib.figure.Figure`; its axes carry the labels "share", "epochs"
     and (when the log has losses) "loss"."""
@@ -80,8 +94,12 @@ def _draw_shares(share, lines: list[dict[str, Any]], x: list, colours: dict[str,
 
     share.set_label("share")
     targets = []
-    for name, values in stretch_shares(lines).items():
-        share.plot(x, values, color=colours[name], label=name)
+    stretches = stretch_shares(lines)
+    for name, values in cumulative_shares(lines).items():
+        share.plot(x, stretches[name], color=colours[name], alpha=0.35, linewidth=0.8,
+                   label="_stretch", gid=f"stretch:{name}")   # "_": left out of the legend
+        share.plot(x, values, color=colours[name], linewidth=2.0, label=name,
+                   gid=f"cumulative:{name}")
         target = [line.get("target_share", {}).get(name) for line in lines]
         points = [(a, t) for a, t in zip(x, target) if t is not None]
         if len(points) > 1:
@@ -92,7 +110,8 @@ def _draw_shares(share, lines: list[dict[str, Any]], x: list, colours: dict[str,
                                             colors=[c for _, c in targets],
                                             linestyles="dashed", label="target (dashed)"))
     share.set_ylabel("share of tokens")
-    share.set_title("realized share per logged stretch (solid) vs target share (dashed)")
+    share.set_title("realized share: cumulative (bold), per logged stretch (light); "
+                    "target (dashed)")
     share.legend(fontsize="small")
 
 

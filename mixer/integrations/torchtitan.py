@@ -1,0 +1,132 @@
+"""`MixerDataLoader`: a torchtitan `BaseDataLoader` over a mixer loader, resumable on any DP degree.
+
+torchtitan's `ParallelAwareDataloader` checkpoints one pickle per DP rank and refuses a resume
+on another DP degree. `MixerDataLoader.state_dict()` is mixer's merged (global) state instead:
+every rank holds the same few kilobytes of fixed shape, DCP writes them once, and a fresh
+loader on any DP degree the recipe's lanes allow loads them (torchtitan's `CheckpointManager`
+calls `state_dict`/`load_state_dict` on it as the `dataloader` entry; no batch is replayed).
+
+Batches come as torchtitan's trainer takes them: `({"input": input_ids, "positions":
+position_ids}, labels)` with the labels next-token aligned (shifted left by one, the last
+column -100: torchtitan's loss does not shift), so a masked document boundary
+(`mask_document_boundaries`) never lets a document's last token predict the next document.
+
+In a job config: `dataloader=MixerDataLoader.Config(recipe="recipes/pretrain.yaml")`; the
+trainer's `config.dataloader.build(dp_world_size=..., dp_rank=..., tokenizer=..., seq_len=...,
+local_batch_size=...)` goes to `build_mixer_dataloader`, which checks those against the recipe.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torchtitan.components.dataloader import BaseDataLoader
+
+from mixer.config.recipe import Recipe, load_recipe
+from mixer.core.errors import RecipeError, TopologyError
+from mixer.runtime import dist
+from mixer.runtime.loader import Loader, build_loader
+from mixer.runtime.state import merge_states
+
+log = logging.getLogger(__name__)
+IGNORE_INDEX = -100   # torchtitan's cross-entropy ignore index (components/loss.py)
+
+
+def titan_batch(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A mixer batch as torchtitan's trainer takes it: inputs and next-token labels."""
+    labels = torch.full_like(batch["labels"], IGNORE_INDEX)
+    labels[:, :-1] = batch["labels"][:, 1:]
+    return {"input": batch["input_ids"], "positions": batch["position_ids"]}, labels
+
+
+class MixerDataLoader(BaseDataLoader):
+    """Batches of `mixer.build_loader(recipe, ...)` for DP rank `dp_rank` of `dp_world_size`."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config):
+        recipe: str
+        """The mixer recipe (a YAML file); its seq_len and batch_size are the training's."""
+
+        num_workers: int = 0
+        """DataLoader worker processes per rank (num_workers x DP degree must divide lanes)."""
+
+        def build(self, **kwargs: Any) -> MixerDataLoader:
+            return build_mixer_dataloader(self, **kwargs)
+
+    def __init__(self, recipe: Recipe | dict | str, dp_rank: int, dp_world_size: int,
+                 num_workers: int = 0) -> None:
+        recipe = load_recipe(recipe)
+        if recipe.images is not None:
+            raise RecipeError("MixerDataLoader serves text recipes; this one has `images:` "
+                              "(torchtitan's image+text trainers take their own batch format)")
+        self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        job = dist.rank_and_world()
+        # DP over the whole job: the loader's own collectives gather and agree on the end.
+        # Fewer DP ranks than processes (TP, PP): ranks of one DP rank load the same batches,
+        # and state_dict() gathers one state per DP rank itself.
+        self._gather = dist.is_distributed() and job != (dp_rank, dp_world_size)
+        if self._gather and recipe.finite:
+            raise TopologyError(
+                f"a finite recipe (every source has `epochs`) needs the DP degree to be the "
+                f"whole job ({job[1]} processes, DP degree {dp_world_size}): its ranks agree "
+                "on the stream's end through collectives over every process")
+        if self._gather or not dist.is_distributed():
+            self.loader: Loader = build_loader(recipe, rank=dp_rank, world_size=dp_world_size,
+                                               num_workers=num_workers)
+        else:
+            self.loader = build_loader(recipe, num_workers=num_workers)
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        for batch in self.loader:
+            yield titan_batch(batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The global state (a collective under torch.distributed: every rank calls it, as
+        torchtitan's checkpointing does)."""
+        if not self._gather:
+            return self.loader.state_dict()
+        by_rank = dict(dist.all_gather_objects((self.dp_rank, self.loader.local_state_dict())))
+        return merge_states([by_rank[rank] for rank in sorted(by_rank)])
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:   # torchtitan: an empty state is a fresh start
+            return
+        self.loader.load_state_dict(state_dict)
+        log.info("mixer: resuming the stream at global batch %d (state loaded: no batch "
+                 "skipped by replay)", self.loader.next_global_batch)
+
+    def metrics(self, all_ranks: bool = False) -> dict[str, Any]:
+        """`loader.metrics()` (for `mixer.integrations.tensorboard.log_metrics`)."""
+        return self.loader.metrics(all_ranks=all_ranks)
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+def build_mixer_dataloader(config: MixerDataLoader.Config, *, dp_world_size: int, dp_rank: int,
+                           tokenizer: Any = None, seq_len: int | None = None,
+                           local_batch_size: int | None = None,
+                           snapshot_every_n_steps: int | None = None,
+                           **_: Any) -> MixerDataLoader:
+    """What torchtitan's trainer calls to build its data loader (the keywords of
+    `config.dataloader.build(...)`), checked against the recipe: `training.seq_len` and
+    `training.local_batch_size` must be the recipe's, and the tokenizer's EOS id its EOS id.
+    `snapshot_every_n_steps` is not needed: the state is exact at every step. Other keywords
+    a later torchtitan passes are ignored, as its own loaders do."""
+    recipe = load_recipe(config.recipe)
+    for name, theirs, ours in (("seq_len", seq_len, recipe.seq_len),
+                               ("local_batch_size", local_batch_size, recipe.batch_size)):
+        if theirs is not None and theirs != ours:
+            raise RecipeError(f"training.{name} is {theirs} but the recipe {config.recipe} "
+                              f"makes batches of {ours} (batch_size x seq_len per DP rank)")
+    loader = MixerDataLoader(recipe, dp_rank, dp_world_size, num_workers=config.num_workers)
+    eos = getattr(tokenizer, "eos_id", None)
+    if eos is not None and eos != loader.loader.tokenizer.eos_id:
+        loader.close()
+        raise RecipeError(f"torchtitan's tokenizer has EOS id {eos}, the recipe's tokenizer "
+                          f"{loader.loader.tokenizer.eos_id}: train with the recipe's tokenizer")
+    return loader
