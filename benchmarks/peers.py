@@ -49,8 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import FIELDS, WEIGHTS, Corpus, build  # noqa: E402
 from peer_loaders import PEERS, SOURCES, TOKENIZE_CHUNK, encoder, read_documents  # noqa: E402
 
-# Imported before the clock starts (datasets imports torch lazily when it builds a dataset).
-IMPORTS = {"mixer": ["mixer"], "generator": ["tokenizers"], "hf": ["datasets", "torch"],
+# Imported before the clock starts (datasets imports torch lazily when it builds a dataset;
+# `import mixer` imports neither torch nor a tokenizer library: its loader does, on first use).
+IMPORTS = {"mixer": ["mixer", "torch", "tokenizers", "fastokens"], "generator": ["tokenizers"],
+           "hf": ["datasets", "torch"],
            "torchdata": ["torchdata.nodes"]}
 SEED, BATCH_SIZE, SEQ_LEN, LANES, RANK, WORLD = 1234, 8, 2048, 8, 0, 2
 
@@ -125,7 +127,8 @@ def run_loader(kind: str, corpus: Corpus, batches: int, opts: dict,
     """Iterate `batches` batches; save the state after half of them to `state_out`."""
     resume = pickle.loads(Path(resume_from).read_bytes()) if resume_from else None
     for module in IMPORTS[kind]:
-        importlib.import_module(module)
+        if importlib.util.find_spec(module) is not None:   # (fastokens: where it has wheels)
+            importlib.import_module(module)
     start = time.perf_counter()
     loader = _make(kind, corpus, opts, resume)
     first, tokens = None, 0
