@@ -288,6 +288,26 @@ def test_a_warm_start_does_not_verify_again(recipe, tmp_path, monkeypatch):
     assert mixer.build_loader(recipe).backend.cached is False and len(calls) == 3
 
 
+def test_a_warm_start_with_fastokens_loads_no_tokenizers_tokenizer(recipe, monkeypatch):
+    from types import SimpleNamespace
+
+    from mixer.tokenize import backends
+    from mixer.tokenize import tokenizer as tokenizer_module
+
+    reference = take(mixer.build_loader(recipe), 3)   # cold: keeps the ids and the verdict
+    hf_loads: list[str] = []
+    real = tokenizer_module.Tokenizer.from_file
+    monkeypatch.setattr(tokenizer_module, "Tokenizer", SimpleNamespace(
+        from_file=lambda file: hf_loads.append(file) or real(file)))
+    for held in (tokenizer_module, backends):   # as in a new process
+        monkeypatch.setattr(held, "_loaded" if held is tokenizer_module else "_fast_loaded", {})
+    monkeypatch.setattr(verify, "_verdicts", {})
+    loader = mixer.build_loader(recipe)   # fastokens loads on a thread meanwhile
+    assert loader.tokenizer.backend == "fastokens" and loader.backend.cached
+    assert take(loader, 3) == reference
+    assert hf_loads == [] and len(backends._fast_loaded) == 1 and not backends._fast_loading
+
+
 def test_an_unwritable_cache_folder_does_not_fail_the_run(recipe, tmp_path, monkeypatch):
     (tmp_path / "blocked").write_text("a file where the folder would be")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocked"))
