@@ -22,7 +22,6 @@ from torch.utils.data import DataLoader
 from mixer.cache.store import tokenizer_info_dir
 from mixer.config.recipe import Recipe, load_recipe, normalize
 from mixer.core.errors import DataError, RecipeError, StateError
-from mixer.core.files import user_cache_dir
 from mixer.images.select import layout_for
 from mixer.pipeline.batch import TEXT_KEYS
 from mixer.pipeline.schedule import Override, WeightPlan, check_schedule, schedule_snapshot
@@ -34,8 +33,8 @@ from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, 
 from mixer.runtime.topology import check_workers
 from mixer.sources import SourceTable
 from mixer.sources.manifest import list_sources
-from mixer.tokenize import BackendChoice, TokenizerInfo, resolve_backend, resolve_tokenizer
-from mixer.tokenize.backends import finish_preloads, preload_fastokens
+from mixer.tokenize import BackendChoice, TokenizerInfo, resolve_backend
+from mixer.tokenize.tokenizer import finish_preloads, resolve_recipe_tokenizer
 
 log = logging.getLogger("mixer.loader")
 BATCH_KEYS = TEXT_KEYS   # every layout has these; image layouts add more
@@ -387,13 +386,7 @@ def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
         rank = found_rank if rank is None else rank
         world_size = found_world if world_size is None else world_size
     check_workers(recipe.lanes, rank, world_size, num_workers, workers)
-    # Kept beside the token cache, else in the user's cache folder: a warm start loads no
-    # `tokenizers` tokenizer when fastokens encodes.
-    info_dir = tokenizer_info_dir(recipe) or str(user_cache_dir() / "tokenizers")
-    tokenizer = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token,
-                                  info_cache=info_dir)
-    if recipe.tokenizer_backend != "hf":   # loads while the sources are listed and read
-        preload_fastokens(tokenizer.path, tokenizer.digest)
+    tokenizer = resolve_recipe_tokenizer(recipe, tokenizer_info_dir(recipe))
     if distributed and world_size > 1:
         tables = dist.list_once(lambda: list_sources(recipe))
     else:
