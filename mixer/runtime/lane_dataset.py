@@ -92,6 +92,12 @@ class LaneDataset(IterableDataset):
             step += workers
 
 
+def sent_as_is(item: Any) -> Any:
+    """DataLoader's `collate_fn`: a worker's (wire, meta) as it is (its default walks every
+    item's metadata, lane state included, looking for arrays to turn into tensors)."""
+    return item
+
+
 def _wire(layout: BatchLayout, batch: Batch) -> Wire:
     return layout.to_wire(batch)
 

@@ -26,7 +26,7 @@ from mixer.images.select import layout_for
 from mixer.pipeline.batch import TEXT_KEYS
 from mixer.pipeline.schedule import Override, WeightPlan, check_schedule, schedule_snapshot
 from mixer.runtime import dist, workers
-from mixer.runtime.lane_dataset import LaneDataset, as_batch
+from mixer.runtime.lane_dataset import LaneDataset, as_batch, sent_as_is
 from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics
 from mixer.runtime.ray_workers import ActorPool, RayWorkers
 from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
@@ -280,7 +280,7 @@ class Loader:
             return iter(dataset)
         source = iter(DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
                                  prefetch_factor=2, multiprocessing_context="fork",
-                                 worker_init_fn=workers.init_fn()))
+                                 worker_init_fn=workers.init_fn(), collate_fn=sent_as_is))
         workers.adopt(source._workers)  # stopped at exit even if never closed
         return source
 
