@@ -52,8 +52,11 @@ from corpus import FIELDS, WEIGHTS, Corpus, build  # noqa: E402
 from peer_loaders import PEERS, SOURCES, TOKENIZE_CHUNK, encoder, read_documents  # noqa: E402
 
 # Imported before the clock starts (datasets imports torch lazily when it builds a dataset;
-# `import mixer` imports neither torch nor a tokenizer library: its loader does, on first use).
-IMPORTS = {"mixer": ["mixer", "torch", "tokenizers", "fastokens"], "generator": ["tokenizers"],
+# `import mixer` imports neither torch nor a tokenizer library: its loader does, on first use,
+# and with PYTHONDONTWRITEBYTECODE set, as on the machine of docs/benchmarks.md, importing it
+# compiles its modules: ~0.09 s that a first batch would count).
+IMPORTS = {"mixer": ["mixer", "torch", "tokenizers", "fastokens", "mixer.runtime.loader"],
+           "generator": ["tokenizers"],
            "hf": ["datasets", "torch"],
            "torchdata": ["torchdata.nodes"]}
 SEED, BATCH_SIZE, SEQ_LEN, LANES, RANK, WORLD = 1234, 8, 2048, 8, 0, 2
