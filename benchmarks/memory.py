@@ -17,6 +17,8 @@ process and all its children every 20 ms (psutil's `memory_full_info().pss`). Re
 Rows: lanes 8, 16, 32, 64 (3 sources); 3, 10, 30, 100 sources (8 lanes; source i reads
 shard i mod 48 of the corpus, under its own name, weights equal); run length 1x, 3x, 10x
 (N, 3N, 10N batches). "flat" compares each group's largest and smallest data-path figure.
+PSS shares a library's pages among the processes that map them: run it alone (another
+process of the same venv lowers every figure by its share).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,6 @@ def child(args: argparse.Namespace) -> dict:
     recipe = recipe_for(Corpus(Path(args.corpus), 0), opts["lanes"], opts["sources"],
                         opts["backend"])
     sampler = PeakSampler()
-    start = time.perf_counter()
     loader = mixer.build_loader(recipe, rank=RANK, world_size=WORLD,
                                 num_workers=opts["workers"])
     taken = 0
@@ -105,13 +105,12 @@ def child(args: argparse.Namespace) -> dict:
         taken += 1
         if taken == args.batches:
             break
-    seconds = time.perf_counter() - start
     peak = sampler.stop()
     loader.close()
     return {"base_mb": base / 1e6, "torch_mb": (after_torch - base) / 1e6,
             "peak_mb": peak / 1e6, "data_mb": (peak - base) / 1e6,
             "after_torch_mb": (peak - after_torch) / 1e6, "batches": taken,
-            "seconds": seconds, "backend": loader.tokenizer.backend}
+            "backend": loader.tokenizer.backend}
 
 
 def _spawn(corpus: Corpus, batches: int, opts: dict) -> dict:
@@ -138,16 +137,15 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, dict, int]]:
 
 def markdown(results: list[dict]) -> str:
     lines = ["| group | row | data path (peak − import mixer) | after torch | peak PSS | "
-             "import mixer | torch + tokenizers | batches/s | backend |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "import mixer | torch + tokenizers | backend |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['group']} | {r['row']} | {r['error']} |||||||")
+            lines.append(f"| {r['group']} | {r['row']} | {r['error']} ||||||")
             continue
         lines.append(f"| {r['group']} | {r['row']} | {r['data_mb']:.0f} MB | "
                      f"{r['after_torch_mb']:.0f} MB | {r['peak_mb']:.0f} MB | "
-                     f"{r['base_mb']:.0f} MB | {r['torch_mb']:.0f} MB | "
-                     f"{r['batches'] / r['seconds']:.0f} | {r['backend']} |")
+                     f"{r['base_mb']:.0f} MB | {r['torch_mb']:.0f} MB | {r['backend']} |")
     return "\n".join(lines)
 
 
