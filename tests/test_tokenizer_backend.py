@@ -308,6 +308,18 @@ def test_a_warm_start_with_fastokens_loads_no_tokenizers_tokenizer(recipe, monke
     assert hf_loads == [] and len(backends._fast_loaded) == 1 and not backends._fast_loading
 
 
+def test_fastokens_loaded_ahead_is_dropped_when_tokenizers_is_chosen(recipe, monkeypatch):
+    from mixer.tokenize import backends
+
+    monkeypatch.setattr(backends, "_fast_loaded", {})
+    monkeypatch.setattr(verify, "_verdict", lambda *args: (
+        verify.Verdict(False, "differs on a document (test)"), True))   # a cached refusal
+    loader = mixer.build_loader(recipe)
+    assert loader.tokenizer.backend == "hf"
+    assert backends._fast_loaded == {} and not backends._fast_loading
+    assert len(take(loader, 2)) == 2
+
+
 def test_an_unwritable_cache_folder_does_not_fail_the_run(recipe, tmp_path, monkeypatch):
     (tmp_path / "blocked").write_text("a file where the folder would be")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocked"))

@@ -393,7 +393,7 @@ def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
         tables = list_sources(recipe)
     choice = resolve_backend(recipe, tokenizer, tables, info_cache=tokenizer_info_dir(recipe))
     if num_workers > 0 or workers is not None or choice.info.backend != "fastokens":
-        finish_preloads()   # before DataLoader workers fork
+        finish_preloads(keep=choice.info.backend == "fastokens")   # before workers fork
     loader = Loader(recipe, tables=tables, tokenizer=choice.info, rank=rank, world_size=world_size,
                     num_workers=num_workers, distributed=distributed, workers=workers)
     loader.backend = choice

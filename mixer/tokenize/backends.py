@@ -191,13 +191,16 @@ def preload_fastokens(file: str, digest: str) -> None:
     thread.start()
 
 
-def finish_preloads() -> None:
+def finish_preloads(keep: bool = True) -> None:
     """Wait for the loads `preload_fastokens` started (a process forked while a thread is
-    inside fastokens could inherit its locks held)."""
+    inside fastokens could inherit its locks held); `keep` False: drop what they loaded (the
+    backend chosen is `tokenizers`)."""
     for key in list(_fast_loading):
         thread = _fast_loading.pop(key, None)
         if thread is not None:
             thread.join()
+            if not keep:
+                _fast_loaded.pop(key, None)
 
 
 def set_fastokens_threads() -> None:
