@@ -1,6 +1,6 @@
 """Images per second: mixer's decode + process path vs transformers' image processors.
 
-    python benchmarks/images.py [--images 300] [--repeat 3] [--seed 0]
+    python benchmarks/images.py [--images 300] [--repeat 3] [--seed 0] [--only trainer]
 
 Generates JPEGs of mixed photo-like sizes (smooth gradients, shapes and grain, quality 85), then
 times, on one thread, for each layout:
@@ -13,6 +13,12 @@ times, on one thread, for each layout:
 Each rate is the best of `--repeat` passes over all images, in CPU seconds of this (single-
 threaded) process, the paths' passes alternating, so a busy machine biases neither. To add a
 measurement, write a function returning row dicts and list it in `MEASUREMENTS`.
+
+`--only latency`: the time between batches, loader flat out, on a skewed mix (clip art PNGs
+plus `--big-share` 4K JPEG photos), qwen2_vl, num_workers 0 and 2. `--only trainer`: what a
+trainer waits at num_workers 2 on that mix when each step computes (sleeps) for the loader's
+mean batch time / busy (`--busy 0.7,0.9`: 30 % and 10 % slack): waits as a share of the wall
+time, p50, p99 and max.
 """
 
 from __future__ import annotations
@@ -210,49 +216,101 @@ def skewed_corpus(root: Path, *, samples: int, big_share: float, seed: int) -> P
     return root
 
 
+def skewed_recipe(tmp: Path, args: argparse.Namespace) -> dict:
+    """A qwen2_vl recipe over `skewed_corpus` in `tmp`, with a word-level tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    root = skewed_corpus(tmp / "shards", samples=args.samples, big_share=args.big_share,
+                         seed=args.seed)
+    vocab = {"<|endoftext|>": 0, "<pad>": 1, **{f"w{i}": i + 2 for i in range(500)}}
+    for token in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"):
+        vocab[token] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(vocab)[:2] + list(vocab)[-3:])
+    tok.save(str(tmp / "tokenizer.json"))
+    return {"tokenizer": str(tmp / "tokenizer.json"), "seq_len": args.seq_len,
+            "batch_size": args.batch_size, "lanes": 8, "images": {"layout": "qwen2_vl"},
+            "sources": [{"name": "skewed", "path": str(root / "*.tar"), "weight": 1}]}
+
+
+def _gaps(recipe: dict, workers: int, args: argparse.Namespace) -> tuple[float, list[float],
+                                                                         int]:
+    """First batch time, the times between the timed batches (loader flat out), images."""
+    import mixer
+
+    loader = mixer.build_loader(recipe, num_workers=workers)
+    gaps, images, first = [], 0, 0.0
+    start = last = time.perf_counter()
+    for step, batch in enumerate(loader):
+        now = time.perf_counter()
+        if step == 0:
+            first = now - start
+        elif step > args.warmup:
+            gaps.append(now - last)
+            images += batch["image_grid_thw"].shape[0]
+        last = now
+        if step == args.warmup + args.batches:
+            break
+    loader.close()
+    return first, gaps, images
+
+
 def latency_rows(args: argparse.Namespace) -> list[dict]:
     """p50/p99 of the time between batches, for num_workers 0 and 2, the loader flat out."""
     import tempfile
 
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    import mixer
-
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        root = skewed_corpus(Path(tmp) / "shards", samples=args.samples,
-                             big_share=args.big_share, seed=args.seed)
-        vocab = {"<|endoftext|>": 0, "<pad>": 1, **{f"w{i}": i + 2 for i in range(500)}}
-        for token in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"):
-            vocab[token] = len(vocab)
-        tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        tok.add_special_tokens(list(vocab)[:2] + list(vocab)[-3:])
-        tok.save(str(Path(tmp) / "tokenizer.json"))
-        recipe = {"tokenizer": str(Path(tmp) / "tokenizer.json"), "seq_len": args.seq_len,
-                  "batch_size": args.batch_size, "lanes": 8, "images": {"layout": "qwen2_vl"},
-                  "sources": [{"name": "skewed", "path": str(root / "*.tar"), "weight": 1}]}
+        recipe = skewed_recipe(Path(tmp), args)
         for workers in (0, 2):
-            loader = mixer.build_loader(recipe, num_workers=workers)
-            gaps, images, first = [], 0, 0.0
-            start = last = time.perf_counter()
-            for step, batch in enumerate(loader):
-                now = time.perf_counter()
-                if step == 0:
-                    first = now - start
-                elif step > args.warmup:
-                    gaps.append(now - last)
-                    images += batch["image_grid_thw"].shape[0]
-                last = now
-                if step == args.warmup + args.batches:
-                    break
-            loader.close()
+            first, gaps, images = _gaps(recipe, workers, args)
             ms = np.array(gaps) * 1000
             rows.append({"workers": workers, "first": first * 1000,
                          "p50": np.percentile(ms, 50), "p99": np.percentile(ms, 99),
                          "max": ms.max(), "ratio": np.percentile(ms, 99) / np.percentile(ms, 50),
                          "images": images / (ms.sum() / 1000)})
     return rows
+
+
+def trainer_wait_rows(args: argparse.Namespace) -> list[dict]:
+    """A trainer's view at num_workers 2: it takes a batch, then computes for a fixed step
+    time (a sleep) of mean / busy, where mean is the loader's mean batch time measured flat
+    out beforehand (busy 0.7: the loader has 30 % slack). Waits: the time `next()` blocks."""
+    import tempfile
+
+    import mixer
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        recipe = skewed_recipe(Path(tmp), args)
+        _, gaps, _ = _gaps(recipe, 2, args)
+        mean = float(np.mean(gaps))
+        for busy in args.busy:
+            step_s = mean / busy
+            loader = mixer.build_loader(recipe, num_workers=2)
+            source = iter(loader)
+            for _ in range(args.warmup + 1):
+                next(source)
+            waits = []
+            start = time.perf_counter()
+            for _ in range(args.batches):
+                before = time.perf_counter()
+                next(source)
+                waits.append(time.perf_counter() - before)
+                time.sleep(step_s)
+            wall = time.perf_counter() - start
+            loader.close()
+            ms = np.array(waits) * 1000
+            rows.append({"busy": busy, "mean": mean * 1000, "step": step_s * 1000,
+                         "share": 100 * sum(waits) / wall, "p50": np.percentile(ms, 50),
+                         "p99": np.percentile(ms, 99), "max": ms.max()})
+    return rows
+
+
+TRAINER_COLUMNS = [("busy", "loader busy (mean/step)"), ("mean", "mean batch ms (flat out)"),
+                   ("step", "step ms"), ("share", "wait % of wall"), ("p50", "wait p50 ms"),
+                   ("p99", "wait p99 ms"), ("max", "wait max ms")]
 
 
 LATENCY_COLUMNS = [("workers", "num_workers"), ("first", "first batch ms"), ("p50", "p50 ms"),
@@ -265,7 +323,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--images", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", choices=sorted(MEASUREMENTS) + ["latency"], action="append",
+    parser.add_argument("--only", choices=sorted(MEASUREMENTS) + ["latency", "trainer"],
+                        action="append",
                         help="run only these measurements (repeatable)")
     parser.add_argument("--samples", type=int, default=2000, help="latency: samples")
     parser.add_argument("--big-share", type=float, default=0.01,
@@ -274,6 +333,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--batches", type=int, default=150, help="latency: batches timed")
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--busy", type=lambda v: [float(b) for b in v.split(",")],
+                        default=[0.7, 0.9], help="trainer: loader busy shares (mean/step)")
     parser.add_argument("--pixel-budget-mb", type=int, default=None,
                         help="latency: pixels each process may hold ahead of need "
                         "(mixer.images.handle.set_pixel_budget; default 256)")
@@ -282,8 +343,11 @@ def main(argv: list[str] | None = None) -> None:
         from mixer.images.handle import set_pixel_budget
 
         set_pixel_budget(args.pixel_budget_mb << 20)
-    if args.only == ["latency"]:
-        print(format_table(latency_rows(args), LATENCY_COLUMNS))
+    if args.only and set(args.only) <= {"latency", "trainer"}:
+        if "latency" in args.only:
+            print(format_table(latency_rows(args), LATENCY_COLUMNS))
+        if "trainer" in args.only:
+            print(format_table(trainer_wait_rows(args), TRAINER_COLUMNS))
         return
     jpegs = make_jpegs(args.images, args.seed)
     megapixels = sum(np.prod(Image.open(io.BytesIO(d)).size) for d in jpegs) / len(jpegs) / 1e6
@@ -297,6 +361,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.only or "latency" in args.only:
         print("\nbatch latency (time between batches, loader flat out), qwen2_vl, skewed mix:")
         print(format_table(latency_rows(args), LATENCY_COLUMNS))
+    if not args.only or "trainer" in args.only:
+        print("\ntrainer waits (num_workers 2, qwen2_vl, skewed mix; a step sleeps mean/busy):")
+        print(format_table(trainer_wait_rows(args), TRAINER_COLUMNS))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """mixer and the tokenizer alone, alternating in one process: a ratio that machine drift
 does not swamp.
 
-    python benchmarks/paired.py [--workers 0|2] [--rounds 12] [--phase 60] [--workdir DIR]
+    python benchmarks/paired.py [--workers 0|2] [--backend hf|fastokens] [--rounds 12]
+                                [--phase 60] [--workdir DIR]
 
 `peers.py` runs each loader in its own process, one after another; on a shared 2-core
 machine the tokenizer's own rate moves by a third between minutes, so one run's ratio says
@@ -14,7 +15,8 @@ workers, until their CPU stops growing), so work done ahead counts in mixer's ti
 side's time and CPU (per thread: the loader's main thread, its encoding threads, the
 tokenizer's pool, DataLoader workers) are summed over the rounds; the ratio is mixer's
 tokens/s over the bound's. mixer starts after 20 batches (its start-up is `peers.py`'s
-first-batch column).
+first-batch column). `--backend fastokens` has mixer encode with fastokens (same stream);
+the bound stays the `tokenizers` tokenizer alone, the issue's measure.
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ def mixer_texts(recipe: dict, batches: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--backend", default="hf", help="mixer's tokenizer_backend")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--phase", type=int, default=60, help="mixer batches per round")
     parser.add_argument("--mb", type=float, default=210, help="corpus size, MB of text")
@@ -134,7 +137,7 @@ def main() -> None:
     corpus = build(args.workdir, args.mb, args.vocab)
     import mixer
 
-    recipe = mixer_recipe(corpus)
+    recipe = mixer_recipe(corpus, None, args.backend)
     loader = mixer.build_loader(recipe, rank=0, world_size=2, num_workers=args.workers)
     batches = iter(loader)
     # Workers fork at the first batch: the parent must not have encoded before then, or the
@@ -174,7 +177,8 @@ def main() -> None:
                     f"| {ratio:.3f} |")
     loader.close()
 
-    print(f"mixer num_workers={args.workers}, {args.rounds} rounds of {args.phase} batches\n")
+    print(f"mixer num_workers={args.workers}, tokenizer_backend {args.backend}, {args.rounds} "
+          f"rounds of {args.phase} batches\n")
     print("| round | mixer tokens/s | tokenizer alone | ratio |\n|---|---|---|---|")
     print("\n".join(rows))
     rate = {side: tokens / seconds for side, (tokens, seconds, _) in sides.items()}

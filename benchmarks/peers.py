@@ -23,7 +23,9 @@ Every child gets the same tokenizer thread count (RAYON_NUM_THREADS, `--threads`
 tokens/s counts non-padding tokens from the start of loader construction (after imports) to
 the Nth batch; ratio = tokens/s / the tokenizer's. First-batch times start at construction too.
 Peak memory is the child's ru_maxrss plus the largest of its finished children (DataLoader
-workers). Token shares are realized shares per source over the N batches.
+workers). Token shares are realized shares per source over the N batches. The stream digest
+hashes every batch's input_ids; a last line says whether the fastokens rows' streams equal
+the `tokenizers` rows' (same worker count). benchmarks/memory.py measures memory as PSS.
 """
 
 from __future__ import annotations
@@ -49,8 +51,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import FIELDS, WEIGHTS, Corpus, build  # noqa: E402
 from peer_loaders import PEERS, SOURCES, TOKENIZE_CHUNK, encoder, read_documents  # noqa: E402
 
-# Imported before the clock starts (datasets imports torch lazily when it builds a dataset).
-IMPORTS = {"mixer": ["mixer"], "generator": ["tokenizers"], "hf": ["datasets", "torch"],
+# Imported before the clock starts (datasets imports torch lazily when it builds a dataset;
+# `import mixer` imports neither torch nor a tokenizer library: its loader does, on first use,
+# and with PYTHONDONTWRITEBYTECODE set, as on the machine of docs/benchmarks.md, importing it
+# compiles its modules: ~0.09 s that a first batch would count).
+IMPORTS = {"mixer": ["mixer", "torch", "tokenizers", "fastokens", "mixer.runtime.loader"],
+           "generator": ["tokenizers"],
+           "hf": ["datasets", "torch"],
            "torchdata": ["torchdata.nodes"]}
 SEED, BATCH_SIZE, SEQ_LEN, LANES, RANK, WORLD = 1234, 8, 2048, 8, 0, 2
 
@@ -125,13 +132,16 @@ def run_loader(kind: str, corpus: Corpus, batches: int, opts: dict,
     """Iterate `batches` batches; save the state after half of them to `state_out`."""
     resume = pickle.loads(Path(resume_from).read_bytes()) if resume_from else None
     for module in IMPORTS[kind]:
-        importlib.import_module(module)
+        if importlib.util.find_spec(module) is not None:   # (fastokens: where it has wheels)
+            importlib.import_module(module)
     start = time.perf_counter()
     loader = _make(kind, corpus, opts, resume)
     first, tokens = None, 0
     shares = np.zeros(len(SOURCES), dtype=np.int64)
     saved, after_save, first_digest = False, None, None
+    stream = hashlib.blake2b(digest_size=8)   # every batch's ids: the stream compared
     for step, (ids, src) in enumerate(loader, start=1):
+        stream.update(np.ascontiguousarray(ids, dtype=np.int64).tobytes())
         if first is None:
             first = time.perf_counter() - start
             first_digest = _digest(ids)
@@ -154,7 +164,7 @@ def run_loader(kind: str, corpus: Corpus, batches: int, opts: dict,
         loader.close()
     return {"tokens": tokens, "seconds": elapsed, "first_batch_s": first, "saved": saved,
             "shares": shares.tolist(), "rss_mb": _peak_rss_mb(), "first_digest": first_digest,
-            "after_save_digest": after_save}
+            "after_save_digest": after_save, "stream_digest": stream.hexdigest()}
 
 
 def _digest(ids: np.ndarray) -> str:
@@ -308,7 +318,7 @@ def measure(args: argparse.Namespace, corpus: Corpus, log: Any = print) -> list[
                             "first": res["first_batch_s"],
                             "resume": resumed, "exact": exact,
                             "rss_mb": res["rss_mb"], "shares": _shares(res["shares"]),
-                            "tokens": res["tokens"]})
+                            "tokens": res["tokens"], "stream": res.get("stream_digest")})
     return results
 
 
@@ -316,18 +326,33 @@ def markdown(results: list[dict]) -> str:
     """The results as a markdown table."""
     sec = lambda v: "–" if v is None else f"{v:.2f} s"
     lines = ["| loader | tokens/s | ratio | first batch | resume, first batch | peak memory | "
-             "token shares (%) |", "|---|---|---|---|---|---|---|"]
+             "token shares (%) | stream digest |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "note" in r:
-            lines.append(f"| {r['loader']} | – | – | – | – | – | {r['note']} |")
+            lines.append(f"| {r['loader']} | – | – | – | – | – | {r['note']} | – |")
             continue
         ratio = "–" if r["ratio"] is None else f"{r['ratio']:.3f}"
         resume = sec(r["resume"])
         if r["exact"] is not None:
             resume += " (same batch)" if r["exact"] else " (different batch)"
         lines.append(f"| {r['loader']} | {r['tokens_per_s']:,.0f} | {ratio} | {sec(r['first'])} "
-                     f"| {resume} | {r['rss_mb']:,.0f} MB | {r['shares']} |")
+                     f"| {resume} | {r['rss_mb']:,.0f} MB | {r['shares']} | "
+                     f"{r.get('stream') or '–'} |")
     return "\n".join(lines)
+
+
+def same_streams(results: list[dict]) -> str:
+    """Whether `mixer, fastokens backend` gave the stream of the `tokenizers` backend (the
+    cold-cache row, which encodes with it) at each worker count."""
+    by_label = {r["loader"]: r.get("stream") for r in results}
+    out = []
+    for label, digest in by_label.items():
+        if label.startswith("mixer, fastokens backend, num_workers="):
+            workers = label.rsplit("=", 1)[1]
+            hf = by_label.get(f"mixer num_workers={workers}, cache cold")
+            if digest and hf:
+                out.append(f"num_workers {workers}: {'same' if digest == hf else 'DIFFERENT'}")
+    return "stream digest, fastokens vs tokenizers backend: " + ("; ".join(out) or "–")
 
 
 def main() -> None:
@@ -361,6 +386,7 @@ def main() -> None:
           f"lanes {LANES}; {args.threads} tokenizer thread(s), "
           f"{len(os.sched_getaffinity(0))} CPU(s)")
     print(markdown(results))
+    print(same_streams(results))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import mixer
 from mixer.cache.fill import fill_cache
 from mixer.cache.store import CACHE_STATS
 from mixer.sources.manifest import list_sources
-from mixer.tokenize import Encoder, resolve_backend, resolve_tokenizer, verify
+from mixer.tokenize import Encoder, backends, resolve_backend, resolve_tokenizer, verify
 from mixer.tokenize.backends import FastokensBackend
 from mixer.tokenize.stress import GENERAL_CATEGORIES, LONG_WORD_CHARS, REPEATS, stress_sections
 from mixer.tools.cli import main as cli_main
@@ -257,6 +257,23 @@ def test_a_mismatch_on_the_stress_text_is_found_before_any_source(recipe, monkey
 
 
 # -- the verdict, cached -----------------------------------------------------------------------
+def as_in_a_new_process(monkeypatch) -> list[str]:
+    """No verdict, `tokenizers` or fastokens tokenizer held in memory; returns the files
+    `tokenizers` is asked to load from now on."""
+    from types import SimpleNamespace
+
+    from mixer.tokenize import tokenizer as tokenizer_module
+
+    loads: list[str] = []
+    real = tokenizer_module.Tokenizer.from_file
+    monkeypatch.setattr(tokenizer_module, "Tokenizer", SimpleNamespace(
+        from_file=lambda file: loads.append(file) or real(file)))
+    monkeypatch.setattr(tokenizer_module, "_loaded", {})
+    monkeypatch.setattr(backends, "_fast_loaded", {})
+    monkeypatch.setattr(verify, "_verdicts", {})
+    return loads
+
+
 def test_a_warm_start_does_not_verify_again(recipe, tmp_path, monkeypatch):
     calls: list[float] = []
     real = verify.verify
@@ -272,11 +289,14 @@ def test_a_warm_start_does_not_verify_again(recipe, tmp_path, monkeypatch):
     first = mixer.build_loader(recipe)
     assert len(calls) == 1 and not first.backend.cached
     [stored] = (tmp_path / "xdg" / "mixer" / "tokenizer-backends").glob("backend-*.json")
-    monkeypatch.setattr(verify, "_verdicts", {})   # as in a new process
-    second = mixer.build_loader(recipe)
+    hf_loads = as_in_a_new_process(monkeypatch)
+    second = mixer.build_loader(recipe)   # fastokens loads on a thread meanwhile
     assert len(calls) == 1 and second.backend.cached
     assert second.backend.describe() == first.backend.describe()
     assert second.tokenizer.backend == "fastokens"
+    assert take(second, 3) == take(first, 3)
+    # the tokenizer's ids were kept too: a warm start loads no `tokenizers` tokenizer
+    assert hf_loads == [] and len(backends._fast_loaded) == 1 and not backends._fast_loading
     stored.write_text(stored.read_text().replace('"ok": true', '"ok": false'))   # tampered
     monkeypatch.setattr(verify, "_verdicts", {})
     assert mixer.build_loader(recipe).backend.cached is False and len(calls) == 2
@@ -286,6 +306,16 @@ def test_a_warm_start_does_not_verify_again(recipe, tmp_path, monkeypatch):
     os.utime(parquet, ns=(time.time_ns(), time.time_ns() + 10**9))
     monkeypatch.setattr(verify, "_verdicts", {})
     assert mixer.build_loader(recipe).backend.cached is False and len(calls) == 3
+
+
+def test_fastokens_loaded_ahead_is_dropped_when_tokenizers_is_chosen(recipe, monkeypatch):
+    monkeypatch.setattr(backends, "_fast_loaded", {})
+    monkeypatch.setattr(verify, "_verdict", lambda *args: (
+        verify.Verdict(False, "differs on a document (test)"), True))   # a cached refusal
+    loader = mixer.build_loader(recipe)
+    assert loader.tokenizer.backend == "hf"
+    assert backends._fast_loaded == {} and not backends._fast_loading
+    assert len(take(loader, 2)) == 2
 
 
 def test_an_unwritable_cache_folder_does_not_fail_the_run(recipe, tmp_path, monkeypatch):

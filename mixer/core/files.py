@@ -1,4 +1,4 @@
-"""Writing a local file so that no reader ever sees it half-written."""
+"""Writing a local file so that no reader ever sees it half-written; the user's cache folder."""
 
 from __future__ import annotations
 
@@ -22,3 +22,10 @@ def write_atomically(path: str | Path, data: bytes | Iterable[bytes]) -> None:
     finally:
         with contextlib.suppress(OSError):   # (gone once renamed; or the folder is blocked)
             os.unlink(tmp)
+
+
+def user_cache_dir() -> Path:
+    """What mixer keeps for the user between runs (tokenizer ids, backend verdicts):
+    `$XDG_CACHE_HOME/mixer`, by default `~/.cache/mixer`."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mixer"

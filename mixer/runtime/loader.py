@@ -31,10 +31,11 @@ from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics
 from mixer.runtime.ray_workers import ActorPool, RayWorkers
 from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
 from mixer.runtime.topology import check_workers
-from mixer.runtime.torch_dataset import TorchLaneDataset
+from mixer.runtime.torch_dataset import TorchLaneDataset, sent_as_is
 from mixer.sources import SourceTable
 from mixer.sources.manifest import list_sources
-from mixer.tokenize import BackendChoice, TokenizerInfo, resolve_backend, resolve_tokenizer
+from mixer.tokenize import BackendChoice, TokenizerInfo, resolve_backend
+from mixer.tokenize.tokenizer import finish_preloads, resolve_recipe_tokenizer
 
 log = logging.getLogger("mixer.loader")
 BATCH_KEYS = TEXT_KEYS   # every layout has these; image layouts add more
@@ -280,7 +281,7 @@ class Loader:
             return iter(dataset)
         source = iter(DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
                                  prefetch_factor=2, multiprocessing_context="fork",
-                                 worker_init_fn=workers.init_fn()))
+                                 worker_init_fn=workers.init_fn(), collate_fn=sent_as_is))
         workers.adopt(source._workers)  # stopped at exit even if never closed
         return source
 
@@ -387,13 +388,12 @@ def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
         rank = found_rank if rank is None else rank
         world_size = found_world if world_size is None else world_size
     check_workers(recipe.lanes, rank, world_size, num_workers, workers)
-    tokenizer = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token,
-                                  info_cache=tokenizer_info_dir(recipe))
-    if distributed and world_size > 1:
-        tables = dist.list_once(lambda: list_sources(recipe))
-    else:
-        tables = list_sources(recipe)
+    tokenizer = resolve_recipe_tokenizer(recipe, tokenizer_info_dir(recipe))
+    lister = lambda: list_sources(recipe)
+    tables = dist.list_once(lister) if distributed and world_size > 1 else lister()
     choice = resolve_backend(recipe, tokenizer, tables, info_cache=tokenizer_info_dir(recipe))
+    if num_workers > 0 or workers is not None or choice.info.backend != "fastokens":
+        finish_preloads(keep=choice.info.backend == "fastokens")   # before workers fork
     loader = Loader(recipe, tables=tables, tokenizer=choice.info, rank=rank, world_size=world_size,
                     num_workers=num_workers, distributed=distributed, workers=workers)
     loader.backend = choice

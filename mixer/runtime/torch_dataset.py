@@ -25,3 +25,9 @@ class TorchLaneDataset(LaneDataset, IterableDataset):
 
 def _wire(layout: BatchLayout, batch: Batch) -> Wire:
     return layout.to_wire(batch)
+
+
+def sent_as_is(item: Any) -> Any:
+    """DataLoader's `collate_fn`: a worker's (wire, meta) as it is (its default walks every
+    item's metadata, lane state included, looking for arrays to turn into tensors)."""
+    return item

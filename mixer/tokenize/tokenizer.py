@@ -10,14 +10,24 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from mixer.core.errors import RecipeError
-from mixer.core.files import write_atomically
+from mixer.core.files import user_cache_dir, write_atomically
 from mixer.core.token_info import TokenizerInfo
-from mixer.tokenize.backends import Backend, HfBackend, Unavailable, load_fastokens
+from mixer.tokenize.backends import (
+    Backend,
+    HfBackend,
+    Unavailable,
+    finish_preloads,
+    load_fastokens,
+    preload_fastokens,
+)
+
+__all__ = ["Encoder", "finish_preloads", "resolve_recipe_tokenizer", "resolve_tokenizer"]
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eos|>", "[EOS]")
 _PAD_CANDIDATES = ("<pad>", "<|pad|>", "[PAD]")
@@ -98,6 +108,18 @@ def resolve_tokenizer(path: str, eos_token: str | None = None, *,
     info = _resolve(file, config, hexdigest, eos_token)
     if stored is not None:
         _write_info(stored, info, eos_token)
+    return info
+
+
+def resolve_recipe_tokenizer(recipe: Any, info_cache: str | None) -> TokenizerInfo:
+    """The recipe's tokenizer for a loader: its ids kept in `info_cache`, else in the user's
+    cache folder (so a warm start where fastokens encodes loads no `tokenizers` tokenizer),
+    and, unless the recipe asks for `hf`, fastokens' tokenizer loading on a thread meanwhile
+    (`preload_fastokens`; `finish_preloads` before forking)."""
+    info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token,
+                             info_cache=info_cache or str(user_cache_dir() / "tokenizers"))
+    if recipe.tokenizer_backend != "hf":
+        preload_fastokens(info.path, info.digest)
     return info
 
 

@@ -14,13 +14,12 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mixer.core.errors import RecipeError
-from mixer.core.files import write_atomically
+from mixer.core.files import user_cache_dir, write_atomically
 from mixer.core.token_info import TokenizerInfo
 from mixer.sources import SourceTable
 from mixer.tokenize import sample
@@ -111,8 +110,7 @@ def cache_folder(info_cache: str | None) -> Path:
     folder), else `$XDG_CACHE_HOME/mixer/tokenizer-backends` (default `~/.cache/...`)."""
     if info_cache is not None:
         return Path(info_cache) / "backends"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "mixer" / "tokenizer-backends"
+    return user_cache_dir() / "tokenizer-backends"
 
 
 def _key(recipe: Any, info: TokenizerInfo, version: str, tables: list[SourceTable]) -> str:

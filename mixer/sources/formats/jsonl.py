@@ -9,6 +9,7 @@ import zlib
 from collections.abc import Iterator
 from typing import IO
 
+import orjson
 import zstandard
 
 from mixer.core.errors import DataError
@@ -53,6 +54,22 @@ class _BadLine(ValueError):
 
 
 def _parse(line: bytes, text_field: str) -> str:
+    """The record's text. orjson parses the lines that hold an object whose text field is a
+    string (nearly all); any other line goes through `json`, which decides what it is: it
+    accepts what orjson refuses (NaN, 1e400, lone surrogate escapes, integers past 64 bits)
+    and its messages name the error, so the stream and its errors do not depend on orjson."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        obj = None
+    if type(obj) is dict:
+        text = obj.get(text_field)
+        if type(text) is str:
+            return text
+    return _parse_with_json(line, text_field)
+
+
+def _parse_with_json(line: bytes, text_field: str) -> str:
     try:
         decoded = line.decode("utf-8")
     except UnicodeDecodeError as exc:   # the record's own bytes: counted as bad text

@@ -1,0 +1,194 @@
+"""Memory of the data path: peak PSS of the process tree, over lanes, sources and run length.
+
+    python benchmarks/memory.py [--mb 210] [--batches 300] [--workdir /tmp/mixer-peers]
+
+On the corpus of benchmarks/corpus.py (as benchmarks/peers.py: rank 0 of 2, 8 x 2048), each
+row runs in a fresh process: it imports mixer (PSS measured: the baseline), then torch and
+the tokenizer libraries (measured again), builds a loader (`tokenizer_backend` as asked,
+num_workers 0 unless `--workers`) and takes N batches while a thread samples the PSS of the
+process and all its children every 20 ms (psutil's `memory_full_info().pss`). Reported:
+
+    data path     peak PSS of the tree minus the PSS right after `import mixer` (the issue's
+                  measure: torch, pyarrow and the tokenizer libraries count, as they load
+                  for the data path)
+    after torch   the same minus the PSS after `import torch` too (what the data path adds
+                  to a training script, which has torch imported already)
+
+Rows: lanes 8, 16, 32, 64 (3 sources); 3, 10, 30, 100 sources (8 lanes; source i reads
+shard i mod 48 of the corpus, under its own name, weights equal); run length 1x, 3x, 10x
+(N, 3N, 10N batches). "flat" compares each group's largest and smallest data-path figure.
+PSS shares a library's pages among the processes that map them: run it alone (another
+process of the same venv lowers every figure by its share).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from corpus import FIELDS, Corpus, build  # noqa: E402
+from peers import RANK, SOURCES, WORLD, mixer_recipe  # noqa: E402
+
+SAMPLE_S = 0.02
+
+
+def _tree_pss() -> int:
+    import psutil
+
+    me = psutil.Process()
+    total = 0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            total += proc.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+class PeakSampler:
+    """Samples the tree's PSS on a thread until stopped; `peak` is the largest seen."""
+
+    def __init__(self) -> None:
+        self.peak = _tree_pss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            self.peak = max(self.peak, _tree_pss())
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _tree_pss())
+        return self.peak
+
+
+def recipe_for(corpus: Corpus, lanes: int, sources: int, backend: str) -> dict:
+    recipe = mixer_recipe(corpus, None, backend)
+    recipe["lanes"] = lanes
+    if sources != len(SOURCES):
+        shards = [(s, path) for s in SOURCES for path in corpus.files(s)]
+        recipe["sources"] = [
+            {"name": f"s{i:03d}", "path": str(shards[i % len(shards)][1]),
+             "text_field": FIELDS[shards[i % len(shards)][0]], "weight": 1.0}
+            for i in range(sources)]
+    return recipe
+
+
+def child(args: argparse.Namespace) -> dict:
+    opts = json.loads(args.opts)
+    import mixer
+
+    base = _tree_pss()
+    for module in ("torch", "tokenizers", "fastokens", "pyarrow.parquet"):
+        if importlib.util.find_spec(module.split(".")[0]) is not None:
+            importlib.import_module(module)
+    after_torch = _tree_pss()
+    recipe = recipe_for(Corpus(Path(args.corpus), 0), opts["lanes"], opts["sources"],
+                        opts["backend"])
+    sampler = PeakSampler()
+    loader = mixer.build_loader(recipe, rank=RANK, world_size=WORLD,
+                                num_workers=opts["workers"])
+    taken = 0
+    for _ in loader:
+        taken += 1
+        if taken == args.batches:
+            break
+    peak = sampler.stop()
+    loader.close()
+    return {"base_mb": base / 1e6, "torch_mb": (after_torch - base) / 1e6,
+            "peak_mb": peak / 1e6, "data_mb": (peak - base) / 1e6,
+            "after_torch_mb": (peak - after_torch) / 1e6, "batches": taken,
+            "backend": loader.tokenizer.backend}
+
+
+def _spawn(corpus: Corpus, batches: int, opts: dict) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--corpus", str(corpus.folder), "--batches",
+           str(batches), "--opts", json.dumps(opts)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        tail = out.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        return {"error": tail[0]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, str, dict, int]]:
+    """(group, label, options, batches) of every row."""
+    base = {"lanes": 8, "sources": 3, "workers": args.workers, "backend": args.backend}
+    rows = [("lanes", f"{lanes} lanes", {**base, "lanes": lanes}, args.batches)
+            for lanes in (8, 16, 32, 64)]
+    rows += [("sources", f"{n} sources", {**base, "sources": n}, args.batches)
+             for n in (3, 10, 30, 100)]
+    rows += [("run length", f"{k}x ({k * args.batches} batches)", base, k * args.batches)
+             for k in (1, 3, 10)]
+    return rows
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["| group | row | data path (peak − import mixer) | after torch | peak PSS | "
+             "import mixer | torch + tokenizers | backend |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['group']} | {r['row']} | {r['error']} ||||||")
+            continue
+        lines.append(f"| {r['group']} | {r['row']} | {r['data_mb']:.0f} MB | "
+                     f"{r['after_torch_mb']:.0f} MB | {r['peak_mb']:.0f} MB | "
+                     f"{r['base_mb']:.0f} MB | {r['torch_mb']:.0f} MB | {r['backend']} |")
+    return "\n".join(lines)
+
+
+def flatness(results: list[dict]) -> str:
+    out = []
+    for group in ("lanes", "sources", "run length"):
+        values = [r["data_mb"] for r in results if r["group"] == group and "error" not in r]
+        if values:
+            out.append(f"{group}: {min(values):.0f}–{max(values):.0f} MB "
+                       f"(+{100 * (max(values) / min(values) - 1):.0f} %)")
+    return "flat? " + "; ".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, default=210, help="corpus size, MB of text")
+    parser.add_argument("--vocab", type=int, default=32768)
+    parser.add_argument("--batches", type=int, default=300, help="batches of the 1x run")
+    parser.add_argument("--workers", type=int, default=0, help="num_workers (default 0)")
+    parser.add_argument("--backend", default="fastokens", help="tokenizer_backend")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/mixer-peers"))
+    parser.add_argument("--groups", default="lanes,sources,run length",
+                        help="comma-separated subset of: lanes, sources, run length")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--corpus", help=argparse.SUPPRESS)
+    parser.add_argument("--opts", default="{}", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args)))
+        return
+    corpus = build(args.workdir, args.mb, args.vocab)
+    groups = set(args.groups.split(","))
+    results: list[dict[str, Any]] = []
+    for group, label, opts, batches in plan(args):
+        if group not in groups:
+            continue
+        print(f"measuring {label} ...", flush=True)
+        results.append({"group": group, "row": label, **_spawn(corpus, batches, opts)})
+    print(f"\nrank {RANK} of {WORLD}, 8 x 2048, num_workers {args.workers}, "
+          f"tokenizer_backend {args.backend}; {len(os.sched_getaffinity(0))} CPU(s)")
+    print(markdown(results))
+    print(flatness(results))
+
+
+if __name__ == "__main__":
+    main()
