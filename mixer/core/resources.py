@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -106,3 +107,52 @@ class OpenLimit:
     def open_count(self) -> int:
         """How many items are open in this process."""
         return len(self._own())
+
+
+class FreedMemory:
+    """Gives the memory that glibc's malloc keeps after `free` back to the system, at most
+    once per `interval` seconds (`malloc_trim`; a no-op where the C library has none).
+
+    The data path frees much of what it allocates soon after (window texts, decompression
+    buffers, the tokenizer's working memory on the encoding threads, each thread in a malloc
+    arena of its own), and glibc keeps freed pages of its arenas mapped: tens of MB of
+    resident memory that no one uses (docs/benchmarks.md, "Issue 22, round 2: memory")."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.trims = 0
+        self._next = 0.0
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._trim: Callable[[int], int] | None | bool = False   # False: not looked up yet
+
+    def _function(self) -> Callable[[int], int] | None:
+        if self._trim is False:
+            try:
+                import ctypes
+                import ctypes.util
+                self._trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+            except (OSError, AttributeError):
+                self._trim = None
+        return self._trim   # type: ignore[return-value]
+
+    def maybe_release(self) -> None:
+        """Trim, unless it was done less than `interval` seconds ago (or is under way)."""
+        now = time.monotonic()
+        if now < self._next:
+            return
+        if self._pid != os.getpid():   # forked: the parent's lock may have been held
+            self._pid, self._lock = os.getpid(), threading.Lock()
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            trim = self._function()
+            if trim is not None:
+                trim(0)
+                self.trims += 1
+            self._next = time.monotonic() + self.interval
+        finally:
+            self._lock.release()
+
+
+FREED_MEMORY = FreedMemory(1.0)

@@ -74,13 +74,15 @@ def use_worker_encoding_threads(num_workers: int, budget: int) -> None:
     """
     global _encoding_threads
     _encoding_threads = WORKER_ENCODING_THREADS
+    rayon = bool(os.environ.get("RAYON_NUM_THREADS"))   # (the parent's, as forked)
     setting = os.environ.get("TOKENIZERS_PARALLELISM")
     if setting is None or setting.lower() not in _PARALLELISM_OFF:
         os.environ["RAYON_NUM_THREADS"] = str(max(1, budget // max(1, num_workers)))
     # fastokens' pool: the worker's share of the parent's FASTOKENS_BPE_THREADS, else of the
-    # budget (read at the worker's first fastokens call; where the parent had already encoded
-    # with fastokens, the worker's calls run on its calling thread, as with `tokenizers`).
-    fast = _positive(os.environ.get(FASTOKENS_THREADS)) or budget
+    # budget where RAYON_NUM_THREADS sets one, else 1 (as `set_fastokens_threads`); read at
+    # the worker's first fastokens call (where the parent had already encoded with fastokens,
+    # the worker's calls run on its calling thread, as with `tokenizers`).
+    fast = _positive(os.environ.get(FASTOKENS_THREADS)) or (budget if rayon else 1)
     os.environ[FASTOKENS_THREADS] = str(max(1, fast // max(1, num_workers)))
 
 
