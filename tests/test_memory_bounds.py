@@ -1,5 +1,7 @@
-"""A process keeps a bounded number of whole-file decompressors open, whatever the number of
-lanes and compressed sources: a suspended reader resumes exactly where it stopped."""
+"""Bounds on the data path's memory: a process keeps a bounded number of whole-file
+decompressors open, whatever the number of lanes and compressed sources (a suspended reader
+resumes exactly where it stopped); freed malloc memory goes back to the system; fastokens
+starts no thread pool of its own unless told to."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 
 import zstandard
 from helpers import batch_digest, corpus, write_docs
@@ -85,3 +88,48 @@ def test_many_compressed_sources_and_lanes_stay_under_the_limit(tmp_path, tokeni
     bounded, bounded_state, most = run(3)
     assert most <= 3 and OPEN_DECOMPRESSORS.suspended > before + 20
     assert bounded == unbounded and bounded_state == state
+
+
+def test_freed_malloc_memory_goes_back_to_the_system_at_most_once_an_interval():
+    import ctypes
+
+    import psutil
+
+    from mixer.core.resources import FreedMemory
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(64 << 10) for _ in range(800)]   # 50 MB under the mmap threshold
+    for block in blocks:
+        ctypes.memset(block, 1, 64 << 10)
+    for block in blocks[:-1]:   # the last one keeps the heap's top: nothing is trimmed
+        libc.free(block)
+    held = psutil.Process().memory_info().rss
+    freed = FreedMemory(3600.0)
+    freed.maybe_release()
+    freed.maybe_release()   # within the interval: not again
+    assert freed.trims == 1
+    assert psutil.Process().memory_info().rss < held - (30 << 20)
+    libc.free(blocks[-1])
+
+
+def test_fastokens_gets_no_pool_of_its_own_unless_told(monkeypatch):
+    from mixer.tokenize import encoding
+    from mixer.tokenize.backends import set_fastokens_threads
+    for rayon, fast, expected in ((None, None, "1"), ("3", None, "3"), ("3", "5", "5")):
+        for name, value in (("RAYON_NUM_THREADS", rayon), ("FASTOKENS_BPE_THREADS", fast)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        set_fastokens_threads()
+        assert os.environ["FASTOKENS_BPE_THREADS"] == expected
+    monkeypatch.setattr(encoding, "_encoding_threads", encoding._encoding_threads)
+    for rayon, expected in ((None, "1"), ("4", "2")):   # a DataLoader worker of 2
+        monkeypatch.delenv("FASTOKENS_BPE_THREADS", raising=False)
+        if rayon is None:
+            monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("RAYON_NUM_THREADS", rayon)
+        encoding.use_worker_encoding_threads(2, 4)
+        assert os.environ["FASTOKENS_BPE_THREADS"] == expected
