@@ -133,3 +133,24 @@ def test_fastokens_gets_no_pool_of_its_own_unless_told(monkeypatch):
             monkeypatch.setenv("RAYON_NUM_THREADS", rayon)
         encoding.use_worker_encoding_threads(2, 4)
         assert os.environ["FASTOKENS_BPE_THREADS"] == expected
+
+
+def test_a_process_encoding_with_fastokens_keeps_one_encoding_thread(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from mixer.tokenize import encoding
+    demo = Path(__file__).resolve().parent.parent / "data" / "tokenizer.json"
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps({"text": f"document {i} " * (i % 50 + 1)}) + "\n"
+                            for i in range(200)))
+    recipe = {"tokenizer": str(demo), "seq_len": 64, "batch_size": 2,
+              "sources": [{"name": "a", "path": str(path), "weight": 1}]}
+    monkeypatch.setattr(encoding, "_encoding_threads", encoding.ENCODING_THREADS)
+    hf = mixer.build_loader({**recipe, "tokenizer_backend": "hf"})
+    assert encoding.encoding_pool()._max_workers == encoding.ENCODING_THREADS
+    reference = [batch_digest(b) for _, b in zip(range(20), hf)]
+    fast = mixer.build_loader({**recipe, "tokenizer_backend": "fastokens"})
+    assert encoding.encoding_pool()._max_workers == 1
+    assert [batch_digest(b) for _, b in zip(range(20), fast)] == reference
+    hf.close()
+    fast.close()

@@ -90,7 +90,8 @@ class OpenLimit:
         for key in [k for k in self._open if k != keep]:
             if len(self._open) <= self.limit:
                 return
-            other = self._open[key]()
+            ref = self._open.get(key)   # (a collected item's callback may have removed it)
+            other = ref() if ref is not None else None
             if other is None or other.suspend():
                 self._open.pop(key, None)
                 self.suspended += other is not None

@@ -39,6 +39,8 @@ ENCODING_THREADS = 4
 # In a DataLoader worker (several share the cores): calls in flight would contend for the
 # worker's share of the tokenizer's pool, and each holds its own working memory.
 WORKER_ENCODING_THREADS = 1
+# Encoding threads of a process that encodes with fastokens (`use_fastokens_encoding_threads`).
+FASTOKENS_ENCODING_THREADS = 1
 _encoding_threads = ENCODING_THREADS
 
 
@@ -105,6 +107,16 @@ def encoding_thread() -> ThreadPoolExecutor:
     """One background thread per process that builds documents (image recipes) and fills
     the token cache while Python reads and packs; one thread keeps those calls in order."""
     return _pool(1)
+
+
+def use_fastokens_encoding_threads() -> None:
+    """This process encodes with fastokens: from now on one encoding thread (or fewer, as
+    set). One thread encodes with it several times faster than the main thread reads and
+    packs, and each thread that calls fastokens keeps working memory of its own that grows
+    with the text it has seen: 4 threads held ~30 MB more than 1 over 3,000 batches of the
+    benchmark corpus, and were no faster (docs/benchmarks.md, "Issue 22, round 2: memory")."""
+    global _encoding_threads
+    _encoding_threads = min(_encoding_threads, FASTOKENS_ENCODING_THREADS)
 
 
 def encoding_pool() -> ThreadPoolExecutor:
