@@ -125,17 +125,19 @@ class FreedMemory:
         self._next = 0.0
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._trim: Callable[[int], int] | None | bool = False   # False: not looked up yet
+        self._looked_up = False
+        self._trim: Callable[[int], int] | None = None
 
     def _function(self) -> Callable[[int], int] | None:
-        if self._trim is False:
+        if not self._looked_up:   # (ctypes only once it is needed: `import mixer` stays light)
+            self._looked_up = True
             try:
                 import ctypes
                 import ctypes.util
                 self._trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
             except (OSError, AttributeError):
                 self._trim = None
-        return self._trim   # type: ignore[return-value]
+        return self._trim
 
     def maybe_release(self) -> None:
         """Trim, unless it was done less than `interval` seconds ago (or is under way)."""
