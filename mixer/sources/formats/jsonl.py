@@ -18,8 +18,11 @@ from mixer.sources.formats.reopen import Reopenable
 from mixer.sources.formats.zstd_frames import ZstdStream
 
 _CHUNK = 1 << 20
-# Decompressed bytes buffered above a decompressor (read per call into it).
-_BUFFER = 64 << 10
+# Decompressed bytes buffered above a decompressor. A paused reader keeps its buffer (one per
+# lane and whole-file source, also while its decompressor is suspended), so it is small; more
+# calls into the decompressor cost nothing measurable (79 MB of jsonl.zst read in 223 ms at
+# 16 and at 64 KB).
+_BUFFER = 16 << 10
 
 
 def _read_line(stream: IO[bytes], max_bytes: int) -> tuple[bytes | None, int]:
