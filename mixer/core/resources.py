@@ -133,9 +133,10 @@ class FreedMemory:
             self._looked_up = True
             try:
                 import ctypes
-                import ctypes.util
-                self._trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-            except (OSError, AttributeError):
+                # the symbols the process has loaded (not `ctypes.util.find_library`, which
+                # runs ldconfig in a subprocess: a fork of the whole process)
+                self._trim = ctypes.CDLL(None).malloc_trim
+            except (OSError, AttributeError):   # not glibc
                 self._trim = None
         return self._trim
 
