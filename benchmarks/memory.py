@@ -18,11 +18,12 @@ and takes N batches while a thread samples the PSS of the process and all its ch
     CPU           CPU seconds of the tree (user + system) from building the loader to the
                   last batch, and the whole-file decompressors suspended meanwhile by the
                   process's limit (`mixer.sources.formats.reopen`; each costs decompressing
-                  that file's start again)
+                  that file's start again: "(R of D MB)" is what the suspensions reserved
+                  of that against the D MB the readers decompressed)
 
-Rows: lanes 8, 16, 32, 64 (3 sources); 3, 10, 30, 100 sources (8 lanes; source i reads
-shard i mod 48 of the corpus, under its own name, weights equal); run length 1x, 3x, 10x
-(N, 3N, 10N batches). "flat" compares each group's largest and smallest data-path figure.
+Rows: lanes 8, 16, 32, 64 (3 sources); 3, 10, 30, 100 sources (8 lanes, or `--lanes`;
+source i reads shard i mod 48 of the corpus, under its own name, weights equal); run length
+1x, 3x, 10x (N, 3N, 10N batches; 8 lanes, or `--lanes`). "flat" compares each group's largest and smallest data-path figure.
 PSS shares a library's pages among the processes that map them: run it alone (another
 process of the same venv lowers every figure by its share).
 """
@@ -73,13 +74,15 @@ def _tree_cpu() -> float:
     return total
 
 
-def _suspended() -> int | None:
-    """Decompressors this process's open limit suspended (None: a mixer without the limit)."""
+def _suspended() -> str | None:
+    """Decompressors this process's open limit suspended, and the MB of decompressing again
+    their suspensions reserved (None: a mixer without the limit)."""
     try:
-        from mixer.sources.formats.reopen import OPEN_DECOMPRESSORS
+        from mixer.sources.formats.reopen import OPEN_DECOMPRESSORS, REBUILD_BUDGET
     except ImportError:
         return None
-    return OPEN_DECOMPRESSORS.suspended
+    return (f"{OPEN_DECOMPRESSORS.suspended} ({REBUILD_BUDGET.reserved / 1e6:.0f} of "
+            f"{REBUILD_BUDGET.read / 1e6:.0f} MB)")
 
 
 class PeakSampler:
@@ -157,8 +160,8 @@ def _spawn(corpus: Corpus, batches: int, opts: dict) -> dict:
 
 def plan(args: argparse.Namespace) -> list[tuple[str, str, dict, int]]:
     """(group, label, options, batches) of every row."""
-    base = {"lanes": 8, "sources": 3, "workers": args.workers, "backend": args.backend,
-            "open_limit": args.open_limit}
+    base = {"lanes": args.lanes, "sources": 3, "workers": args.workers,
+            "backend": args.backend, "open_limit": args.open_limit}
     rows = [("lanes", f"{lanes} lanes", {**base, "lanes": lanes}, args.batches)
             for lanes in (8, 16, 32, 64)]
     rows += [("sources", f"{n} sources", {**base, "sources": n}, args.batches)
@@ -201,6 +204,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=300, help="batches of the 1x run")
     parser.add_argument("--workers", type=int, default=0, help="num_workers (default 0)")
     parser.add_argument("--backend", default="fastokens", help="tokenizer_backend")
+    parser.add_argument("--lanes", type=int, default=8,
+                        help="lanes of the sources and run-length rows (default 8)")
     parser.add_argument("--open-limit", type=int, default=0,
                         help="whole-file decompressors open at once per process "
                         "(default: mixer's)")

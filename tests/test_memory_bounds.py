@@ -17,7 +17,12 @@ from helpers import batch_digest, corpus, write_docs
 import mixer
 from mixer.core.resources import OpenLimit
 from mixer.sources.formats import jsonl
-from mixer.sources.formats.reopen import OPEN_DECOMPRESSORS, Reopenable
+from mixer.sources.formats.reopen import (
+    OPEN_DECOMPRESSORS,
+    REBUILD_BUDGET,
+    RebuildBudget,
+    Reopenable,
+)
 
 
 def _lines(count: int) -> bytes:
@@ -26,10 +31,12 @@ def _lines(count: int) -> bytes:
                     .encode() + b"\n" for i in range(count))
 
 
-def _read(path, decompressor, limit: OpenLimit, others: int) -> list[tuple[bytes, int]]:
+def _read(path, decompressor, limit: OpenLimit, others: int,
+          budget: RebuildBudget | None = None) -> list[tuple[bytes, int]]:
     """Every line with the compressed position after it, while `others` readers of the same
     file are read in turn under the same limit (each read may suspend the others)."""
-    readers = [Reopenable(lambda: open(path, "rb"), decompressor, limit)
+    budget = budget or RebuildBudget(float("inf"))
+    readers = [Reopenable(lambda: open(path, "rb"), decompressor, limit, budget)
                for _ in range(others + 1)]
     streams = [io.BufferedReader(r, buffer_size=16384) for r in readers]
     out = []
@@ -56,6 +63,12 @@ def test_a_suspended_reader_gives_the_same_lines_and_positions(tmp_path):
         if name == "a.zst":   # ZstdStream's input depends only on the output taken
             assert bounded == reference
         assert limit.open_count() == 0, name   # closed readers leave the limit
+    # a budget of decompressing again half what was read: suspensions past it are refused
+    budget = RebuildBudget(0.5)
+    limit = OpenLimit(1)
+    bounded = _read(tmp_path / "a.zst", jsonl._zstd, limit, 2, budget)
+    assert bounded == _read(tmp_path / "a.zst", jsonl._zstd, OpenLimit(100), 0)
+    assert budget.refused and limit.suspended and budget.reserved <= 0.5 * budget.read
 
 
 def test_many_compressed_sources_and_lanes_stay_under_the_limit(tmp_path, tokenizer_path,
@@ -68,6 +81,8 @@ def test_many_compressed_sources_and_lanes_stay_under_the_limit(tmp_path, tokeni
         sources.append({"name": f"s{i}", "path": str(path), "weight": 1 + i})
     recipe = {"tokenizer": str(tokenizer_path), "seq_len": 64, "batch_size": 4, "lanes": 4,
               "shuffle_window": 16, "sources": sources}   # 24 (lane, source) readers
+
+    monkeypatch.setattr(REBUILD_BUDGET, "ratio", float("inf"))   # (the limit alone here)
 
     def run(limit: int) -> tuple[list[str], dict, int]:
         monkeypatch.setattr(OPEN_DECOMPRESSORS, "limit", limit)
