@@ -23,7 +23,8 @@ and takes N batches while a thread samples the PSS of the process and all its ch
 
 Rows: lanes 8, 16, 32, 64 (3 sources); 3, 10, 30, 100 sources (8 lanes, or `--lanes`;
 source i reads shard i mod 48 of the corpus, under its own name, weights equal); run length
-1x, 3x, 10x (N, 3N, 10N batches; 8 lanes, or `--lanes`). "flat" compares each group's largest and smallest data-path figure.
+1x, 3x, 10x (N, 3N, 10N batches; 8 lanes, or `--lanes`). "flat" compares each group's
+largest and smallest data-path figure.
 PSS shares a library's pages among the processes that map them: run it alone (another
 process of the same venv lowers every figure by its share).
 """
