@@ -121,7 +121,8 @@ def use_fastokens_encoding_threads() -> None:
 
 def encoding_pool() -> ThreadPoolExecutor:
     """`ENCODING_THREADS` background threads per process (`WORKER_ENCODING_THREADS` in a
-    DataLoader worker) that encode text chunks ahead of the packers.
+    DataLoader worker, `FASTOKENS_ENCODING_THREADS` with fastokens) that encode text chunks
+    ahead of the packers.
 
     The Rust tokenizer releases the GIL and shares one call's documents out over its own
     thread pool; several calls at once keep its threads busy while Python reads and packs.

@@ -243,7 +243,7 @@ class Encoder:
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
         docs = self.backend().encode_docs(texts, self.info.bos_id, self.info.eos_id)
-        FREED_MEMORY.maybe_release()   # (on an encoding thread, off the main one)
+        FREED_MEMORY.maybe_release()   # (mostly on an encoding thread, off the main one)
         return docs
 
     def encode_raw(self, texts: list[str]) -> list[list[int]]:
