@@ -3,20 +3,28 @@
     python benchmarks/memory.py [--mb 210] [--batches 300] [--workdir /tmp/mixer-peers]
 
 On the corpus of benchmarks/corpus.py (as benchmarks/peers.py: rank 0 of 2, 8 x 2048), each
-row runs in a fresh process: it imports mixer (PSS measured: the baseline), then torch and
-the tokenizer libraries (measured again), builds a loader (`tokenizer_backend` as asked,
-num_workers 0 unless `--workers`) and takes N batches while a thread samples the PSS of the
-process and all its children every 20 ms (psutil's `memory_full_info().pss`). Reported:
+row runs in a fresh process: it imports mixer (PSS measured), then torch (measured again: the
+baseline), builds a loader (`tokenizer_backend` as asked, num_workers 0 unless `--workers`)
+and takes N batches while a thread samples the PSS of the process and all its children every
+20 ms (psutil's `memory_full_info().pss`). Reported:
 
-    data path     peak PSS of the tree minus the PSS right after `import mixer` (the issue's
-                  measure: torch, pyarrow and the tokenizer libraries count, as they load
-                  for the data path)
-    after torch   the same minus the PSS after `import torch` too (what the data path adds
-                  to a training script, which has torch imported already)
+    data path     peak PSS of the tree minus the PSS after `import torch, mixer`: what the
+                  data path adds to a training script, which has torch imported before it
+                  builds a loader. pyarrow, the tokenizer libraries and all that mixer loads
+                  to read and tokenize count (the issue's measure, read as it was meant:
+                  when the issue was written `import mixer` imported torch, so torch sat in
+                  its baseline; now `import mixer` is light and torch's ~190 MB would count)
+    after mixer   peak PSS minus the PSS right after `import mixer` alone (torch counts)
+    CPU           CPU seconds of the tree (user + system) from building the loader to the
+                  last batch, and the whole-file decompressors suspended meanwhile by the
+                  process's limit (`mixer.sources.formats.reopen`; each costs decompressing
+                  that file's start again: "(R of D MB)" is what the suspensions reserved
+                  of that against the D MB the readers decompressed)
 
-Rows: lanes 8, 16, 32, 64 (3 sources); 3, 10, 30, 100 sources (8 lanes; source i reads
-shard i mod 48 of the corpus, under its own name, weights equal); run length 1x, 3x, 10x
-(N, 3N, 10N batches). "flat" compares each group's largest and smallest data-path figure.
+Rows: lanes 8, 16, 32, 64 (3 sources); 3, 10, 30, 100 sources (8 lanes, or `--lanes`;
+source i reads shard i mod 48 of the corpus, under its own name, weights equal); run length
+1x, 3x, 10x (N, 3N, 10N batches; 8 lanes, or `--lanes`). "flat" compares each group's
+largest and smallest data-path figure.
 PSS shares a library's pages among the processes that map them: run it alone (another
 process of the same venv lowers every figure by its share).
 """
@@ -24,8 +32,6 @@ process of the same venv lowers every figure by its share).
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -52,6 +58,32 @@ def _tree_pss() -> int:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return total
+
+
+def _tree_cpu() -> float:
+    """CPU seconds (user + system) of this process and its children."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+def _suspended() -> str | None:
+    """Decompressors this process's open limit suspended, and the MB of decompressing again
+    their suspensions reserved (None: a mixer without the limit)."""
+    try:
+        from mixer.sources.formats.reopen import OPEN_DECOMPRESSORS, REBUILD_BUDGET
+    except ImportError:
+        return None
+    return (f"{OPEN_DECOMPRESSORS.suspended} ({REBUILD_BUDGET.reserved / 1e6:.0f} of "
+            f"{REBUILD_BUDGET.read / 1e6:.0f} MB)")
 
 
 class PeakSampler:
@@ -91,13 +123,16 @@ def child(args: argparse.Namespace) -> dict:
     import mixer
 
     base = _tree_pss()
-    for module in ("torch", "tokenizers", "fastokens", "pyarrow.parquet"):
-        if importlib.util.find_spec(module.split(".")[0]) is not None:
-            importlib.import_module(module)
+    import torch  # noqa: F401
+
     after_torch = _tree_pss()
     recipe = recipe_for(Corpus(Path(args.corpus), 0), opts["lanes"], opts["sources"],
                         opts["backend"])
+    if opts.get("open_limit"):
+        from mixer.sources.formats.reopen import OPEN_DECOMPRESSORS
+        OPEN_DECOMPRESSORS.limit = opts["open_limit"]
     sampler = PeakSampler()
+    cpu = _tree_cpu()
     loader = mixer.build_loader(recipe, rank=RANK, world_size=WORLD,
                                 num_workers=opts["workers"])
     taken = 0
@@ -105,12 +140,13 @@ def child(args: argparse.Namespace) -> dict:
         taken += 1
         if taken == args.batches:
             break
+    cpu = _tree_cpu() - cpu
     peak = sampler.stop()
     loader.close()
     return {"base_mb": base / 1e6, "torch_mb": (after_torch - base) / 1e6,
-            "peak_mb": peak / 1e6, "data_mb": (peak - base) / 1e6,
-            "after_torch_mb": (peak - after_torch) / 1e6, "batches": taken,
-            "backend": loader.tokenizer.backend}
+            "peak_mb": peak / 1e6, "data_mb": (peak - after_torch) / 1e6,
+            "after_mixer_mb": (peak - base) / 1e6, "batches": taken, "cpu_s": cpu,
+            "suspended": _suspended(), "backend": loader.tokenizer.backend}
 
 
 def _spawn(corpus: Corpus, batches: int, opts: dict) -> dict:
@@ -125,7 +161,8 @@ def _spawn(corpus: Corpus, batches: int, opts: dict) -> dict:
 
 def plan(args: argparse.Namespace) -> list[tuple[str, str, dict, int]]:
     """(group, label, options, batches) of every row."""
-    base = {"lanes": 8, "sources": 3, "workers": args.workers, "backend": args.backend}
+    base = {"lanes": args.lanes, "sources": 3, "workers": args.workers,
+            "backend": args.backend, "open_limit": args.open_limit}
     rows = [("lanes", f"{lanes} lanes", {**base, "lanes": lanes}, args.batches)
             for lanes in (8, 16, 32, 64)]
     rows += [("sources", f"{n} sources", {**base, "sources": n}, args.batches)
@@ -136,16 +173,18 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, dict, int]]:
 
 
 def markdown(results: list[dict]) -> str:
-    lines = ["| group | row | data path (peak − import mixer) | after torch | peak PSS | "
-             "import mixer | torch + tokenizers | backend |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| group | row | data path (peak − import torch, mixer) | after mixer | peak PSS | "
+             "import mixer | + torch | CPU s | suspended | backend |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['group']} | {r['row']} | {r['error']} ||||||")
+            lines.append(f"| {r['group']} | {r['row']} | {r['error']} ||||||||")
             continue
         lines.append(f"| {r['group']} | {r['row']} | {r['data_mb']:.0f} MB | "
-                     f"{r['after_torch_mb']:.0f} MB | {r['peak_mb']:.0f} MB | "
-                     f"{r['base_mb']:.0f} MB | {r['torch_mb']:.0f} MB | {r['backend']} |")
+                     f"{r['after_mixer_mb']:.0f} MB | {r['peak_mb']:.0f} MB | "
+                     f"{r['base_mb']:.0f} MB | {r['torch_mb']:.0f} MB | {r['cpu_s']:.2f} | "
+                     f"{'–' if r['suspended'] is None else r['suspended']} | "
+                     f"{r['backend']} |")
     return "\n".join(lines)
 
 
@@ -166,6 +205,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=300, help="batches of the 1x run")
     parser.add_argument("--workers", type=int, default=0, help="num_workers (default 0)")
     parser.add_argument("--backend", default="fastokens", help="tokenizer_backend")
+    parser.add_argument("--lanes", type=int, default=8,
+                        help="lanes of the sources and run-length rows (default 8)")
+    parser.add_argument("--open-limit", type=int, default=0,
+                        help="whole-file decompressors open at once per process "
+                        "(default: mixer's)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/mixer-peers"))
     parser.add_argument("--groups", default="lanes,sources,run length",
                         help="comma-separated subset of: lanes, sources, run length")
@@ -185,7 +229,8 @@ def main() -> None:
         print(f"measuring {label} ...", flush=True)
         results.append({"group": group, "row": label, **_spawn(corpus, batches, opts)})
     print(f"\nrank {RANK} of {WORLD}, 8 x 2048, num_workers {args.workers}, "
-          f"tokenizer_backend {args.backend}; {len(os.sched_getaffinity(0))} CPU(s)")
+          f"tokenizer_backend {args.backend}, open decompressors limit "
+          f"{args.open_limit or 'default'}; {len(os.sched_getaffinity(0))} CPU(s)")
     print(markdown(results))
     print(flatness(results))
 

@@ -1,11 +1,16 @@
 """Per-process resources: values made at most once per process and key, never shared with a
-forked child (filesystem clients and thread pools are not fork-safe; a child makes its own)."""
+forked child (filesystem clients and thread pools are not fork-safe; a child makes its own),
+and a per-process limit on how many of a kind of resource are open at once (`OpenLimit`)."""
 
 from __future__ import annotations
 
 import os
+import threading
+import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -40,3 +45,118 @@ class PerProcess(Generic[T]):
 
     def clear(self) -> None:
         self._own().clear()
+
+
+class Suspendable(Protocol):
+    """A resource that can give up what it holds while idle and take it up again later."""
+
+    def suspend(self) -> bool:
+        """Give up the held resources; False if it is in use now (then it stays open)."""
+
+
+class OpenLimit:
+    """At most `limit` resources open at once in this process, least recently used first out.
+
+    `touch(item)` marks an item open and most recently used; past the limit, the least
+    recently used others are suspended until the limit holds (one in use stays open and is
+    passed over). Items are held weakly, so a dropped one needs no `forget`. A forked child
+    starts with none open (the parent's items are not the child's to suspend)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.suspended = 0   # suspensions in this process (a measure of the bound's cost)
+        self._pid = os.getpid()
+        self._open: OrderedDict[int, weakref.ref[Suspendable]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _own(self) -> OrderedDict[int, weakref.ref[Suspendable]]:
+        if self._pid != os.getpid():
+            self._pid, self._open, self._lock = os.getpid(), OrderedDict(), threading.Lock()
+            self.suspended = 0
+        return self._open
+
+    def touch(self, item: Suspendable) -> None:
+        with self._lock:
+            items = self._own()
+            key = id(item)
+            if key in items:
+                items.move_to_end(key)
+                return
+            items[key] = weakref.ref(item, lambda _, key=key: self._gone(key))
+            if len(items) > self.limit:
+                self._shrink(key)
+
+    def _shrink(self, keep: int) -> None:
+        for key in [k for k in self._open if k != keep]:
+            if len(self._open) <= self.limit:
+                return
+            ref = self._open.get(key)   # (a collected item's callback may have removed it)
+            other = ref() if ref is not None else None
+            if other is None or other.suspend():
+                self._open.pop(key, None)
+                self.suspended += other is not None
+
+    def forget(self, item: Suspendable) -> None:
+        """`item` closed or suspended itself: it is open no more."""
+        with self._lock:
+            self._own().pop(id(item), None)
+
+    def _gone(self, key: int) -> None:
+        if self._pid == os.getpid():
+            self._open.pop(key, None)
+
+    def open_count(self) -> int:
+        """How many items are open in this process."""
+        return len(self._own())
+
+
+class FreedMemory:
+    """Gives the memory that glibc's malloc keeps after `free` back to the system, at most
+    once per `interval` seconds (`malloc_trim`; a no-op where the C library has none).
+
+    The data path frees much of what it allocates soon after (window texts, decompression
+    buffers, the tokenizer's working memory on the encoding threads, each thread in a malloc
+    arena of its own), and glibc keeps freed pages of its arenas mapped: tens of MB of
+    resident memory that no one uses (docs/benchmarks.md, "Issue 22, round 2: memory")."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.trims = 0
+        self._next = 0.0
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._looked_up = False
+        self._trim: Callable[[int], int] | None = None
+
+    def _function(self) -> Callable[[int], int] | None:
+        if not self._looked_up:   # (ctypes only once it is needed: `import mixer` stays light)
+            self._looked_up = True
+            try:
+                import ctypes
+                # the symbols the process has loaded (not `ctypes.util.find_library`, which
+                # runs ldconfig in a subprocess: a fork of the whole process)
+                self._trim = ctypes.CDLL(None).malloc_trim
+            except (OSError, AttributeError):   # not glibc
+                self._trim = None
+        return self._trim
+
+    def maybe_release(self) -> None:
+        """Trim, unless it was done less than `interval` seconds ago (or is under way)."""
+        now = time.monotonic()
+        if now < self._next:
+            return
+        if self._pid != os.getpid():   # forked: the parent's lock may have been held
+            self._pid, self._lock = os.getpid(), threading.Lock()
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            trim = self._function()
+            if trim is not None:
+                trim(0)
+                self.trims += 1
+            self._next = time.monotonic() + self.interval
+        finally:
+            self._lock.release()
+
+
+FREED_MEMORY = FreedMemory(1.0)

@@ -205,8 +205,12 @@ def finish_preloads(keep: bool = True) -> None:
 
 def set_fastokens_threads() -> None:
     """Size fastokens' own thread pool (it reads `FASTOKENS_BPE_THREADS` when it first encodes
-    in a process, never `RAYON_NUM_THREADS`) from mixer's budget: `RAYON_NUM_THREADS` when that
-    is set and `FASTOKENS_BPE_THREADS` is not (neither set: every CPU, at most 32).
-    DataLoader workers get their share in `use_worker_encoding_threads`."""
-    if FASTOKENS_THREADS not in os.environ and os.environ.get("RAYON_NUM_THREADS"):
-        os.environ[FASTOKENS_THREADS] = str(tokenizer_thread_budget())
+    in a process, never `RAYON_NUM_THREADS`): `RAYON_NUM_THREADS` when that is set and
+    `FASTOKENS_BPE_THREADS` is not; neither set: 1, each call runs on the thread that makes
+    it (mixer's encoding threads make several at once). A pool of its own costs ~30 MB at its
+    first call and grows with the text seen, and gained no speed: one thread encodes several
+    times faster than mixer's main thread reads and packs (docs/benchmarks.md, "Issue 22,
+    round 2: memory"). DataLoader workers get their share in `use_worker_encoding_threads`."""
+    if FASTOKENS_THREADS not in os.environ:
+        rayon = os.environ.get("RAYON_NUM_THREADS")
+        os.environ[FASTOKENS_THREADS] = str(tokenizer_thread_budget()) if rayon else "1"

@@ -39,6 +39,8 @@ ENCODING_THREADS = 4
 # In a DataLoader worker (several share the cores): calls in flight would contend for the
 # worker's share of the tokenizer's pool, and each holds its own working memory.
 WORKER_ENCODING_THREADS = 1
+# Encoding threads of a process that encodes with fastokens (`use_fastokens_encoding_threads`).
+FASTOKENS_ENCODING_THREADS = 1
 _encoding_threads = ENCODING_THREADS
 
 
@@ -74,13 +76,15 @@ def use_worker_encoding_threads(num_workers: int, budget: int) -> None:
     """
     global _encoding_threads
     _encoding_threads = WORKER_ENCODING_THREADS
+    rayon = bool(os.environ.get("RAYON_NUM_THREADS"))   # (the parent's, as forked)
     setting = os.environ.get("TOKENIZERS_PARALLELISM")
     if setting is None or setting.lower() not in _PARALLELISM_OFF:
         os.environ["RAYON_NUM_THREADS"] = str(max(1, budget // max(1, num_workers)))
     # fastokens' pool: the worker's share of the parent's FASTOKENS_BPE_THREADS, else of the
-    # budget (read at the worker's first fastokens call; where the parent had already encoded
-    # with fastokens, the worker's calls run on its calling thread, as with `tokenizers`).
-    fast = _positive(os.environ.get(FASTOKENS_THREADS)) or budget
+    # budget where RAYON_NUM_THREADS sets one, else 1 (as `set_fastokens_threads`); read at
+    # the worker's first fastokens call (where the parent had already encoded with fastokens,
+    # the worker's calls run on its calling thread, as with `tokenizers`).
+    fast = _positive(os.environ.get(FASTOKENS_THREADS)) or (budget if rayon else 1)
     os.environ[FASTOKENS_THREADS] = str(max(1, fast // max(1, num_workers)))
 
 
@@ -105,9 +109,20 @@ def encoding_thread() -> ThreadPoolExecutor:
     return _pool(1)
 
 
+def use_fastokens_encoding_threads() -> None:
+    """This process encodes with fastokens: from now on one encoding thread (or fewer, as
+    set). One thread encodes with it several times faster than the main thread reads and
+    packs, and each thread that calls fastokens keeps working memory of its own that grows
+    with the text it has seen: 4 threads held ~30 MB more than 1 over 3,000 batches of the
+    benchmark corpus, and were no faster (docs/benchmarks.md, "Issue 22, round 2: memory")."""
+    global _encoding_threads
+    _encoding_threads = min(_encoding_threads, FASTOKENS_ENCODING_THREADS)
+
+
 def encoding_pool() -> ThreadPoolExecutor:
     """`ENCODING_THREADS` background threads per process (`WORKER_ENCODING_THREADS` in a
-    DataLoader worker) that encode text chunks ahead of the packers.
+    DataLoader worker, `FASTOKENS_ENCODING_THREADS` with fastokens) that encode text chunks
+    ahead of the packers.
 
     The Rust tokenizer releases the GIL and shares one call's documents out over its own
     thread pool; several calls at once keep its threads busy while Python reads and packs.

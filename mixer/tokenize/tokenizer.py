@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 
 from mixer.core.errors import RecipeError
 from mixer.core.files import user_cache_dir, write_atomically
+from mixer.core.resources import FREED_MEMORY
 from mixer.core.token_info import TokenizerInfo
 from mixer.tokenize.backends import (
     Backend,
@@ -241,7 +242,9 @@ class Encoder:
         return self._backend
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
-        return self.backend().encode_docs(texts, self.info.bos_id, self.info.eos_id)
+        docs = self.backend().encode_docs(texts, self.info.bos_id, self.info.eos_id)
+        FREED_MEMORY.maybe_release()   # (mostly on an encoding thread, off the main one)
+        return docs
 
     def encode_raw(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text alone: no EOS or BOS added (pieces of one document)."""

@@ -30,7 +30,11 @@ from mixer.tokenize.backends import (
     fastokens_version,
     load_fastokens,
 )
-from mixer.tokenize.encoding import TOKENIZE_BYTES_AHEAD, chunk_full
+from mixer.tokenize.encoding import (
+    TOKENIZE_BYTES_AHEAD,
+    chunk_full,
+    use_fastokens_encoding_threads,
+)
 from mixer.tokenize.stress import STRESS_VERSION, stress_sections
 from mixer.tokenize.tokenizer import _load as _load_hf
 
@@ -86,6 +90,7 @@ def resolve_backend(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] 
         return BackendChoice(dataclasses.replace(info, backend="hf"), wanted)
     verdict, cached = _verdict(recipe, info, tables, info_cache)
     if verdict.ok:
+        use_fastokens_encoding_threads()   # (before the first chunk is handed to the pool)
         choice = BackendChoice(dataclasses.replace(info, backend="fastokens"), wanted, verdict,
                                cached)
         log.info("tokenizer backend: %s", choice.describe())

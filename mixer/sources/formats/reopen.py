@@ -1,0 +1,145 @@
+"""Whole compressed files read through a per-process limit on open decompressors.
+
+A reader of a whole `.jsonl.zst` or `.jsonl.gz` file stays open between shuffle windows
+(re-opening it would decompress the file from its start), and there is one per lane and
+source: a zstd decompressor holds its frame's window (2 MB at level 3, up to 128 MB), a
+remote file its read block. `Reopenable` lets the process's `OPEN_DECOMPRESSORS` limit
+suspend the least recently read ones, as far as the process's `REBUILD_BUDGET` allows: a
+suspended stream closes its file and decompressor, and the next read opens them again and
+decompresses from the start to where it stopped. The bytes read are the same; for zstd the
+compressed position is the same too (`ZstdStream`'s input depends only on the output taken
+from it), for gzip it may differ within a read block (it only moves `metrics()["epochs"]`).
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections.abc import Callable
+from typing import IO
+
+from mixer.core.resources import OpenLimit
+
+# Enough for a process reading a few whole compressed sources in each of its lanes (8 lanes
+# on 2 ranks, 2 such sources: 8 open); a suspended reader costs one decompression of the
+# file's start again, so the limit is a trade between memory and that CPU (docs/benchmarks.md).
+OPEN_DECOMPRESSORS = OpenLimit(8)
+_DISCARD = 1 << 20
+
+
+class RebuildBudget:
+    """How much decompressing again the suspensions of a process may cost: at most `ratio`
+    times what its readers have decompressed. A suspension reserves its reader's position
+    (what reading on will decompress again); one past the budget is refused and the reader
+    stays open, over the limit. Without it, readers deep in large files (a 1 GB shard) would
+    decompress gigabytes again for every window; with it, the extra CPU stays a fraction of
+    decompression's (itself a few % of the data path's) and memory is bounded where that
+    is cheap."""
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+        self.read = 0       # decompressed bytes handed out by this process's readers
+        self.reserved = 0   # positions of the readers suspended
+        self.refused = 0
+
+    def reserve(self, position: int) -> bool:
+        if self.reserved + position > self.ratio * self.read:
+            self.refused += 1
+            return False
+        self.reserved += position
+        return True
+
+
+REBUILD_BUDGET = RebuildBudget(2.0)
+
+
+class Reopenable(io.RawIOBase):
+    """The decompressed bytes of a file, from `decompressor(open_file())`, that `limit` may
+    suspend between reads, within `budget` (see the module's docstring)."""
+
+    def __init__(self, open_file: Callable[[], IO[bytes]],
+                 decompressor: Callable[[IO[bytes]], IO[bytes]],
+                 limit: OpenLimit = OPEN_DECOMPRESSORS,
+                 budget: RebuildBudget = REBUILD_BUDGET) -> None:
+        super().__init__()
+        self._open_file = open_file
+        self._decompressor = decompressor
+        self._limit = limit
+        self._budget = budget
+        self._file: IO[bytes] | None = None
+        self._inner: IO[bytes] | None = None
+        self._position = 0        # decompressed bytes handed out
+        self._file_position = 0   # the file's position when suspended
+        self._busy = threading.Lock()
+        self.reopened = 0
+        self._reopen()   # (a file that cannot be opened fails here, as a plain open would)
+        limit.touch(self)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        with self._busy:
+            inner = self._inner if self._inner is not None else self._reopen()
+            self._limit.touch(self)   # the most recently read
+            size = inner.readinto(buffer)
+            self._position += size
+            self._budget.read += size
+            return size
+
+    def _reopen(self) -> IO[bytes]:
+        self._file = self._open_file()
+        try:
+            self._inner = self._decompressor(self._file)
+            if self._position:
+                self.reopened += 1
+                _discard(self._inner, self._position)
+        except BaseException:
+            self._release()
+            raise
+        return self._inner
+
+    def file_position(self) -> int:
+        """The compressed file's position: stored bytes consumed so far."""
+        return self._file.tell() if self._file is not None else self._file_position
+
+    def suspend(self) -> bool:
+        if not self._busy.acquire(blocking=False):
+            return False
+        try:
+            if self._file is None:
+                return True
+            if not self._budget.reserve(self._position):
+                return False
+            self._file_position = self._file.tell()
+            self._release()
+        finally:
+            self._busy.release()
+        return True
+
+    def _release(self) -> None:
+        inner, file, self._inner, self._file = self._inner, self._file, None, None
+        try:
+            if inner is not None:
+                inner.close()
+        finally:
+            if file is not None:
+                file.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._limit.forget(self)
+            with self._busy:
+                self._release()
+        super().close()
+
+
+def _discard(stream: IO[bytes], count: int) -> None:
+    """Read and drop `count` bytes (the stream was read that far before)."""
+    scratch = memoryview(bytearray(min(count, _DISCARD)))
+    while count:
+        size = stream.readinto(scratch[:min(count, len(scratch))])
+        if not size:
+            raise EOFError("the file ended before the position it was read to earlier "
+                           "(it changed while being read)")
+        count -= size

@@ -1,0 +1,171 @@
+"""Bounds on the data path's memory: a process keeps a bounded number of whole-file
+decompressors open, whatever the number of lanes and compressed sources (a suspended reader
+resumes exactly where it stopped); freed malloc memory goes back to the system; fastokens
+starts no thread pool of its own unless told to."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+
+import zstandard
+from helpers import batch_digest, corpus, write_docs
+
+import mixer
+from mixer.core.resources import OpenLimit
+from mixer.sources.formats import jsonl
+from mixer.sources.formats.reopen import (
+    OPEN_DECOMPRESSORS,
+    REBUILD_BUDGET,
+    RebuildBudget,
+    Reopenable,
+)
+
+
+def _lines(count: int) -> bytes:
+    """jsonl that compresses poorly (hex digests), so the file is read in many pieces."""
+    return b"".join(json.dumps({"text": hashlib.sha256(str(i).encode()).hexdigest() * (1 + i % 9)})
+                    .encode() + b"\n" for i in range(count))
+
+
+def _read(path, decompressor, limit: OpenLimit, others: int,
+          budget: RebuildBudget | None = None) -> list[tuple[bytes, int]]:
+    """Every line with the compressed position after it, while `others` readers of the same
+    file are read in turn under the same limit (each read may suspend the others)."""
+    budget = budget or RebuildBudget(float("inf"))
+    readers = [Reopenable(lambda: open(path, "rb"), decompressor, limit, budget)
+               for _ in range(others + 1)]
+    streams = [io.BufferedReader(r, buffer_size=16384) for r in readers]
+    out = []
+    while line := streams[0].readline():
+        out.append((line, readers[0].file_position()))
+        for other in streams[1:]:
+            other.readline()
+    for stream in streams:
+        stream.close()
+    return out
+
+
+def test_a_suspended_reader_gives_the_same_lines_and_positions(tmp_path):
+    data = _lines(1500)
+    (tmp_path / "a.zst").write_bytes(zstandard.ZstdCompressor(level=3).compress(data))
+    (tmp_path / "a.gz").write_bytes(gzip.compress(data))
+    for name, decompressor in (("a.zst", jsonl._zstd), ("a.gz", jsonl._gzip)):
+        reference = _read(tmp_path / name, decompressor, OpenLimit(100), 0)
+        assert b"".join(line for line, _ in reference) == data
+        limit = OpenLimit(1)
+        bounded = _read(tmp_path / name, decompressor, limit, 2)
+        assert limit.suspended > 20, name   # every turn suspended another reader
+        assert [line for line, _ in bounded] == [line for line, _ in reference], name
+        if name == "a.zst":   # ZstdStream's input depends only on the output taken
+            assert bounded == reference
+        assert limit.open_count() == 0, name   # closed readers leave the limit
+    # a budget of decompressing again half what was read: suspensions past it are refused
+    budget = RebuildBudget(0.5)
+    limit = OpenLimit(1)
+    bounded = _read(tmp_path / "a.zst", jsonl._zstd, limit, 2, budget)
+    assert bounded == _read(tmp_path / "a.zst", jsonl._zstd, OpenLimit(100), 0)
+    assert budget.refused and limit.suspended and budget.reserved <= 0.5 * budget.read
+
+
+def test_many_compressed_sources_and_lanes_stay_under_the_limit(tmp_path, tokenizer_path,
+                                                                monkeypatch):
+    sources = []
+    for i in range(6):
+        fmt = "jsonl.zst" if i % 3 else "jsonl.gz"
+        path = write_docs(tmp_path / f"s{i}.{fmt}", corpus(1000 * i, 300, max_len=20, seed=i),
+                          fmt)
+        sources.append({"name": f"s{i}", "path": str(path), "weight": 1 + i})
+    recipe = {"tokenizer": str(tokenizer_path), "seq_len": 64, "batch_size": 4, "lanes": 4,
+              "shuffle_window": 16, "sources": sources}   # 24 (lane, source) readers
+
+    monkeypatch.setattr(REBUILD_BUDGET, "ratio", float("inf"))   # (the limit alone here)
+
+    def run(limit: int) -> tuple[list[str], dict, int]:
+        monkeypatch.setattr(OPEN_DECOMPRESSORS, "limit", limit)
+        loader = mixer.build_loader(recipe)
+        digests, most = [], 0
+        for batch in loader:
+            digests.append(batch_digest(batch))
+            most = max(most, OPEN_DECOMPRESSORS.open_count())
+            if len(digests) == 120:
+                break
+        state = loader.state_dict()
+        loader.close()
+        return digests, state, most
+
+    before = OPEN_DECOMPRESSORS.suspended
+    unbounded, state, most = run(10**6)
+    assert most > 12 and OPEN_DECOMPRESSORS.suspended == before
+    bounded, bounded_state, most = run(3)
+    assert most <= 3 and OPEN_DECOMPRESSORS.suspended > before + 20
+    assert bounded == unbounded and bounded_state == state
+
+
+def test_freed_malloc_memory_goes_back_to_the_system_at_most_once_an_interval():
+    import ctypes
+
+    import psutil
+
+    from mixer.core.resources import FreedMemory
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(64 << 10) for _ in range(800)]   # 50 MB under the mmap threshold
+    for block in blocks:
+        ctypes.memset(block, 1, 64 << 10)
+    for block in blocks[:-1]:   # the last one keeps the heap's top: nothing is trimmed
+        libc.free(block)
+    held = psutil.Process().memory_info().rss
+    freed = FreedMemory(3600.0)
+    freed.maybe_release()
+    freed.maybe_release()   # within the interval: not again
+    assert freed.trims == 1
+    assert psutil.Process().memory_info().rss < held - (30 << 20)
+    libc.free(blocks[-1])
+
+
+def test_fastokens_gets_no_pool_of_its_own_unless_told(monkeypatch):
+    from mixer.tokenize import encoding
+    from mixer.tokenize.backends import set_fastokens_threads
+    for rayon, fast, expected in ((None, None, "1"), ("3", None, "3"), ("3", "5", "5")):
+        for name, value in (("RAYON_NUM_THREADS", rayon), ("FASTOKENS_BPE_THREADS", fast)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        set_fastokens_threads()
+        assert os.environ["FASTOKENS_BPE_THREADS"] == expected
+    monkeypatch.setattr(encoding, "_encoding_threads", encoding._encoding_threads)
+    for rayon, expected in ((None, "1"), ("4", "2")):   # a DataLoader worker of 2
+        monkeypatch.delenv("FASTOKENS_BPE_THREADS", raising=False)
+        if rayon is None:
+            monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("RAYON_NUM_THREADS", rayon)
+        encoding.use_worker_encoding_threads(2, 4)
+        assert os.environ["FASTOKENS_BPE_THREADS"] == expected
+
+
+def test_a_process_encoding_with_fastokens_keeps_one_encoding_thread(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from mixer.tokenize import encoding
+    demo = Path(__file__).resolve().parent.parent / "data" / "tokenizer.json"
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps({"text": f"document {i} " * (i % 50 + 1)}) + "\n"
+                            for i in range(200)))
+    recipe = {"tokenizer": str(demo), "seq_len": 64, "batch_size": 2,
+              "sources": [{"name": "a", "path": str(path), "weight": 1}]}
+    monkeypatch.setattr(encoding, "_encoding_threads", encoding.ENCODING_THREADS)
+    hf = mixer.build_loader({**recipe, "tokenizer_backend": "hf"})
+    assert encoding.encoding_pool()._max_workers == encoding.ENCODING_THREADS
+    reference = [batch_digest(b) for _, b in zip(range(20), hf)]
+    fast = mixer.build_loader({**recipe, "tokenizer_backend": "fastokens"})
+    assert encoding.encoding_pool()._max_workers == 1
+    assert [batch_digest(b) for _, b in zip(range(20), fast)] == reference
+    hf.close()
+    fast.close()
