@@ -128,8 +128,8 @@ class Lane:
             self.regime = regime
             self.mix = [0] * len(self.mix)
             self.target = [0] * len(self.target)
-        arrays = self.layout.new_rows(batch_size)
         rows: list[Row | None] = [None] * batch_size
+        sources = [-1] * batch_size
         budget = self.layout.budget()
         blocked = [False] * len(self.packers)
         for row_index in range(batch_size):
@@ -145,8 +145,7 @@ class Lane:
                 if row is None:
                     continue  # that source just ran out; the weights renormalize
                 assert isinstance(row, Row)
-                self.layout.put_row(arrays, row_index, row, choice)
-                rows[row_index] = row
+                rows[row_index], sources[row_index] = row, choice
                 if budget is not None:
                     budget.take(*row.counts)
                 self.tokens[choice] += row.real
@@ -161,4 +160,4 @@ class Lane:
             # Only sources weighing 0 from here on are left: nothing will be drawn again.
             self.starved = True
         self.batches += 1
-        return self.layout.finish(arrays, rows, padding=all(r is None for r in rows))
+        return self.layout.assemble(rows, sources, padding=all(r is None for r in rows))
