@@ -11,7 +11,7 @@ from mixer.cache.store import open_cache
 from mixer.config.recipe import Recipe
 from mixer.core.errors import StateError
 from mixer.pipeline.batch import Batch, BatchLayout
-from mixer.pipeline.mix import TARGET_SCALE, choose_source, grow_targets
+from mixer.pipeline.mix import TARGET_SCALE, choose_by_share, grow_by_share, shares
 from mixer.pipeline.packers import make_packer
 from mixer.pipeline.packing import BLOCKED, Row
 from mixer.pipeline.schedule import WeightPlan
@@ -132,18 +132,22 @@ class Lane:
         sources = [-1] * batch_size
         budget = self.layout.budget()
         blocked = [False] * len(self.packers)
+        parts = None   # the sources' parts of a row, while which sources are active holds
         for row_index in range(batch_size):
             while True:
-                active = [not (p.exhausted or b) for p, b in zip(self.packers, blocked)]
-                choice = choose_source(weights, self.mix, self.target, active, length)
+                if parts is None:
+                    parts = shares(weights, [not (p.exhausted or b)
+                                             for p, b in zip(self.packers, blocked)]) or []
+                choice = choose_by_share(parts, self.mix, self.target, length)
                 if choice is None:
                     break
-                row = self.packers[choice].next_row(budget)
+                packer = self.packers[choice]
+                row = packer.next_row(budget)
                 if row is BLOCKED:
                     blocked[choice] = True
+                if row is BLOCKED or row is None:   # (None: that source just ran out)
+                    parts = None   # the others' weights renormalize
                     continue
-                if row is None:
-                    continue  # that source just ran out; the weights renormalize
                 assert isinstance(row, Row)
                 rows[row_index], sources[row_index] = row, choice
                 if budget is not None:
@@ -151,7 +155,9 @@ class Lane:
                 self.tokens[choice] += row.real
                 self.mix[choice] += row.real
                 self.documents[choice] += sum(1 for p in row.pieces if p.offset == 0)
-                grow_targets(self.target, weights, active, row.real)
+                grow_by_share(self.target, parts, row.real)
+                if packer.exhausted:
+                    parts = None
                 break
             if choice is None:
                 break
