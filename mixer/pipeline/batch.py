@@ -9,6 +9,7 @@ image layouts (`mixer.images`) add theirs; `mixer.images.select.layout_for` pick
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -160,7 +161,7 @@ class BatchLayout:
         specs = {spec.key: spec for spec in self.specs}
         for key, shape in wire.shapes:
             spec = specs[key]
-            count = int(np.prod(shape, dtype=np.int64))
+            count = math.prod(shape)   # (np.prod costs 3 µs on a tuple)
             array = np.frombuffer(wire.data, dtype=spec.wire, count=count,
                                   offset=at).reshape(shape)
             arrays[key] = array.astype(spec.dtype)
