@@ -126,7 +126,9 @@ class BatchLayout:
         """The batch of packed `rows` (None: a row of padding), row i drawn from source
         `sources[i]`: `new_rows`, `put_row` for each row, `finish`; the text layout's own
         arrays are written for all rows at once (`rows_arrays`)."""
-        if type(self).put_row is not BatchLayout.put_row:   # a layout writing rows its way
+        own = type(self)
+        if own.put_row is not BatchLayout.put_row or own.new_rows is not BatchLayout.new_rows:
+            # a layout with arrays or rows of its own (image layouts): row by row
             arrays = self.new_rows(len(rows))
             for index, (row, source) in enumerate(zip(rows, sources)):
                 if row is not None:
