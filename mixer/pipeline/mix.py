@@ -54,18 +54,3 @@ def grow_by_share(targets: list[int], parts: list[float], tokens: int) -> None:
         if part > 0:
             targets[i] += round(part * tokens * TARGET_SCALE)
 
-
-def choose_source(weights: list[float], counters: list[int], targets: list[int],
-                  active: list[bool], row_tokens: int) -> int | None:
-    """Index of the active, positively weighted source with the largest deficit after one
-    more row of `row_tokens`, or None when there is none. `targets` are in milli-tokens."""
-    parts = shares(weights, active)
-    return None if parts is None else choose_by_share(parts, counters, targets, row_tokens)
-
-
-def grow_targets(targets: list[int], weights: list[float], active: list[bool],
-                 tokens: int) -> None:
-    """Add a drawn row's `tokens` to the active sources' targets, shared by weight."""
-    parts = shares(weights, active)
-    if parts is not None:
-        grow_by_share(targets, parts, tokens)
