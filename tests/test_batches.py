@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from helpers import EOS_ID, FIRST_WORD_ID, corpus, expected_counts, token_counts, write_docs
 
 import mixer
+from mixer.core.document import Document
+from mixer.pipeline.batch import BatchLayout
+from mixer.pipeline.packing import build_row
 
 
 def batches(recipe: dict, n: int | None = None) -> list[dict]:
@@ -121,3 +125,51 @@ def test_bos_follows_the_tokenizer_template_when_the_config_is_silent(tmp_path):
                            "epochs": 1}]}
     row = batches(recipe)[0]["input_ids"][0].tolist()
     assert row[:4] == [30001, FIRST_WORD_ID, FIRST_WORD_ID, EOS_ID]
+
+
+class _RowByRow(BatchLayout):
+    """The text layout through its per-row protocol (what image layouts use)."""
+
+    def put_row(self, arrays, index, row, source_id):
+        super().put_row(arrays, index, row, source_id)
+
+
+def test_a_batch_written_at_once_equals_the_rows_written_one_by_one_and_the_oracle():
+    rng = np.random.default_rng(7)
+    seq_len, pad_id = 16, 3
+    dtypes = (np.uint16, np.int32, np.uint32, np.int64)
+    for case in range(60):
+        rows, sources = [], []
+        for _ in range(4):
+            if rng.random() < 0.2:
+                rows.append(None)
+                sources.append(-1)
+                continue
+            pieces, at = [], 0
+            while at < seq_len and (at == 0 or rng.random() < 0.8 or case % 2):
+                doc = Document(rng.integers(0, 30000, rng.integers(1, 40)).astype(
+                    dtypes[rng.integers(len(dtypes))]))
+                offset = int(rng.integers(len(doc)))
+                length = min(seq_len - at, len(doc) - offset)
+                pieces.append((doc, offset, length, bool(rng.random() < 0.5)))
+                at += length
+            rows.append(build_row(pieces, seq_len, pad_id))
+            sources.append(int(rng.integers(3)))
+        at_once = BatchLayout(seq_len=seq_len, pad_id=pad_id).assemble(rows, sources, False)
+        one_by_one = _RowByRow(seq_len=seq_len, pad_id=pad_id).assemble(rows, sources, False)
+        for key in ("input_ids", "labels", "position_ids", "source_ids"):
+            assert at_once[key].dtype == np.int64
+            assert at_once[key].tolist() == one_by_one[key].tolist(), key
+        for r, (row, source) in enumerate(zip(rows, sources)):   # the oracle, in lists
+            ids, labels, positions = [], [], []
+            for doc, offset, length, mask_first in (
+                    [] if row is None else [p[1:] for p in row.pieces]):
+                piece = [int(t) for t in doc.tokens[offset:offset + length]]
+                ids += piece
+                labels += [-100 if mask_first else piece[0]] + piece[1:]
+                positions += list(range(length))
+            pad = seq_len - len(ids)
+            assert at_once["input_ids"][r].tolist() == ids + [pad_id] * pad
+            assert at_once["labels"][r].tolist() == labels + [-100] * pad
+            assert at_once["position_ids"][r].tolist() == positions + [0] * pad
+            assert at_once["source_ids"][r].tolist() == [source] * len(ids) + [-1] * pad

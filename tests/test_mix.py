@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mixer
-from mixer.pipeline.mix import choose_source, grow_targets
+from mixer.pipeline.mix import choose_by_share, grow_by_share, shares
 
 
 def _worst_rank_error(weights: list[float], lanes: int, world: int, batch: int,
@@ -20,15 +20,15 @@ def _worst_rank_error(weights: list[float], lanes: int, world: int, batch: int,
         mine = list(range(rank, lanes, world))
         state = {lane: [0] * len(weights) for lane in mine}
         targets = {lane: [0] * len(weights) for lane in mine}
-        active = [True] * len(weights)
+        parts = shares(weights, [True] * len(weights))
         counts, total = [0] * len(weights), 0
         threshold = 25 * len(mine) * batch
         for _ in range(batches_per_lane):
             for lane in mine:
                 for _ in range(batch):
-                    s = choose_source(weights, state[lane], targets[lane], active, 1)
+                    s = choose_by_share(parts, state[lane], targets[lane], 1)
                     state[lane][s] += 1
-                    grow_targets(targets[lane], weights, active, 1)
+                    grow_by_share(targets[lane], parts, 1)
                     counts[s] += 1
                     total += 1
                 if total >= threshold:

@@ -9,12 +9,13 @@ image layouts (`mixer.images`) add theirs; `mixer.images.select.layout_for` pick
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mixer.pipeline.packing import IGNORE_INDEX, Row
+from mixer.pipeline.packing import IGNORE_INDEX, Row, rows_arrays
 
 if TYPE_CHECKING:
     import torch
@@ -109,15 +110,36 @@ class BatchLayout:
 
     def put_row(self, arrays: dict[str, np.ndarray], index: int, row: Row,
                 source_id: int) -> None:
-        """Write a packed row into row `index` of the batch."""
-        row.write(arrays["input_ids"][index], arrays["labels"][index],
-                  arrays["position_ids"][index])   # (`new_rows` holds padding already)
+        """Write a packed row into row `index` of the batch (layouts that write rows one by
+        one override this; the text layout writes a batch's rows at once in `assemble`)."""
+        arrays["input_ids"][index] = row.input_ids
+        arrays["labels"][index] = row.labels
+        arrays["position_ids"][index] = row.position_ids
         arrays["source_ids"][index, :row.real] = source_id
 
     def finish(self, arrays: dict[str, np.ndarray], rows: list[Row | None],
                padding: bool) -> Batch:
         """The batch, once every row is in (image layouts add pixels here)."""
         return Batch(arrays, padding)
+
+    def assemble(self, rows: list[Row | None], sources: list[int], padding: bool) -> Batch:
+        """The batch of packed `rows` (None: a row of padding), row i drawn from source
+        `sources[i]`: `new_rows`, `put_row` for each row, `finish`; the text layout's own
+        arrays are written for all rows at once (`rows_arrays`)."""
+        own = type(self)
+        if own.put_row is not BatchLayout.put_row or own.new_rows is not BatchLayout.new_rows:
+            # a layout with arrays or rows of its own (image layouts): row by row
+            arrays = self.new_rows(len(rows))
+            for index, (row, source) in enumerate(zip(rows, sources)):
+                if row is not None:
+                    self.put_row(arrays, index, row, source)
+            return self.finish(arrays, rows, padding)
+        ids, labels, positions, real = rows_arrays(rows, self.seq_len, self.pad_id)
+        column = np.array(sources, dtype=np.int64)[:, None]
+        source_ids = (np.repeat(column, self.seq_len, axis=1) if real is None
+                      else np.where(real, column, -1))
+        return self.finish({"input_ids": ids, "labels": labels, "position_ids": positions,
+                            "source_ids": source_ids}, rows, padding)
 
     # -- crossing from a worker to the main process -------------------------------------------
     def to_wire(self, batch: Batch) -> Wire:
@@ -141,7 +163,7 @@ class BatchLayout:
         specs = {spec.key: spec for spec in self.specs}
         for key, shape in wire.shapes:
             spec = specs[key]
-            count = int(np.prod(shape, dtype=np.int64))
+            count = math.prod(shape)   # (np.prod costs 3 µs on a tuple)
             array = np.frombuffer(wire.data, dtype=spec.wire, count=count,
                                   offset=at).reshape(shape)
             arrays[key] = array.astype(spec.dtype)

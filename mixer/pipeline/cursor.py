@@ -111,9 +111,14 @@ class Cursor:
             return float(self.epochs if self.epochs is not None else self.epoch)
         if not items:
             return float(self.epoch)
-        done = fraction(items, splits, self.start, win.inner_start if win else -1.0)
-        if win is not None and win.items:
+        if win is None:
+            return self.epoch + fraction(items, splits, self.start)
+        if win.span is None:   # (fixed while `win` is the window: asked for every batch)
+            done = fraction(items, splits, self.start, win.inner_start)
             end = 1.0 if win.end_of_epoch else fraction(items, splits, win.end, win.inner_end)
+            win.span = (done, end)
+        done, end = win.span
+        if win.items:
             done += (end - done) * min(self.pos / len(win.items), 1.0)
         return self.epoch + done
 

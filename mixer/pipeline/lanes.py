@@ -11,7 +11,7 @@ from mixer.cache.store import open_cache
 from mixer.config.recipe import Recipe
 from mixer.core.errors import StateError
 from mixer.pipeline.batch import Batch, BatchLayout
-from mixer.pipeline.mix import TARGET_SCALE, choose_source, grow_targets
+from mixer.pipeline.mix import TARGET_SCALE, choose_by_share, grow_by_share, shares
 from mixer.pipeline.packers import make_packer
 from mixer.pipeline.packing import BLOCKED, Row
 from mixer.pipeline.schedule import WeightPlan
@@ -128,31 +128,36 @@ class Lane:
             self.regime = regime
             self.mix = [0] * len(self.mix)
             self.target = [0] * len(self.target)
-        arrays = self.layout.new_rows(batch_size)
         rows: list[Row | None] = [None] * batch_size
+        sources = [-1] * batch_size
         budget = self.layout.budget()
         blocked = [False] * len(self.packers)
+        parts = None   # the sources' parts of a row, while which sources are active holds
         for row_index in range(batch_size):
             while True:
-                active = [not (p.exhausted or b) for p, b in zip(self.packers, blocked)]
-                choice = choose_source(weights, self.mix, self.target, active, length)
+                if parts is None:
+                    parts = shares(weights, [not (p.exhausted or b)
+                                             for p, b in zip(self.packers, blocked)]) or []
+                choice = choose_by_share(parts, self.mix, self.target, length)
                 if choice is None:
                     break
-                row = self.packers[choice].next_row(budget)
+                packer = self.packers[choice]
+                row = packer.next_row(budget)
                 if row is BLOCKED:
                     blocked[choice] = True
+                if row is BLOCKED or row is None:   # (None: that source just ran out)
+                    parts = None   # the others' weights renormalize
                     continue
-                if row is None:
-                    continue  # that source just ran out; the weights renormalize
                 assert isinstance(row, Row)
-                self.layout.put_row(arrays, row_index, row, choice)
-                rows[row_index] = row
+                rows[row_index], sources[row_index] = row, choice
                 if budget is not None:
                     budget.take(*row.counts)
                 self.tokens[choice] += row.real
                 self.mix[choice] += row.real
                 self.documents[choice] += sum(1 for p in row.pieces if p.offset == 0)
-                grow_targets(self.target, weights, active, row.real)
+                grow_by_share(self.target, parts, row.real)
+                if packer.exhausted:
+                    parts = None
                 break
             if choice is None:
                 break
@@ -161,4 +166,4 @@ class Lane:
             # Only sources weighing 0 from here on are left: nothing will be drawn again.
             self.starved = True
         self.batches += 1
-        return self.layout.finish(arrays, rows, padding=all(r is None for r in rows))
+        return self.layout.assemble(rows, sources, padding=all(r is None for r in rows))

@@ -22,31 +22,35 @@ from __future__ import annotations
 TARGET_SCALE = 1000   # targets are whole milli-tokens: exact integers in the state
 
 
-def choose_source(weights: list[float], counters: list[int], targets: list[int],
-                  active: list[bool], row_tokens: int) -> int | None:
-    """Index of the active, positively weighted source with the largest deficit after one
-    more row of `row_tokens`, or None when there is none. `targets` are in milli-tokens."""
+def shares(weights: list[float], active: list[bool]) -> list[float] | None:
+    """Each source's part of a drawn row: its weight over the active sources' total (0 for
+    an inactive source), or None when no active source weighs anything. A lane computes
+    them once per batch (and again when a source runs out or is blocked)."""
     total_weight = sum(w for w, a in zip(weights, active) if a)
     if total_weight <= 0:
         return None
+    return [weight / total_weight if is_active else 0.0
+            for weight, is_active in zip(weights, active)]
+
+
+def choose_by_share(parts: list[float], counters: list[int], targets: list[int],
+                    row_tokens: int) -> int | None:
+    """Index of the source with a positive part and the largest deficit after one more row
+    of `row_tokens`, or None when there is none. `targets` are in milli-tokens."""
     best, best_deficit = None, 0.0
-    for i, (weight, count, target, is_active) in enumerate(
-            zip(weights, counters, targets, active)):
-        if not is_active or weight <= 0:
+    for i, part in enumerate(parts):
+        if part <= 0:
             continue
-        deficit = target / TARGET_SCALE + weight / total_weight * row_tokens - count
+        deficit = targets[i] / TARGET_SCALE + part * row_tokens - counters[i]
         if best is None or deficit > best_deficit:
             best, best_deficit = i, deficit
     return best
 
 
-def grow_targets(targets: list[int], weights: list[float], active: list[bool],
-                 tokens: int) -> None:
-    """Add a drawn row's `tokens` to the active sources' targets, shared by weight (whole
-    milli-tokens, so a saved state holds them exactly and compactly)."""
-    total_weight = sum(w for w, a in zip(weights, active) if a)
-    if total_weight <= 0:
-        return
-    for i, (weight, is_active) in enumerate(zip(weights, active)):
-        if is_active:
-            targets[i] += round(weight / total_weight * tokens * TARGET_SCALE)
+def grow_by_share(targets: list[int], parts: list[float], tokens: int) -> None:
+    """Add a drawn row's `tokens` to the targets, shared by `parts` (whole milli-tokens, so
+    a saved state holds them exactly and compactly)."""
+    for i, part in enumerate(parts):
+        if part > 0:
+            targets[i] += round(part * tokens * TARGET_SCALE)
+

@@ -9,6 +9,7 @@ inside it: resuming re-reads that document's window and re-tokenizes it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -42,8 +43,8 @@ class Piece(NamedTuple):
 
 class Row:
     """One packed row: its pieces back to back from position 0 (the real tokens), then padding
-    up to seq_len. Its arrays are made when first asked for; `write` fills a batch's rows
-    directly, without them."""
+    up to seq_len. Its arrays are made when first asked for; a batch's rows are written at
+    once by `rows_arrays`, without them."""
 
     __slots__ = ("pieces", "real", "seq_len", "pad_id", "_arrays")
 
@@ -83,28 +84,10 @@ class Row:
     def patches(self) -> int:
         return self.counts[1]
 
-    def write(self, input_ids: np.ndarray, labels: np.ndarray,
-              position_ids: np.ndarray) -> None:
-        """Write the real tokens into arrays of length seq_len that already hold padding
-        (`pad_id`, -100 and 0): positions restart at 0 for every piece; labels equal the
-        tokens except -100 on the first token of each piece flagged for masking."""
-        counting = _counting(self.seq_len)
-        for at, document, offset, length, _ in self.pieces:
-            end = at + length
-            input_ids[at:end] = document.tokens[offset:offset + length]
-            position_ids[at:end] = counting[:length]
-        labels[:self.real] = input_ids[:self.real]
-        for piece in self.pieces:
-            if piece.mask_first:
-                labels[piece.at] = IGNORE_INDEX
-
     def _made(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._arrays is None:
-            arrays = (np.full(self.seq_len, self.pad_id, dtype=np.int64),
-                      np.full(self.seq_len, IGNORE_INDEX, dtype=np.int64),
-                      np.zeros(self.seq_len, dtype=np.int64))
-            self.write(*arrays)
-            self._arrays = arrays
+            ids, labels, positions, _ = rows_arrays([self], self.seq_len, self.pad_id)
+            self._arrays = (ids[0], labels[0], positions[0])
         return self._arrays
 
 
@@ -128,6 +111,50 @@ def _counting(length: int) -> np.ndarray:
         _COUNTING = np.arange(length, dtype=np.int64)
         _COUNTING.flags.writeable = False
     return _COUNTING
+
+
+def rows_arrays(rows: Sequence[Row | None], seq_len: int, pad_id: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """`input_ids`, `labels` and `position_ids` ([len(rows), seq_len] int64) of packed rows
+    (None: a row of padding), and the mask of their real tokens (None when every token is
+    real). Positions restart at 0 for every piece; labels equal the tokens except -100 on
+    padding and on the first token of each piece flagged for masking.
+
+    Made at once for a whole batch: one concatenation of the pieces' token views, one of
+    slices of a shared arange for the positions.
+    """
+    parts, lengths, masked, reals = [], [], [], []
+    for index, row in enumerate(rows):
+        if row is None:
+            reals.append(0)
+            continue
+        reals.append(row.real)
+        for at, document, offset, length, mask_first in row.pieces:
+            parts.append(document.tokens[offset:offset + length])
+            lengths.append(length)
+            if mask_first:
+                masked.append(index * seq_len + at)
+    shape = (len(rows), seq_len)
+    counting = _counting(seq_len)
+    if parts:   # (a concatenation casting into an int64 `out` is twice as slow as this)
+        tokens = np.concatenate(parts).astype(np.int64, copy=False)
+        flat_positions = np.concatenate([counting[:length] for length in lengths])
+    else:
+        tokens = flat_positions = np.zeros(0, dtype=np.int64)
+    if len(tokens) == shape[0] * seq_len:
+        real = None
+        ids, positions = tokens.reshape(shape), flat_positions.reshape(shape)
+        labels = ids.copy()
+    else:
+        real = counting[:seq_len] < np.array(reals, dtype=np.int64)[:, None]
+        ids = np.full(shape, pad_id, dtype=np.int64)
+        ids[real] = tokens
+        positions = np.zeros(shape, dtype=np.int64)
+        positions[real] = flat_positions
+        labels = np.where(real, ids, IGNORE_INDEX)
+    if masked:
+        labels.reshape(-1)[masked] = IGNORE_INDEX
+    return ids, labels, positions, real
 
 
 class Packer:

@@ -13,6 +13,7 @@ to batch (each batch follows the weights at its first token; see mix.py).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -50,6 +51,12 @@ class Override:
 
 def _digest(weights: list[float]) -> str:
     """A short name for a set of weights (a regime key must not grow with the sources)."""
+    return _digest_of(tuple(weights))
+
+
+@functools.lru_cache(maxsize=256)
+def _digest_of(weights: tuple[float, ...]) -> str:
+    # (asked for every batch: the regimes of a run are few, their digests made once)
     text = ",".join(f"{w:.9g}" for w in weights)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -63,9 +70,13 @@ class WeightPlan:
     base_tokens: int = 0
     override: Override | None = None
     names: list[str] = field(init=False)
+    # (regime key, weights) of a recipe without a schedule: `at` is asked for every batch
+    _fixed: tuple[str, tuple[float, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "names", self.recipe.names)
+        weights = self.recipe.weights
+        object.__setattr__(self, "_fixed", ("fixed:" + _digest(weights), tuple(weights)))
 
     @property
     def batch_tokens(self) -> int:
@@ -82,8 +93,7 @@ class WeightPlan:
         schedule = self.recipe.schedule
         tokens = self.tokens_at(g)
         if schedule is None:
-            weights = self.recipe.weights
-            return "fixed:" + _digest(weights), weights
+            return self._fixed[0], list(self._fixed[1])
         weights = schedule.weights_at(self.names, tokens)
         if schedule.interpolate == "linear":
             return "linear", weights

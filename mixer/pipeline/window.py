@@ -47,6 +47,7 @@ class Window:
     # offset does not tell (whole compressed files, cache replays); -1: unknown.
     inner_start: float = -1.0
     inner_end: float = -1.0
+    span: tuple[float, float] | None = None   # the slice's part before its start and end
     ahead: list[tuple[int, int, Future]] = field(default_factory=list)  # chunks queued: start, stop
     chunk_bytes: int = TOKENIZE_BYTES  # text budget of the next chunk cut (doubles per chunk)
     prefetch_end: int = 0       # documents before this one have their images decoding

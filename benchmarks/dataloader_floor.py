@@ -1,0 +1,75 @@
+"""What receiving one item from DataLoader workers costs the main process, in CPU.
+
+    python benchmarks/dataloader_floor.py [--items 3000] [--workers 2]
+
+Two workers hand over the same ready item again and again: a tiny one (DataLoader's own
+cost per item) and a text batch of `peers.py`'s shape in mixer's wire format (8 × 2048, four
+int32 arrays in one 256 KB buffer, plus a lane state), received as mixer receives it
+(`from_wire`, `to_torch`). With a warm token cache, a batch costs less to make in-process
+than this to receive (docs/benchmarks.md, "Issue 22, round 2").
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from torch.utils.data import DataLoader, IterableDataset
+
+from mixer.pipeline.batch import Batch, BatchLayout, Wire
+
+LAYOUT = BatchLayout(seq_len=2048, pad_id=0)
+STATE = {"v": 2, "sources": {name: {"tokens": 1, "mix": 2, "deficit": 3, "documents": 4,
+                                    "skipped": 0, "epochs": 0.1,
+                                    "packer": {"stream": dict.fromkeys("abcdefgh", 1),
+                                               "offset": 0, "exhausted": 0}}
+                             for name in ("prose", "code", "web")}}
+META = {"g": 0, "lane": 0, "padding": False, "state": STATE, "worker": 0, "io": {}}
+
+
+class _Same(IterableDataset):
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            yield self.item
+
+
+def _as_is(item: Any) -> Any:
+    return item
+
+
+def main_cpu_per_item(item: Any, items: int, workers: int) -> float:
+    """µs of the main process's CPU per item received (after 50 items of warm-up)."""
+    it = iter(DataLoader(_Same(item), batch_size=None, num_workers=workers, prefetch_factor=2,
+                         multiprocessing_context="fork", collate_fn=_as_is))
+    for _ in range(50):
+        next(it)
+    start = time.process_time()
+    for _ in range(items):
+        data, meta = next(it)
+        if isinstance(data, Wire):
+            LAYOUT.to_torch(LAYOUT.from_wire(data, meta["padding"]))
+    return (time.process_time() - start) / items * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=3000)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    arrays = {key: rng.integers(0, 32000, (8, 2048)) for key in LAYOUT.keys}
+    wire = LAYOUT.to_wire(Batch(arrays, False))
+    tiny = main_cpu_per_item((0, META), args.items, args.workers)
+    batch = main_cpu_per_item((wire, META), args.items, args.workers)
+    print(f"main process CPU per item, {args.workers} workers: tiny item {tiny:.0f} µs; "
+          f"text batch ({len(wire.data) >> 10} KB on the wire) {batch:.0f} µs")
+
+
+if __name__ == "__main__":
+    main()
