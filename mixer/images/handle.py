@@ -10,9 +10,9 @@ Pixels made *ahead of need* -- prefetched for documents not yet packed, or kept 
 `check()` proved an image decodes -- share one budget per process (`set_pixel_budget`,
 default 256 MB): past it, prefetched images wait, and checked pixels are dropped, to be made
 again when their batch needs them. Waiting images start as the budget frees, the soonest
-needed first, so a process reads as far ahead as its budget holds. So a best_fit window of hundreds of documents, or many lanes per
-worker each looking ahead, never hold all their pixels at once. Only the batch being finished
-holds pixels outside the budget.
+needed first, so a process reads as far ahead as its budget holds. So a best_fit window of
+hundreds of documents, or many lanes per worker each looking ahead, never hold all their
+pixels at once. Only the batch being finished holds pixels outside the budget.
 """
 
 from __future__ import annotations

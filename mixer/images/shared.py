@@ -34,7 +34,7 @@ def new_pixels(shape: tuple[int, ...]) -> np.ndarray:
     count = int(np.prod(shape, dtype=np.int64))
     if _pid[0] != os.getpid() or count * 4 < SHARED_BYTES:
         return np.empty(shape, dtype=np.float32)
-    import torch   # (only in DataLoader workers, which have it loaded)
+    import torch  # (only in DataLoader workers, which have it loaded)
 
     storage = torch.UntypedStorage._new_shared(count * 4)
     return torch.empty(0, dtype=torch.float32).set_(storage, 0, shape).numpy()
