@@ -71,12 +71,15 @@ def held_ahead() -> int:
         return _held[1] if _held[0] == os.getpid() else 0
 
 
-def _reserve(nbytes: int) -> bool:
+def _reserve(nbytes: int, ahead: bool) -> bool:
     pid = os.getpid()
+    # Images made ahead leave a quarter of the budget to the documents being built now
+    # (`check`), which would otherwise be made twice: checked, dropped, made for the batch.
+    limit = _budget - _budget // 4 if ahead else _budget
     with _budget_lock:
         if _held[0] != pid:   # a forked child: the parent's holdings are not its own
             _held[0], _held[1] = pid, 0
-        if _held[1] + nbytes > _budget:
+        if _held[1] + nbytes > limit:
             return False
         _held[1] += nbytes
         return True
@@ -144,16 +147,19 @@ if hasattr(os, "register_at_fork"):
 
 def start_waiting() -> None:
     """Start the images waiting for the pixel budget, soonest needed first, while it holds
-    them (called where the budget may have freed: a release, a new prefetch)."""
+    them and the pool has no more jobs queued than threads (called where either may have
+    freed: a release, a new prefetch, a job done). Started only as threads take them, the
+    queued jobs do not hold the budget that a document being checked now needs."""
+    pool = _decode_pool()
     starting = []
     with _budget_lock:
-        while _waiting:
+        while _waiting and pool.queued() + len(starting) < _threads:
             priority, ticket, ref = _waiting[0]
             image = ref()
             if image is None or image._ticket != ticket:
                 heapq.heappop(_waiting)   # dropped, released, or made as needed meanwhile
                 continue
-            if not image._reserve():
+            if not image._reserve(ahead=True):
                 break
             heapq.heappop(_waiting)
             image._ticket = None
@@ -161,7 +167,7 @@ def start_waiting() -> None:
     # Submitted outside the budget's lock: a finalizer run by the collector on a pool thread
     # that holds the pool's lock takes the budget's lock.
     for priority, image in starting:
-        image._start(priority)
+        image._start(priority, ahead=True)
 
 
 class LazyImage:
@@ -231,10 +237,10 @@ class LazyImage:
                            max_source_pixels=self.max_source_pixels)
         return self.processing.pixels(image, self.plan)
 
-    def _reserve(self) -> bool:
+    def _reserve(self, *, ahead: bool = False) -> bool:
         """Count the pixels against the process's budget (True: within it)."""
         if self._reserved is None:
-            if not _reserve(self.nbytes):
+            if not _reserve(self.nbytes, ahead):
                 return False
             # Given back when released, or when the handle is dropped without a release.
             self._reserved = weakref.finalize(self, _unreserve, os.getpid(), self.nbytes)
@@ -253,7 +259,7 @@ class LazyImage:
         if self._future is not None or self._pixels is not None:
             return True
         if needed:
-            self._start(priority)
+            self._start(priority, ahead=False)
             return True
         with _budget_lock:
             if self._ticket is None:
@@ -262,9 +268,16 @@ class LazyImage:
         start_waiting()
         return True
 
-    def _start(self, priority: int) -> None:
+    def _start(self, priority: int, *, ahead: bool) -> None:
         self._ticket = None   # (an entry left in the waiting heap is stale)
-        self._future = (os.getpid(), _decode_pool().submit(priority, self._compute))
+        job = self._compute_ahead if ahead else self._compute
+        self._future = (os.getpid(), _decode_pool().submit(priority, job))
+
+    def _compute_ahead(self) -> np.ndarray:
+        try:
+            return self._compute()
+        finally:
+            start_waiting()   # this job's thread is about to take the next one
 
     def _made(self) -> np.ndarray:
         pending, self._future, self._ticket = self._future, None, None
