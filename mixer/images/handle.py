@@ -150,6 +150,8 @@ def start_waiting() -> None:
     them and the pool has no more jobs queued than threads (called where either may have
     freed: a release, a new prefetch, a job done). Started only as threads take them, the
     queued jobs do not hold the budget that a document being checked now needs."""
+    if not _waiting or _stopping.is_set():   # (no pool made for nothing, none at exit)
+        return
     pool = _decode_pool()
     starting = []
     with _budget_lock:
