@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Appended, not inserted: `PYTHONPATH=<a copy of another mixer/'s parent>` times that copy.
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 from mixer.config.images import ImageSettings  # noqa: E402
 from mixer.core.records import EncodedImage  # noqa: E402
 from mixer.images.decode import to_rgb  # noqa: E402
@@ -234,13 +235,24 @@ def skewed_recipe(tmp: Path, args: argparse.Namespace) -> dict:
             "sources": [{"name": "skewed", "path": str(root / "*.tar"), "weight": 1}]}
 
 
-def _gaps(recipe: dict, workers: int, args: argparse.Namespace) -> tuple[float, list[float],
-                                                                         int]:
-    """First batch time, the times between the timed batches (loader flat out), images."""
+def _tree_cpu() -> float:
+    """CPU seconds used so far by this process and its live children (loader workers)."""
+    import psutil
+
+    procs = [psutil.Process()]
+    procs += procs[0].children(recursive=True)
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+
+def _gaps(recipe: dict, workers: int, args: argparse.Namespace
+          ) -> tuple[float, list[float], int, float]:
+    """First batch time, the times between the timed batches (loader flat out), images, and
+    CPU seconds per timed batch of the whole process tree (a busy machine slows the gaps, far
+    less the CPU)."""
     import mixer
 
     loader = mixer.build_loader(recipe, num_workers=workers)
-    gaps, images, first = [], 0, 0.0
+    gaps, images, first, cpu = [], 0, 0.0, 0.0
     start = last = time.perf_counter()
     for step, batch in enumerate(loader):
         now = time.perf_counter()
@@ -249,11 +261,14 @@ def _gaps(recipe: dict, workers: int, args: argparse.Namespace) -> tuple[float, 
         elif step > args.warmup:
             gaps.append(now - last)
             images += batch["image_grid_thw"].shape[0]
+        if step == args.warmup:
+            cpu = _tree_cpu()
         last = now
         if step == args.warmup + args.batches:
+            cpu = (_tree_cpu() - cpu) / args.batches
             break
     loader.close()
-    return first, gaps, images
+    return first, gaps, images, cpu
 
 
 def latency_rows(args: argparse.Namespace) -> list[dict]:
@@ -264,7 +279,7 @@ def latency_rows(args: argparse.Namespace) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         recipe = skewed_recipe(Path(tmp), args)
         for workers in (0, 2):
-            first, gaps, images = _gaps(recipe, workers, args)
+            first, gaps, images, _ = _gaps(recipe, workers, args)
             ms = np.array(gaps) * 1000
             rows.append({"workers": workers, "first": first * 1000,
                          "p50": np.percentile(ms, 50), "p99": np.percentile(ms, 99),
@@ -284,7 +299,7 @@ def trainer_wait_rows(args: argparse.Namespace) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         recipe = skewed_recipe(Path(tmp), args)
-        _, gaps, _ = _gaps(recipe, 2, args)
+        _, gaps, _, cpu = _gaps(recipe, 2, args)
         mean = float(np.mean(gaps))
         for busy in args.busy:
             step_s = mean / busy
@@ -302,13 +317,15 @@ def trainer_wait_rows(args: argparse.Namespace) -> list[dict]:
             wall = time.perf_counter() - start
             loader.close()
             ms = np.array(waits) * 1000
-            rows.append({"busy": busy, "mean": mean * 1000, "step": step_s * 1000,
+            rows.append({"busy": busy, "mean": mean * 1000, "cpu": cpu * 1000,
+                         "step": step_s * 1000,
                          "share": 100 * sum(waits) / wall, "p50": np.percentile(ms, 50),
                          "p99": np.percentile(ms, 99), "max": ms.max()})
     return rows
 
 
 TRAINER_COLUMNS = [("busy", "loader busy (mean/step)"), ("mean", "mean batch ms (flat out)"),
+                   ("cpu", "CPU ms/batch (all processes)"),
                    ("step", "step ms"), ("share", "wait % of wall"), ("p50", "wait p50 ms"),
                    ("p99", "wait p99 ms"), ("max", "wait max ms")]
 

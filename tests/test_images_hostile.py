@@ -499,30 +499,52 @@ def test_the_pixel_budget_is_given_back_by_release_and_by_dropped_handles():
 
     old = handle.pixel_budget()
     before = settled()
+    threads = handle.decode_threads()
+    handle.set_decode_threads(4)   # (waiting images start while no more jobs than threads queue)
     try:
-        images = [handle_of(d) for d in range(4)]
-        handle.set_pixel_budget(before + 2 * images[0].nbytes)
-        assert [image.prefetch() for image in images] == [True, True, False, False]
-        assert handle.held_ahead() == before + 2 * images[0].nbytes
-        assert images[2].prefetch(needed=True)       # wanted now: made whatever the budget
-        images[2].check()                            # decodes, but is not kept past the budget
-        assert images[2]._pixels is None and images[0].pixels() is not None
-        images[0].release()
-        assert handle.held_ahead() == before + images[0].nbytes
-        images[1]._future[1].result()                # made; then dropped without a release
-        del images[1]
+        images = [handle_of(d) for d in range(5)]
+        a, b, c, d, e = images
+        size = a.nbytes
+        # Images made ahead may fill all but a quarter of the budget (kept for documents
+        # being built): a budget whose three quarters hold exactly two of them.
+        budget = before + 2 * size
+        while budget - budget // 4 < before + 2 * size:
+            budget += 1
+        assert budget - budget // 4 < before + 3 * size
+        handle.set_pixel_budget(budget)
+        # Past the budget, prefetched images wait, to start soonest needed first.
+        assert [image.prefetch(priority) for image, priority
+                in zip(images, (5, 6, 9, 8, 7))] == [True] * 5
+        assert handle.held_ahead() == before + 2 * size
+        assert [image._future is not None for image in images] == [True, True] + [False] * 3
+        assert c.prefetch(needed=True)               # wanted now: made whatever the budget
+        c.check()                                    # decodes; kept only within the budget
+        assert (c._pixels is not None) == (before + 3 * size <= budget)
+        c.release()
+        assert a.pixels() is not None
+        a.release()                                  # frees room: the soonest waiting starts
+        assert handle.held_ahead() == before + 2 * size
+        assert e._future is not None and d._future is None
+        b._future[1].result()                        # made; then dropped without a release
+        del images, b
         for _ in range(100):                         # (the pool thread lets go of the job)
             gc.collect()
-            if handle.held_ahead() == before:
+            if handle.held_ahead() == before + size:
                 break
             time.sleep(0.01)
-        assert handle.held_ahead() == before
+        assert handle.held_ahead() == before + size  # (no release: nothing started)
+        d.release()                                  # no longer wanted: never made
+        e.pixels()
+        e.release()
+        assert handle.held_ahead() == before and d._future is None
+        images = [a, c, d]
         assert [image.prefetch() for image in images[1:]] == [True, True]
         pixels = [image.pixels() for image in images]
         assert all(np.array_equal(p, handle_of(d).pixels())
                    for p, d in zip(pixels, (0, 2, 3)))
     finally:
         handle.set_pixel_budget(old)
+        handle.set_decode_threads(threads)
 
 
 def test_an_idle_pool_thread_keeps_no_reference_to_its_last_job():

@@ -8,15 +8,18 @@ the plan, so they are the same whichever thread made them, and however many thre
 
 Pixels made *ahead of need* -- prefetched for documents not yet packed, or kept after
 `check()` proved an image decodes -- share one budget per process (`set_pixel_budget`,
-default 256 MB): past it, prefetching stops and checked pixels are dropped, to be made again
-when their batch needs them. So a best_fit window of hundreds of documents, or many lanes per
-worker each looking ahead, never hold all their pixels at once. Only the batch being finished
-holds pixels outside the budget.
+default 256 MB): past it, prefetched images wait, and checked pixels are dropped, to be made
+again when their batch needs them. Waiting images start as the budget frees, the soonest
+needed first, so a process reads as far ahead as its budget holds. So a best_fit window of
+hundreds of documents, or many lanes per worker each looking ahead, never hold all their
+pixels at once. Only the batch being finished holds pixels outside the budget.
 """
 
 from __future__ import annotations
 
 import atexit
+import heapq
+import itertools
 import math
 import os
 import threading
@@ -42,6 +45,9 @@ _held = [os.getpid(), 0]             # [pid, bytes held ahead of need in that pr
 # this thread is inside `_reserve`; nothing between the read and the write of `_held[1]`
 # allocates, so the nested update is never lost.
 _budget_lock = threading.RLock()
+# Images prefetched past the budget: (priority, ticket, weak handle), started as it frees.
+_waiting: list[tuple[int, int, weakref.ref]] = []
+_tickets = itertools.count(1)
 
 
 def set_pixel_budget(nbytes: int) -> None:
@@ -51,6 +57,7 @@ def set_pixel_budget(nbytes: int) -> None:
     if nbytes < 0:
         raise ValueError(f"the pixel budget must be at least 0, got {nbytes}")
     _budget = nbytes
+    start_waiting()
 
 
 def pixel_budget() -> int:
@@ -64,12 +71,15 @@ def held_ahead() -> int:
         return _held[1] if _held[0] == os.getpid() else 0
 
 
-def _reserve(nbytes: int) -> bool:
+def _reserve(nbytes: int, ahead: bool) -> bool:
     pid = os.getpid()
+    # Images made ahead leave a quarter of the budget to the documents being built now
+    # (`check`), which would otherwise be made twice: checked, dropped, made for the batch.
+    limit = _budget - _budget // 4 if ahead else _budget
     with _budget_lock:
         if _held[0] != pid:   # a forked child: the parent's holdings are not its own
             _held[0], _held[1] = pid, 0
-        if _held[1] + nbytes > _budget:
+        if _held[1] + nbytes > limit:
             return False
         _held[1] += nbytes
         return True
@@ -128,10 +138,38 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     _budget_lock = threading.RLock()
     _held[0], _held[1] = os.getpid(), 0   # the parent's holdings are not this process's
+    _waiting.clear()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def start_waiting() -> None:
+    """Start the images waiting for the pixel budget, soonest needed first, while it holds
+    them and the pool has no more jobs queued than threads (called where either may have
+    freed: a release, a new prefetch, a job done). Started only as threads take them, the
+    queued jobs do not hold the budget that a document being checked now needs."""
+    if not _waiting or _stopping.is_set():   # (no pool made for nothing, none at exit)
+        return
+    pool = _decode_pool()
+    starting = []
+    with _budget_lock:
+        while _waiting and pool.queued() + len(starting) < _threads:
+            priority, ticket, ref = _waiting[0]
+            image = ref()
+            if image is None or image._ticket != ticket:
+                heapq.heappop(_waiting)   # dropped, released, or made as needed meanwhile
+                continue
+            if not image._reserve(ahead=True):
+                break
+            heapq.heappop(_waiting)
+            image._ticket = None
+            starting.append((priority, image))
+    # Submitted outside the budget's lock: a finalizer run by the collector on a pool thread
+    # that holds the pool's lock takes the budget's lock.
+    for priority, image in starting:
+        image._start(priority, ahead=True)
 
 
 class LazyImage:
@@ -153,6 +191,7 @@ class LazyImage:
         self._future: tuple[int, Future[np.ndarray]] | None = None   # (pid, pending pixels)
         self._pixels: np.ndarray | None = None
         self._reserved: weakref.finalize | None = None   # its share of the budget, if held
+        self._ticket: int | None = None   # its entry in the waiting heap, while it waits
 
     @classmethod
     def probe(cls, encoded: EncodedImage, processing: Processing, *, extra_tokens: int,
@@ -200,10 +239,10 @@ class LazyImage:
                            max_source_pixels=self.max_source_pixels)
         return self.processing.pixels(image, self.plan)
 
-    def _reserve(self) -> bool:
+    def _reserve(self, *, ahead: bool = False) -> bool:
         """Count the pixels against the process's budget (True: within it)."""
         if self._reserved is None:
-            if not _reserve(self.nbytes):
+            if not _reserve(self.nbytes, ahead):
                 return False
             # Given back when released, or when the handle is dropped without a release.
             self._reserved = weakref.finalize(self, _unreserve, os.getpid(), self.nbytes)
@@ -214,18 +253,36 @@ class LazyImage:
         """Start making the pixels on the process's image pool (no-op if started or made).
         `priority`: when they are needed (e.g. a global batch index); lower runs first.
 
-        Ahead of need (the default) only while the process's pixel budget allows; `needed`:
-        the pixels are wanted now (a document being checked, a batch being finished), so
-        they are made whatever the budget. False: refused by the budget (try again later)."""
+        Ahead of need (the default) only within the process's pixel budget: past it the image
+        waits, and starts when the budget frees and no image needed sooner waits (see
+        `start_waiting`). `needed`: the pixels are wanted now (a document being checked, a
+        batch being finished), so they are made whatever the budget. Always True (the image
+        is started or waits)."""
         if self._future is not None or self._pixels is not None:
             return True
-        if not needed and not self._reserve():
-            return False
-        self._future = (os.getpid(), _decode_pool().submit(priority, self._compute))
+        if needed:
+            self._start(priority, ahead=False)
+            return True
+        with _budget_lock:
+            if self._ticket is None:
+                self._ticket = next(_tickets)
+                heapq.heappush(_waiting, (priority, self._ticket, weakref.ref(self)))
+        start_waiting()
         return True
 
+    def _start(self, priority: int, *, ahead: bool) -> None:
+        self._ticket = None   # (an entry left in the waiting heap is stale)
+        job = self._compute_ahead if ahead else self._compute
+        self._future = (os.getpid(), _decode_pool().submit(priority, job))
+
+    def _compute_ahead(self) -> np.ndarray:
+        try:
+            return self._compute()
+        finally:
+            start_waiting()   # this job's thread is about to take the next one
+
     def _made(self) -> np.ndarray:
-        pending, self._future = self._future, None
+        pending, self._future, self._ticket = self._future, None, None
         if pending is not None and pending[0] == os.getpid() and not pending[1].cancel():
             return pending[1].result()   # running or done: wait for it
         # Not prefetched, still queued behind work needed later (taken back and made here
@@ -254,14 +311,16 @@ class LazyImage:
             self._future[1].cancel()
         self._future = None
         self._pixels = None
+        self._ticket = None
         if self._reserved is not None:
             self._reserved()   # gives its bytes back to the budget (once)
             self._reserved = None
+            start_waiting()
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled without pixels or pending work (a Future does not pickle); remade on need.
         state = self.__dict__.copy()
-        state["_future"] = state["_pixels"] = state["_reserved"] = None
+        state["_future"] = state["_pixels"] = state["_reserved"] = state["_ticket"] = None
         return state
 
     def __repr__(self) -> str:

@@ -25,8 +25,9 @@ from mixer.core.token_info import TokenizerInfo
 from mixer.images.documents import ImageDocuments, VisionTokens
 from mixer.images.processing import processing_for
 from mixer.images.rope import mrope_positions
+from mixer.images.shared import new_pixels, shared_tensor
 from mixer.images.video import VideoPlan, VideoProcessing
-from mixer.pipeline.batch import FLOAT32, INT32, INT64, ArraySpec, Batch, BatchLayout
+from mixer.pipeline.batch import FLOAT32, INT32, INT64, ArraySpec, Batch, BatchLayout, Wire
 from mixer.pipeline.packing import IGNORE_INDEX, Row
 from mixer.tokenize import Encoder
 
@@ -106,11 +107,23 @@ class _ImageLayout(BatchLayout):
             image.release()
         if not images:
             return self.processing.empty_pixels() if empty is None else empty, plans
-        return np.concatenate([self._as_rows(p) for p in images]), plans
+        parts = [self._as_rows(p) for p in images]
+        out = new_pixels((sum(len(part) for part in parts), *parts[0].shape[1:]))
+        return np.concatenate(parts, out=out), plans
 
     @staticmethod
     def _as_rows(pixels: np.ndarray) -> np.ndarray:
         return pixels
+
+    def to_wire(self, batch: Batch) -> Wire:
+        """The batch as it leaves a DataLoader worker: pixels made in shared memory
+        (`images.shared`) are sent as their shared tensor, which crosses without a copy."""
+        wire = super().to_wire(batch)
+        for key in wire.tensors:
+            tensor = shared_tensor(batch.arrays[key])
+            if tensor is not None:
+                wire.tensors[key] = tensor
+        return wire
 
 
 class Qwen2VLLayout(_ImageLayout):

@@ -42,6 +42,10 @@ class PriorityPool:
             self._ready.notify()
         return future
 
+    def queued(self) -> int:
+        """Jobs submitted and not yet taken by a thread."""
+        return len(self._heap)
+
     def shutdown(self) -> None:
         """Stop taking jobs; queued ones still run, then the threads end."""
         with self._ready:

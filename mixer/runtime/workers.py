@@ -33,6 +33,7 @@ from multiprocessing.process import BaseProcess
 from torch.utils.data import get_worker_info
 
 from mixer.core.resources import PerProcess
+from mixer.images.shared import make_in_shared_memory
 from mixer.tokenize.encoding import tokenizer_thread_budget, use_worker_encoding_threads
 
 POLL_S = 0.2          # how often a worker's watchdog looks at its parent
@@ -97,7 +98,8 @@ def init_fn() -> Callable[[int], None]:
 def worker_init(worker_id: int, *, parent: int, deathsig: bool,
                 tokenizer_threads: int) -> None:
     """Inside a worker: die with the process `parent`; take this worker's share of the
-    parent's `tokenizer_threads`."""
+    parent's `tokenizer_threads`; make batch pixels where they cross to the parent without a
+    copy (`images.shared`)."""
     del worker_id
     # Ctrl-C reaches the whole process group; the owner decides when its workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -107,6 +109,7 @@ def worker_init(worker_id: int, *, parent: int, deathsig: bool,
         os._exit(0)
     info = get_worker_info()
     use_worker_encoding_threads(info.num_workers if info is not None else 1, tokenizer_threads)
+    make_in_shared_memory()
     threading.Thread(target=_watch, args=(parent,), name="mixer-watchdog", daemon=True).start()
 
 
