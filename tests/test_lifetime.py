@@ -19,7 +19,7 @@ import procs
 import pytest
 from helpers import corpus, make_tokenizer, write_docs
 
-REPS = int(os.environ.get("MIXER_LIFETIME_REPS", "2"))  # 15 each passed locally
+REPS = int(os.environ.get("MIXER_LIFETIME_REPS", "1"))  # 15 each passed locally
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "lifetime_driver.py"
 ENDINGS = {
