@@ -45,7 +45,7 @@ SHARED_BYTES = 1 << 20
 class Wire:
     """A batch on its way from a worker: one buffer of small arrays, large ones as tensors."""
 
-    data: bytes
+    data: bytes | memoryview
     shapes: list[tuple[str, tuple[int, ...]]]
     tensors: dict[str, torch.Tensor]
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 
-from mixer.config.recipe import Recipe
-from mixer.core.errors import StateError
+from mixer.config.recipe import Recipe, normalize
+from mixer.core.errors import RecipeError, StateError
 
 
 @dataclass(frozen=True)
@@ -158,3 +159,22 @@ def check_schedule(saved: dict | None, recipe: Recipe, tokens: int) -> None:
                 f"cannot resume: schedule.points[{i}] {what} at or before the checkpoint's "
                 f"position (global token {tokens:,}){current}; only points after it may be "
                 "edited, added or removed")
+
+
+def override_weights(weights: object, names: list[str]) -> tuple[float, ...]:
+    """`Loader.set_weights`'s argument checked (source name → finite weight >= 0, one
+    positive; unnamed sources weigh 0) and normalized, in the recipe's source order."""
+    if not isinstance(weights, dict) or not weights:
+        raise RecipeError("set_weights: expected a non-empty dict of source name → weight")
+    unknown = sorted(str(k) for k in weights if k not in names)
+    if unknown:
+        raise RecipeError(f"set_weights: unknown source(s) {unknown}; sources: {names}")
+    for name, w in weights.items():
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (
+                math.isfinite(w) and w >= 0):
+            raise RecipeError(f"set_weights: weight of {name!r} must be a finite number "
+                              f">= 0, got {w!r}")
+    raw = [float(weights.get(n, 0.0)) for n in names]
+    if not any(w > 0 for w in raw):
+        raise RecipeError("set_weights: every weight is 0 (at least one must be positive)")
+    return tuple(normalize(raw))

@@ -9,7 +9,6 @@ however far the workers have prefetched.
 from __future__ import annotations
 
 import logging
-import math
 import traceback
 import weakref
 from collections.abc import Iterator
@@ -20,15 +19,22 @@ import torch
 from torch.utils.data import DataLoader
 
 from mixer.cache.store import tokenizer_info_dir
-from mixer.config.recipe import Recipe, load_recipe, normalize
-from mixer.core.errors import DataError, RecipeError, StateError
+from mixer.config.recipe import Recipe, load_recipe
+from mixer.core.errors import DataError, StateError
 from mixer.images.select import layout_for
 from mixer.pipeline.batch import TEXT_KEYS
-from mixer.pipeline.schedule import Override, WeightPlan, check_schedule, schedule_snapshot
+from mixer.pipeline.schedule import (
+    Override,
+    WeightPlan,
+    check_schedule,
+    override_weights,
+    schedule_snapshot,
+)
 from mixer.runtime import dist, workers
 from mixer.runtime.lane_dataset import as_batch
-from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics
+from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics, warn_left_over
 from mixer.runtime.ray_workers import ActorPool, RayWorkers
+from mixer.runtime.ring import BatchRing, InRing
 from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
 from mixer.runtime.topology import check_workers
 from mixer.runtime.torch_dataset import TorchLaneDataset, sent_as_is
@@ -38,6 +44,7 @@ from mixer.tokenize import BackendChoice, TokenizerInfo, resolve_backend
 from mixer.tokenize.tokenizer import finish_preloads, resolve_recipe_tokenizer
 
 log = logging.getLogger("mixer.loader")
+PREFETCH = 2      # batches each DataLoader worker makes ahead
 BATCH_KEYS = TEXT_KEYS   # every layout has these; image layouts add more
 class Loader:
     """Iterable of batches (dicts of [batch_size, seq_len] int64 tensors) with exact state.
@@ -52,6 +59,7 @@ class Loader:
         check_workers(recipe.lanes, rank, world_size, num_workers, workers)
         self.workers = workers
         self._pool: ActorPool | None = None
+        self._ring: BatchRing | None = None   # DataLoader workers' batches cross through it
         self.recipe = recipe
         self.tables = tables
         self.tokenizer = tokenizer
@@ -163,21 +171,7 @@ class Loader:
         recipe raises `DataError`, and a finite one ends (as a schedule's point would) with a
         warning naming the sources whose documents are left undelivered.
         """
-        names = self.recipe.names
-        if not isinstance(weights, dict) or not weights:
-            raise RecipeError("set_weights: expected a non-empty dict of source name → weight")
-        unknown = sorted(str(k) for k in weights if k not in names)
-        if unknown:
-            raise RecipeError(f"set_weights: unknown source(s) {unknown}; sources: {names}")
-        for name, w in weights.items():
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not (
-                    math.isfinite(w) and w >= 0):
-                raise RecipeError(f"set_weights: weight of {name!r} must be a finite number "
-                                  f">= 0, got {w!r}")
-        raw = [float(weights.get(n, 0.0)) for n in names]
-        if not any(w > 0 for w in raw):
-            raise RecipeError("set_weights: every weight is 0 (at least one must be positive)")
-        normalized = tuple(normalize(raw))
+        normalized = override_weights(weights, self.recipe.names)
         if self._distributed and self.world_size > 1:
             mine = (self._next_global, normalized)
             gathered = dist.all_gather_objects(mine)
@@ -244,7 +238,7 @@ class Loader:
         were held back, so their skipped records count in `metrics()` and the state."""
         self._lane_states.update(pending)
         if self.recipe.finite:
-            _warn_left_over(self)
+            warn_left_over(self.recipe, self.metrics()["epochs"], self.rank)
             return
         _, weights = self._plan.at(self.next_global_batch)
         if not any(w > 0 and src.epochs is None for w, src in zip(weights, self.recipe.sources)):
@@ -279,11 +273,19 @@ class Loader:
             return self._pool.stream(dataset)
         if self.num_workers == 0:
             return iter(dataset)
+        dataset.ring = self._ring = BatchRing.for_layout(
+            self.layout, self.recipe.batch_size, self.num_workers, PREFETCH + 2)
         source = iter(DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
-                                 prefetch_factor=2, multiprocessing_context="fork",
+                                 prefetch_factor=PREFETCH, multiprocessing_context="fork",
                                  worker_init_fn=workers.init_fn(), collate_fn=sent_as_is))
         workers.adopt(source._workers)  # stopped at exit even if never closed
         return source
+
+    def _receive(self, data: Any, padding: bool) -> Any:
+        """A batch out of the ring (its slot freed at once), or what came as it is."""
+        if isinstance(data, InRing):
+            return self._ring.take(data, lambda wire: self.layout.from_wire(wire, padding))
+        return data
 
     def _run(self) -> Iterator[dict[str, torch.Tensor]]:
         """Batches until the stream ends (returns False) or the weights change (True)."""
@@ -303,6 +305,7 @@ class Loader:
                     return False
                 if "error" in meta:
                     raise meta["error"]
+                data = self._receive(data, meta["padding"])
                 expected = self._next_global + len(held) * self.world_size + self.rank
                 if meta["g"] != expected:
                     raise RuntimeError(f"internal error: got global batch {meta['g']}, "
@@ -360,20 +363,6 @@ class Loader:
             self.close()
         except Exception:
             pass
-
-
-def _warn_left_over(loader: Loader) -> None:
-    """A finite stream ended: name the sources this rank's lanes had not finished (their
-    weight was 0 from there on: a schedule, or `set_weights`), since their documents were
-    never delivered."""
-    epochs = loader.metrics()["epochs"]
-    left = [f"{src.name} ({epochs[src.name]:.4g} of {src.epochs} epochs)"
-            for src in loader.recipe.sources
-            if src.epochs is not None and epochs[src.name] < src.epochs]
-    if left:
-        log.warning("rank %d's stream ended with documents left in %s: every source with "
-                    "weight had run out, and these weigh 0 from there on (the schedule or "
-                    "set_weights)", loader.rank, ", ".join(left))
 
 
 def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,

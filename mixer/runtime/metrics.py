@@ -7,8 +7,13 @@ worker round trip) and the figures are exactly those of the delivered batches.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
+
+from mixer.config.recipe import Recipe
+
+log = logging.getLogger("mixer.loader")
 
 PER_SOURCE_SUMS = ("tokens", "documents", "skipped", "oversize")
 LISTING_REASON = "unreadable_file"   # files that listing skipped (on_error: skip)
@@ -98,3 +103,16 @@ def sum_metrics(per_rank: list[dict[str, Any]], snapshot: MetricsSnapshot) -> di
         "global_tokens": min(m["global_tokens"] for m in per_rank),
         "next_global": first["next_global"],
     }
+
+
+def warn_left_over(recipe: Recipe, epochs: dict[str, float], rank: int) -> None:
+    """A finite stream ended: name the sources this rank's lanes had not finished (their
+    weight was 0 from there on: a schedule, or `set_weights`), since their documents were
+    never delivered."""
+    left = [f"{src.name} ({epochs[src.name]:.4g} of {src.epochs} epochs)"
+            for src in recipe.sources
+            if src.epochs is not None and epochs[src.name] < src.epochs]
+    if left:
+        log.warning("rank %d's stream ended with documents left in %s: every source with "
+                    "weight had run out, and these weigh 0 from there on (the schedule or "
+                    "set_weights)", rank, ", ".join(left))
