@@ -33,7 +33,7 @@ def test_every_batch_arrives_equal_whether_in_a_slot_or_through_the_pipe(reads_n
     ring = BatchRing.for_layout(LAYOUT, 4, workers=1, slots=2)
     pending: list[tuple[int, InRing | Wire]] = []
     for seed, read_now in enumerate(reads_now):
-        pending.append((seed, ring.put(0, LAYOUT.to_wire(_batch(seed)))))
+        pending.append((seed, ring.send(0, LAYOUT, _batch(seed))))
         if read_now:
             while pending:
                 got_seed, item = pending.pop(0)
@@ -46,8 +46,9 @@ def test_every_batch_arrives_equal_whether_in_a_slot_or_through_the_pipe(reads_n
 
 def test_a_batch_larger_than_a_slot_crosses_through_the_pipe():
     ring = BatchRing(workers=1, slots=2, slot_bytes=4096)
-    item = ring.put(0, LAYOUT.to_wire(_batch(0, rows=32)))
-    assert isinstance(item, Wire) and len(item.data) > ring.slot_bytes
+    item = ring.send(0, LAYOUT, _batch(0, rows=32))
+    assert isinstance(item, Wire) and isinstance(item.data, bytes)
+    assert len(item.data) > ring.slot_bytes
 
 
 def test_a_forked_worker_writes_where_the_parent_reads():
@@ -55,7 +56,7 @@ def test_a_forked_worker_writes_where_the_parent_reads():
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:   # the worker: put a batch, send only where it is
-        item = ring.put(1, LAYOUT.to_wire(_batch(7)))
+        item = ring.send(1, LAYOUT, _batch(7))
         os.write(write_end, f"{item.slot} {item.size}".encode())
         os._exit(0)
     os.waitpid(pid, 0)
@@ -67,3 +68,16 @@ def test_a_forked_worker_writes_where_the_parent_reads():
     for key in LAYOUT.keys:
         np.testing.assert_array_equal(got[key], _batch(7)[key])
     assert not ring._flags.any()   # read: the slot is free again
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 6))
+def test_a_wire_written_in_place_holds_the_bytes_of_the_piped_one(seed, rows):
+    """`to_wire(batch, into)` casts each array straight into the slot: the same bytes as the
+    buffer it sends through the pipe."""
+    batch = _batch(seed, rows)
+    into = np.zeros(1 << 20, dtype=np.uint8)
+    in_place = LAYOUT.to_wire(batch, into)
+    piped = LAYOUT.to_wire(batch)
+    assert isinstance(in_place.data, memoryview) and bytes(in_place.data) == piped.data
+    assert in_place.shapes == piped.shapes

@@ -115,10 +115,10 @@ class _ImageLayout(BatchLayout):
     def _as_rows(pixels: np.ndarray) -> np.ndarray:
         return pixels
 
-    def to_wire(self, batch: Batch) -> Wire:
+    def to_wire(self, batch: Batch, into: np.ndarray | None = None) -> Wire:
         """The batch as it leaves a DataLoader worker: pixels made in shared memory
         (`images.shared`) are sent as their shared tensor, which crosses without a copy."""
-        wire = super().to_wire(batch)
+        wire = super().to_wire(batch, into)
         for key in wire.tensors:
             tensor = shared_tensor(batch.arrays[key])
             if tensor is not None:

@@ -142,11 +142,12 @@ class BatchLayout:
                             "source_ids": source_ids}, rows, padding)
 
     # -- crossing from a worker to the main process -------------------------------------------
-    def to_wire(self, batch: Batch) -> Wire:
+    def to_wire(self, batch: Batch, into: np.ndarray | None = None) -> Wire:
         """Small arrays in one buffer (each in its wire dtype, in `specs` order); arrays of at
         least `SHARED_BYTES` (pixels) as tensors, which DataLoader hands over in shared memory
-        instead of pickling them through the pipe."""
-        parts, shapes, tensors = [], [], {}
+        instead of pickling them through the pipe. With `into` (writable bytes) the buffer
+        is written there when it fits, and the wire's `data` is a view of it."""
+        small, shapes, tensors = [], [], {}
         for spec in self.specs:
             array = batch.arrays[spec.key]
             if spec.wire == spec.dtype and array.nbytes >= SHARED_BYTES:
@@ -154,9 +155,18 @@ class BatchLayout:
 
                 tensors[spec.key] = torch.from_numpy(np.ascontiguousarray(array))
                 continue
-            parts.append(np.ascontiguousarray(array, dtype=spec.wire).tobytes())
+            small.append((array, spec.wire))
             shapes.append((spec.key, tuple(array.shape)))
-        return Wire(b"".join(parts), shapes, tensors)
+        size = sum(array.size * wire.itemsize for array, wire in small)
+        if into is None or size > len(into):
+            return Wire(b"".join(np.ascontiguousarray(array, dtype=wire).tobytes()
+                                 for array, wire in small), shapes, tensors)
+        at = 0
+        for array, wire in small:   # cast straight into place: no intermediate copies
+            end = at + array.size * wire.itemsize
+            np.copyto(into[at:end].view(wire).reshape(array.shape), array, casting="unsafe")
+            at = end
+        return Wire(memoryview(into[:size]), shapes, tensors)
 
     def from_wire(self, wire: Wire, padding: bool) -> Batch:
         arrays, at = {}, 0

@@ -59,7 +59,6 @@ class Loader:
         check_workers(recipe.lanes, rank, world_size, num_workers, workers)
         self.workers = workers
         self._pool: ActorPool | None = None
-        self._ring: BatchRing | None = None   # DataLoader workers' batches cross through it
         self.recipe = recipe
         self.tables = tables
         self.tokenizer = tokenizer
@@ -273,7 +272,7 @@ class Loader:
             return self._pool.stream(dataset)
         if self.num_workers == 0:
             return iter(dataset)
-        dataset.ring = self._ring = BatchRing.for_layout(
+        dataset.ring = BatchRing.for_layout(
             self.layout, self.recipe.batch_size, self.num_workers, PREFETCH + 2)
         source = iter(DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
                                  prefetch_factor=PREFETCH, multiprocessing_context="fork",
@@ -281,10 +280,10 @@ class Loader:
         workers.adopt(source._workers)  # stopped at exit even if never closed
         return source
 
-    def _receive(self, data: Any, padding: bool) -> Any:
-        """A batch out of the ring (its slot freed at once), or what came as it is."""
+    def _receive(self, ring: BatchRing | None, data: Any, padding: bool) -> Any:
+        """A batch out of the workers' ring (its slot freed at once), or what came as it is."""
         if isinstance(data, InRing):
-            return self._ring.take(data, lambda wire: self.layout.from_wire(wire, padding))
+            return ring.take(data, lambda wire: self.layout.from_wire(wire, padding))
         return data
 
     def _run(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -305,7 +304,7 @@ class Loader:
                     return False
                 if "error" in meta:
                     raise meta["error"]
-                data = self._receive(data, meta["padding"])
+                data = self._receive(dataset.ring, data, meta["padding"])
                 expected = self._next_global + len(held) * self.world_size + self.rank
                 if meta["g"] != expected:
                     raise RuntimeError(f"internal error: got global batch {meta['g']}, "

@@ -3,9 +3,9 @@
 Through the DataLoader's pipe a 256 KB text batch costs the loader's process about 0.35 ms of
 CPU to receive (a tiny item 0.08 ms: `benchmarks/dataloader_floor.py`), more than a warm
 token cache takes to make it. So the ring is mapped before the workers fork (anonymous shared
-memory, inherited by every forked worker: no names, nothing to unlink): a worker copies its
-batch's wire buffer into one of its own slots and sends only the slot's number with the lane
-metadata; the loader's process reads the batch out of the slot (`from_wire` copies it into
+memory, inherited by every forked worker: no names, nothing to unlink): a worker writes its
+batch's wire buffer straight into one of its own slots and sends only the slot's number with
+the lane metadata; the loader's process reads the batch out of the slot (`from_wire` copies it into
 the user's arrays) and frees the slot.
 
 Each slot has a flag: 0 free, 1 filled. A worker writes only into a free slot of its own and
@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from mixer.pipeline.batch import SHARED_BYTES, BatchLayout, Wire
+from mixer.pipeline.batch import SHARED_BYTES, Batch, BatchLayout, Wire
 
 PAGE = 4096
 T = TypeVar("T")
@@ -42,7 +42,6 @@ class BatchRing:
     """`slots` slots of `slot_bytes` for each of `workers` workers, in one shared mapping."""
 
     def __init__(self, workers: int, slots: int, slot_bytes: int) -> None:
-        self.workers = workers
         self.slots = slots
         self.slot_bytes = -(-slot_bytes // PAGE) * PAGE
         count = workers * slots
@@ -62,18 +61,20 @@ class BatchRing:
         return cls(workers, slots, batch_size * layout.seq_len * 4 * len(layout.specs)
                    + SHARED_BYTES)
 
-    def put(self, worker: int, wire: Wire) -> InRing | Wire:
-        """In a worker: the wire's buffer copied into this worker's next slot, or the wire
-        itself (sent through the pipe) when that slot is still filled or too small."""
-        size = len(wire.data)
+    def send(self, worker: int, layout: BatchLayout, batch: Batch) -> InRing | Wire:
+        """In a worker: the batch's wire with its buffer written into this worker's next slot
+        (`InRing`), or the wire itself (sent through the pipe) when that slot is still
+        filled or too small."""
         slot = worker * self.slots + self._next[worker]
-        if size > self.slot_bytes or self._flags[slot]:
-            return wire
-        self._next[worker] = (self._next[worker] + 1) % self.slots
+        if self._flags[slot]:
+            return layout.to_wire(batch)
         start = slot * self.slot_bytes
-        self._data[start:start + size] = np.frombuffer(wire.data, dtype=np.uint8)
+        wire = layout.to_wire(batch, self._data[start:start + self.slot_bytes])
+        if not isinstance(wire.data, memoryview):
+            return wire   # larger than a slot
+        self._next[worker] = (self._next[worker] + 1) % self.slots
         self._flags[slot] = 1   # after the data: the reader frees it once it has read it
-        return InRing(slot, size, Wire(b"", wire.shapes, wire.tensors))
+        return InRing(slot, len(wire.data), Wire(b"", wire.shapes, wire.tensors))
 
     def take(self, item: InRing, read: Callable[[Wire], T]) -> T:
         """In the loader's process: `read(wire)` of the slot's batch, then the slot is free

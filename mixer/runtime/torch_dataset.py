@@ -11,7 +11,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from mixer.pipeline.batch import Batch, BatchLayout, Wire
 from mixer.runtime.lane_dataset import LaneDataset
-from mixer.runtime.ring import BatchRing, InRing
+from mixer.runtime.ring import BatchRing
 
 
 class TorchLaneDataset(LaneDataset, IterableDataset):
@@ -28,16 +28,11 @@ class TorchLaneDataset(LaneDataset, IterableDataset):
         if self.ring is None:
             return self.produce(info.id, info.num_workers, _wire)
         return self.produce(info.id, info.num_workers,
-                            functools.partial(_wire_in_ring, self.ring, info.id))
+                            functools.partial(self.ring.send, info.id))
 
 
 def _wire(layout: BatchLayout, batch: Batch) -> Wire:
     return layout.to_wire(batch)
-
-
-def _wire_in_ring(ring: BatchRing, worker: int, layout: BatchLayout,
-                  batch: Batch) -> InRing | Wire:
-    return ring.put(worker, layout.to_wire(batch))
 
 
 def sent_as_is(item: Any) -> Any:
