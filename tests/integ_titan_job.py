@@ -97,7 +97,8 @@ def main() -> None:
     # state_dict() gathers one state per DP rank.
     one = MixerDataLoader(recipe, dp_rank=0, dp_world_size=1)
     first = [titan_view(*batch)["input_ids"].sum().item() for _, batch in zip(range(2), one)]
-    print("ONE_DP_RANK", rank, first, unpack(one.state_dict())["next_global"], flush=True)
+    # One string, one write: the ranks share stdout, unbuffered under torchrun.
+    print(f"ONE_DP_RANK {rank} {first} {unpack(one.state_dict())['next_global']}", flush=True)
     dist.destroy_process_group()
     if rank == 0:   # 2 -> 1 DP ranks
         train(recipe, out, steps, "elastic")
