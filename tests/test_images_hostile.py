@@ -525,6 +525,9 @@ def test_the_pixel_budget_is_given_back_by_release_and_by_dropped_handles():
         a.release()                                  # frees room: the soonest waiting starts
         assert handle.held_ahead() == before + 2 * size
         assert e._future is not None and d._future is None
+        # Both made (a job's end starts waiting images: once e's has run, a budget freed
+        # later by a dropped handle starts nothing until the next release or prefetch).
+        e._future[1].result()
         b._future[1].result()                        # made; then dropped without a release
         del images, b
         for _ in range(100):                         # (the pool thread lets go of the job)
