@@ -305,8 +305,12 @@ def trainer_wait_rows(args: argparse.Namespace) -> list[dict]:
             step_s = mean / busy
             loader = mixer.build_loader(recipe, num_workers=2)
             source = iter(loader)
+            # The warm-up batches come in the trainer's rhythm too: taken back to back they
+            # would drain the loader's lead and charge the start-up to the first timed steps
+            # (the first batch has a target of its own).
             for _ in range(args.warmup + 1):
                 next(source)
+                time.sleep(step_s)
             waits = []
             start = time.perf_counter()
             for _ in range(args.batches):
@@ -320,14 +324,17 @@ def trainer_wait_rows(args: argparse.Namespace) -> list[dict]:
             rows.append({"busy": busy, "mean": mean * 1000, "cpu": cpu * 1000,
                          "step": step_s * 1000,
                          "share": 100 * sum(waits) / wall, "p50": np.percentile(ms, 50),
-                         "p99": np.percentile(ms, 99), "max": ms.max()})
+                         "p99": np.percentile(ms, 99), "max": ms.max(),
+                         "worst": ", ".join(f"{int(ms[i])}@{i}"
+                                            for i in np.argsort(ms)[::-1][:3])})
     return rows
 
 
 TRAINER_COLUMNS = [("busy", "loader busy (mean/step)"), ("mean", "mean batch ms (flat out)"),
                    ("cpu", "CPU ms/batch (all processes)"),
                    ("step", "step ms"), ("share", "wait % of wall"), ("p50", "wait p50 ms"),
-                   ("p99", "wait p99 ms"), ("max", "wait max ms")]
+                   ("p99", "wait p99 ms"), ("max", "wait max ms"),
+                   ("worst", "worst waits (ms@step)")]
 
 
 LATENCY_COLUMNS = [("workers", "num_workers"), ("first", "first batch ms"), ("p50", "p50 ms"),

@@ -203,17 +203,25 @@ def test_same_batches_with_any_worker_count_and_after_resume(corpus, layout):
     assert digests(take(twice, 11)) == reference[3:]
 
 
+def assert_elastic_resume(recipe: dict, reference: list[str], *, steps: int, rest: int,
+                          rank_workers: int, single_workers: int) -> None:
+    """Two ranks take `steps` batches each (rank r: global batches r, r + 2, ...); their
+    merged state resumes one process, which gives the next `rest` global batches."""
+    states = []
+    for rank in range(2):
+        part = mixer.build_loader(recipe, rank=rank, world_size=2, num_workers=rank_workers)
+        assert digests(take(part, steps)) == reference[rank:2 * steps:2]
+        states.append(part.state_dict())
+    single = mixer.build_loader(recipe, num_workers=single_workers)
+    single.load_state_dict(mixer.merge_states(states))
+    assert digests(take(single, rest)) == reference[2 * steps:2 * steps + rest]
+
+
 def test_elastic_resume_with_images(corpus):
     recipe = recipe_of(corpus)
     reference = digests(take(mixer.build_loader(recipe), 16))
-    states = []
-    for rank in range(2):
-        loader = mixer.build_loader(recipe, rank=rank, world_size=2, num_workers=2)
-        assert digests(take(loader, 3)) == reference[rank:6:2]
-        states.append(loader.state_dict())
-    single = mixer.build_loader(recipe, num_workers=1)
-    single.load_state_dict(mixer.merge_states(states))
-    assert digests(take(single, 10)) == reference[6:16]
+    assert_elastic_resume(recipe, reference, steps=3, rest=10, rank_workers=2,
+                          single_workers=1)
 
 
 def _delivered(batches, ids) -> tuple[Counter, Counter]:

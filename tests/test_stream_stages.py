@@ -109,5 +109,72 @@ def test_encode_ahead_gives_the_tokens_of_a_direct_encode(setup):
     direct = encoder(texts)
     for item, tokens in zip(win.items, direct):
         assert np.array_equal(item.encoded, tokens) and item.text == ""
-    for _, _, future in win.ahead:
+    for _, _, future, _ in win.ahead:
         future.cancel()
+
+
+class _Calls:
+    """An encoder that records each call's texts (the calls a stream cuts)."""
+
+    def __init__(self, encoder) -> None:
+        self.encoder = encoder
+        self.calls: list[tuple[str, ...]] = []
+
+    def __call__(self, texts: list[str]) -> list[np.ndarray]:
+        self.calls.append(tuple(texts))
+        return self.encoder(texts)
+
+
+@pytest.mark.parametrize("limit", [0, 300, 100_000])
+def test_the_process_budget_of_text_ahead_changes_no_call_and_no_token(setup, monkeypatch,
+                                                                        limit):
+    """Windows (one per stream) consumed in turn, within a process budget of text queued
+    ahead: never more than the budget is held, the tokenizer gets the same calls as without
+    one, and every share is given back once the windows are dropped."""
+    from mixer.tokenize.encoding import TEXT_AHEAD
+
+    _, _, encoder = setup
+    # 0.1-3 KB each: the calls are cut by their text budgets (32 KB, doubling), not by count
+    texts = [f"document {i} " + "word " * (20 + 40 * (i % 17)) for i in range(400)]
+
+    def run() -> tuple[list[tuple[str, ...]], list[np.ndarray]]:
+        calls = _Calls(encoder)
+        ahead = EncodeAhead(calls, None)
+        windows = [Window([WindowItem(t) for t in texts[w::5]], (0, 0, 0), True, 0, {})
+                   for w in range(5)]
+        for at in range(len(windows[0].items)):   # streams interleaved, as the mixer draws
+            for win in windows:
+                if at < len(win.items) and win.items[at].encoded is None:
+                    ahead.tokenize_from(win, at)
+                assert TEXT_AHEAD.held() <= TEXT_AHEAD.limit
+        tokens = [item.encoded for win in windows for item in win.items]
+        for win in windows:
+            for _, _, future, _ in win.ahead:
+                future.cancel()
+        return sorted(calls.calls), tokens
+
+    unlimited_calls, unlimited_tokens = run()
+    monkeypatch.setattr(TEXT_AHEAD, "limit", limit)
+    calls, tokens = run()
+    assert calls == unlimited_calls
+    assert all(np.array_equal(a, b) for a, b in zip(tokens, unlimited_tokens, strict=True))
+    assert TEXT_AHEAD.held() == 0
+
+
+def test_a_loader_within_a_tiny_budget_of_text_ahead_gives_the_same_batches(
+        three_sources, monkeypatch):
+    from helpers import batch_digest
+
+    from mixer.tokenize.encoding import TEXT_AHEAD
+
+    recipe, _ = three_sources
+
+    def digests() -> list[str]:
+        loader = mixer.build_loader(recipe, num_workers=0)
+        out = [batch_digest(batch) for _, batch in zip(range(40), loader)]
+        loader.close()
+        return out
+
+    expected = digests()
+    monkeypatch.setattr(TEXT_AHEAD, "limit", 200)
+    assert digests() == expected

@@ -110,6 +110,58 @@ class OpenLimit:
         return len(self._own())
 
 
+class Held:
+    """A share of a `ByteBudget`: given back when this object is collected."""
+
+    __slots__ = ("nbytes", "__weakref__")
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+class ByteBudget:
+    """Bytes that a kind of resource may hold in this process, all of its holders together.
+
+    `hold(nbytes)` counts `nbytes` against the limit if they fit and returns a `Held` that
+    gives them back when it is collected (None if they do not fit): kept beside what it
+    accounts for, it is never leaked on any path that drops that (taken, taken back, a
+    window abandoned by a resume). A forked child starts with none held (the parent's
+    holders are not the child's)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._pid = os.getpid()
+        self._held = 0
+        # Re-entrant: a finalizer (`_give`) may run from the garbage collector on a thread
+        # that is inside `hold`.
+        self._lock = threading.RLock()
+
+    def _own(self) -> None:
+        if self._pid != os.getpid():
+            self._pid, self._held, self._lock = os.getpid(), 0, threading.RLock()
+
+    def hold(self, nbytes: int) -> Held | None:
+        """A share of `nbytes`, if the limit allows."""
+        self._own()
+        with self._lock:
+            if self._held + nbytes > self.limit:
+                return None
+            self._held += nbytes
+        held = Held(nbytes)
+        weakref.finalize(held, self._give, os.getpid(), nbytes).atexit = False
+        return held
+
+    def _give(self, pid: int, nbytes: int) -> None:
+        if pid == self._pid == os.getpid():
+            with self._lock:
+                self._held -= nbytes
+
+    def held(self) -> int:
+        """Bytes held in this process now."""
+        self._own()
+        return self._held
+
+
 class FreedMemory:
     """Gives the memory that glibc's malloc keeps after `free` back to the system, at most
     once per `interval` seconds (`malloc_trim`; a no-op where the C library has none).

@@ -10,6 +10,7 @@ import numpy as np
 from mixer.core.document import Document, DocumentBuilder
 from mixer.pipeline.window import Window
 from mixer.tokenize.encoding import (
+    TEXT_AHEAD,
     TEXT_CHUNKS_AHEAD,
     TOKENIZE_BYTES,
     TOKENIZE_DOCS,
@@ -67,20 +68,22 @@ class EncodeAhead:
         """Encode the chunk at `start` into the items; keep the following chunks encoding
         meanwhile (`TEXT_CHUNKS_AHEAD` of text, one of built documents)."""
         if not (win.ahead and win.ahead[0][0] == start):
-            for _, _, queued in win.ahead:
-                queued.cancel()
-            win.ahead = []   # a jump (a resume inside the window): start over from here
-            win.chunk_bytes = TOKENIZE_BYTES
-            self.submit_ahead(win, start, 1)
+            if win.ahead or start != win.encoded_end:
+                for _, _, queued, _ in win.ahead:
+                    queued.cancel()
+                win.ahead = []   # a jump (a resume inside the window): start over from here
+                win.chunk_bytes = TOKENIZE_BYTES
+            # (else the process's budget of text ahead left this chunk to be encoded now)
+            self.submit_ahead(win, start, 1, needed=True)
         if win.ahead:
-            _, stop, future = win.ahead.pop(0)
+            _, stop, future, _ = win.ahead.pop(0)   # (its share of the budget given back)
             # Not started yet (the threads are busy with other chunks): encode it here rather
             # than wait behind them.
             encoded = (self.encode(win, start, stop)
                        if self.documents is None and future.cancel() else future.result())
         else:   # pre-tokenized items only: nothing was submitted, they pass through
             encoded = self.encode(win, start, self.chunk_stop(win, start))
-        stop = start + len(encoded)
+        stop = win.encoded_end = start + len(encoded)
         for i in range(start, stop):
             item = win.items[i]
             item.encoded = encoded[i - start]
@@ -90,13 +93,23 @@ class EncodeAhead:
             item.images = ()
         self.submit_ahead(win, stop, 1 if self.documents is not None else TEXT_CHUNKS_AHEAD)
 
-    def submit_ahead(self, win: Window, start: int, chunks: int) -> None:
-        """Queue chunks after those already queued, from `start`, until `chunks` are."""
+    def submit_ahead(self, win: Window, start: int, chunks: int, *, needed: bool = False
+                     ) -> None:
+        """Queue chunks after those already queued, from `start`, until `chunks` are. Text
+        chunks queue only within the process's `TEXT_AHEAD` budget, unless `needed` now."""
         pool = encoding_thread() if self.documents is not None else encoding_pool()
         at = win.ahead[-1][1] if win.ahead else start
         while len(win.ahead) < chunks and at < len(win.items):
+            budget = win.chunk_bytes
             stop = self.chunk_stop(win, at)
-            if not any(isinstance(win.items[i].text, str) for i in range(at, stop)):
+            texts = [item.text for item in win.items[at:stop] if isinstance(item.text, str)]
+            if not texts:
                 break   # pre-tokenized items: nothing to encode
-            win.ahead.append((at, stop, pool.submit(self.encode, win, at, stop)))
+            held = None
+            if not needed and self.documents is None:
+                held = TEXT_AHEAD.hold(sum(map(len, texts)))
+                if held is None:
+                    win.chunk_bytes = budget   # cut again, the same, when it is needed
+                    break
+            win.ahead.append((at, stop, pool.submit(self.encode, win, at, stop), held))
             at = stop

@@ -14,6 +14,7 @@ from typing import Any
 
 from mixer.cache.replay import Replay
 from mixer.core.errors import DataError
+from mixer.core.resources import Held
 from mixer.core.rng import derive_key, permutation
 from mixer.pipeline.settings import StreamSettings
 from mixer.pipeline.slice_reader import Cursor3, SliceReader
@@ -48,8 +49,10 @@ class Window:
     inner_start: float = -1.0
     inner_end: float = -1.0
     span: tuple[float, float] | None = None   # the slice's part before its start and end
-    ahead: list[tuple[int, int, Future]] = field(default_factory=list)  # chunks queued: start, stop
+    # chunks queued: start, stop, tokens, share of the process's `TEXT_AHEAD` (None if needed)
+    ahead: list[tuple[int, int, Future, Held | None]] = field(default_factory=list)
     chunk_bytes: int = TOKENIZE_BYTES  # text budget of the next chunk cut (doubles per chunk)
+    encoded_end: int = 0        # end of the chunks encoded so far (where the next one starts)
     prefetch_end: int = 0       # documents before this one have their images decoding
     prefetch_tokens: int = 0    # tokens of the documents after `pos` and before that
 

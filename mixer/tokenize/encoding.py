@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from mixer.core.resources import PerProcess
+from mixer.core.resources import ByteBudget, PerProcess
 
 # One tokenizer call takes at most TOKENIZE_DOCS documents and, for text, stops once its text
 # reaches a budget that starts at TOKENIZE_BYTES (a window's first rows wait for one small
@@ -33,6 +33,12 @@ def next_budget(budget: int) -> int:
 # packer's thread, so a deep queue never delays it, and every chunk queued is tokens encoded
 # before they are needed (docs/benchmarks.md, "Tokenizer calls").
 TEXT_CHUNKS_AHEAD = 1
+# Text bytes that all the streams of a process together may keep queued ahead: one chunk per
+# (lane, source) stream would grow with lanes x sources (100 sources x 8 lanes, 800 chunks of
+# up to 128 KB of text and then their tokens). Past it a stream's next chunk is encoded when
+# it is needed, cut where it would have been cut ahead: the same calls, the same tokens.
+TEXT_AHEAD_BYTES = 4 << 20
+TEXT_AHEAD = ByteBudget(TEXT_AHEAD_BYTES)
 # Concurrent text-encoding calls per process: a document is the unit the tokenizer's threads
 # share out, so fewer calls at once leave a core idle part of the time.
 ENCODING_THREADS = 4
