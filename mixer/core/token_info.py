@@ -20,3 +20,6 @@ class TokenizerInfo:
     # (`mixer.tokenize.verify.resolve_backend`); never part of a state or cache key, since both
     # give the same ids wherever it is "fastokens".
     backend: str = "hf"
+    # The recipe asked for fastokens (`tokenizer_backend: fastokens`): a process where it
+    # cannot load refuses. Chosen by `auto`, such a process encodes with `tokenizers` (same ids).
+    required: bool = False

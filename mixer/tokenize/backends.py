@@ -113,11 +113,25 @@ class Unavailable(Exception):
     (`fastokens not installed`, `Metaspace pre-tokenizer unsupported`)."""
 
 
-def fastokens_version() -> str | None:
-    """The installed fastokens' version, or None where it cannot be imported."""
+def fastokens_missing() -> str | None:
+    """Why fastokens cannot be imported here (`fastokens not installed`, or `cannot import
+    fastokens (...)` for an installed one that fails to load), or None where it can."""
     try:
         import fastokens  # noqa: F401
-    except ImportError:
+    except ImportError as exc:
+        return _import_reason(exc)
+    return None
+
+
+def _import_reason(exc: ImportError) -> str:
+    if isinstance(exc, ModuleNotFoundError) and exc.name == "fastokens":
+        return "fastokens not installed"
+    return f"cannot import fastokens ({exc})"
+
+
+def fastokens_version() -> str | None:
+    """The installed fastokens' version, or None where it cannot be imported."""
+    if fastokens_missing() is not None:
         return None
     from importlib.metadata import PackageNotFoundError, version
     try:
@@ -157,15 +171,26 @@ def _load_fastokens(file: str, digest: str) -> FastokensBackend:
     try:
         import fastokens
     except ImportError as exc:
-        raise Unavailable("fastokens not installed" if isinstance(exc, ModuleNotFoundError)
-                          else f"cannot import fastokens ({exc})") from None
+        raise Unavailable(_import_reason(exc)) from None
     set_fastokens_threads()
     try:
         tok = fastokens.Tokenizer.from_file(file)
     except Exception as exc:   # its ValueError names the component it does not support
         raise Unavailable(_reason(exc)) from None
+    whole_documents(tok)
     held = _fast_loaded[(file, digest)] = FastokensBackend(tok)
     return held
+
+
+def whole_documents(tok: Any) -> list[str]:
+    """Turn off the `padding` and `truncation` a tokenizer.json may carry (both libraries
+    apply them in batch calls): mixer encodes whole documents and packing cuts them, so
+    padding would put pad ids inside documents and truncation would drop their ends. The
+    names of the settings turned off."""
+    off = [name for name in ("padding", "truncation") if getattr(tok, name) is not None]
+    tok.no_padding()
+    tok.no_truncation()
+    return off
 
 
 _fast_loading: dict[tuple[str, str], threading.Thread] = {}
@@ -186,7 +211,9 @@ def preload_fastokens(file: str, digest: str) -> None:
             _load_fastokens(file, digest)
         except Unavailable:
             pass
-    thread = threading.Thread(target=load, name="mixer-fastokens-load", daemon=True)
+    # Not a daemon: the interpreter waits for it at exit (a process that ends while fastokens
+    # is still parsing, e.g. a script that fails before its first batch, aborts otherwise).
+    thread = threading.Thread(target=load, name="mixer-fastokens-load", daemon=False)
     _fast_loading[key] = thread
     thread.start()
 

@@ -6,14 +6,14 @@ every Unicode general category but the surrogates (which no valid UTF-8 holds), 
 sequences, flags and keycaps, CJK, Arabic and Hebrew, Devanagari and Thai, combining marks,
 NFC/NFD (and NFKC) pairs, whitespace runs of every kind, digit runs, code, URLs, a 20 KB word
 without spaces, 10,000 repeats of one character, and each of the tokenizer's `added` tokens
-inside running text.
+inside running text and beside the added tokens that take or give whitespace.
 """
 
 from __future__ import annotations
 
 import unicodedata
 
-STRESS_VERSION = 1
+STRESS_VERSION = 2
 LONG_WORD_CHARS = 20 << 10
 REPEATS = 10_000
 
@@ -121,9 +121,23 @@ def _added(added: list[str]) -> str:
     return "".join(parts)
 
 
-def stress_sections(added: list[str]) -> list[tuple[str, str]]:
+def _pairs(added: list[str], partners: list[str]) -> str:
+    """Each added token next to each partner (tokens that take or give whitespace: lstrip,
+    rstrip, an edge of spaces, not special), both ways round, glued, one or two spaces or a
+    newline apart: where one token strips the whitespace that begins the next, the libraries
+    may disagree on who owns it."""
+    parts = []
+    for token in added:
+        for partner in partners:
+            for sep in ("", " ", "  ", "\n"):
+                parts.append(f"w{token}{sep}{partner} w{partner}{sep}{token} ")
+    return "".join(parts)
+
+
+def stress_sections(added: list[str], partners: list[str] = ()) -> list[tuple[str, str]]:
     """(name, text) of each section of the stress text, `added` (the tokenizer's added and
-    special tokens) included; the last section is all the others joined by newlines."""
+    special tokens) included, each also beside each of `partners` (see `_pairs`); the last
+    section is all the others but the pairs joined by newlines."""
     sections = [("categories", _categories()), ("emoji", _EMOJI), ("cjk", _CJK),
                 ("arabic-hebrew", _RTL), ("devanagari-thai", _INDIC_THAI),
                 ("combining", _COMBINING), ("normal-forms", _normal_forms()),
@@ -132,4 +146,6 @@ def stress_sections(added: list[str]) -> list[tuple[str, str]]:
                 ("repeats", "a" * REPEATS), ("repeats-multibyte", "é" * REPEATS),
                 ("added-tokens", _added(added))]
     sections.append(("all", "\n".join(text for _, text in sections)))
+    # (not in "all": each pair is a context of its own, and they grow with the added tokens)
+    sections.insert(-1, ("added-pairs", _pairs(added, partners)))
     return sections

@@ -26,6 +26,7 @@ from mixer.tokenize.backends import (
     finish_preloads,
     load_fastokens,
     preload_fastokens,
+    whole_documents,
 )
 
 __all__ = ["Encoder", "finish_preloads", "resolve_recipe_tokenizer", "resolve_tokenizer"]
@@ -48,6 +49,10 @@ def _load(file: str, digest: str) -> Tokenizer:
     tok = _loaded.get((file, digest))
     if tok is None:
         tok = _loaded[(file, digest)] = Tokenizer.from_file(file)
+        off = whole_documents(tok)
+        if off:
+            log.info("tokenizer %s: its %s turned off (mixer encodes whole documents; "
+                     "packing cuts them)", file, " and ".join(off))
     return tok
 
 
@@ -216,8 +221,12 @@ def load_backend(info: TokenizerInfo) -> Backend:
         try:
             return load_fastokens(info.path, info.digest)
         except Unavailable as exc:   # chosen where it loaded: another machine or install
-            raise RecipeError(f"tokenizer_backend: fastokens cannot encode with "
-                              f"{info.path!r} in this process: {exc}") from None
+            if info.required:
+                raise RecipeError(f"tokenizer_backend: fastokens cannot encode with "
+                                  f"{info.path!r} in this process: {exc}") from None
+            log.warning("tokenizer backend: tokenizers in process %d (fastokens, chosen "
+                        "where the loader was built, cannot load here: %s; the same ids)",
+                        os.getpid(), exc)
     return HfBackend(_load(info.path, info.digest))
 
 

@@ -27,6 +27,7 @@ from mixer.tokenize.backends import (
     FastokensBackend,
     HfBackend,
     Unavailable,
+    fastokens_missing,
     fastokens_version,
     load_fastokens,
 )
@@ -73,8 +74,10 @@ class BackendChoice:
         if self.info.backend == "fastokens" and not v.documents:
             return "fastokens (verified on the stress text; no source text)"
         if self.info.backend == "fastokens":
-            return (f"fastokens (verified on {v.documents:,} documents, "
-                    f"{v.text_bytes / 1e6:.1f} MB)")
+            size = (f"{v.text_bytes / 1e6:.1f} MB" if v.text_bytes >= 100_000 else
+                    f"{v.text_bytes / 1e3:.1f} KB")
+            return (f"fastokens (verified on {v.documents:,} "
+                    f"document{'' if v.documents == 1 else 's'}, {size})")
         return f"tokenizers (fastokens: {v.reason})"
 
 
@@ -91,17 +94,17 @@ def resolve_backend(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] 
     verdict, cached = _verdict(recipe, info, tables, info_cache)
     if verdict.ok:
         use_fastokens_encoding_threads()   # (before the first chunk is handed to the pool)
-        choice = BackendChoice(dataclasses.replace(info, backend="fastokens"), wanted, verdict,
-                               cached)
+        choice = BackendChoice(dataclasses.replace(info, backend="fastokens",
+                                                   required=wanted == "fastokens"),
+                               wanted, verdict, cached)
         log.info("tokenizer backend: %s", choice.describe())
         return choice
     if wanted == "fastokens":
         raise RecipeError(f"tokenizer_backend: fastokens is not usable with "
                           f"{info.path!r}: {verdict.reason}")
     choice = BackendChoice(dataclasses.replace(info, backend="hf"), wanted, verdict, cached)
-    # Not loading is expected (a component fastokens lacks, no wheel); differing ids are not.
-    level = logging.WARNING if verdict.reason.startswith("differs") else logging.INFO
-    log.log(level, "tokenizer backend: %s", choice.describe())
+    # A warning: without logging set up, INFO lines are not shown, and a fallback costs speed.
+    log.warning("tokenizer backend: %s", choice.describe())
     return choice
 
 
@@ -161,14 +164,16 @@ def _verdict(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None,
     """(verdict, whether it was cached) for fastokens on this tokenizer and these sources."""
     version = fastokens_version()
     if version is None:
-        return Verdict(False, "fastokens not installed"), False
+        return Verdict(False, fastokens_missing() or "fastokens not installed"), False
     if tables is None:
         return verify(recipe, info, None)[0], False
     key = _key(recipe, info, version, tables)
     for held in (_verdicts.get(key), None):
         if held is None:
             held = _read(cache_folder(info_cache) / f"backend-{key}.json", key)
-        if held is not None and sample.still_listed(held[1], recipe, tables):
+        # (a refusal before any source was sampled, `sampled` empty, holds whatever they list)
+        if held is not None and (not held[0].ok and not held[1]
+                                 or sample.still_listed(held[1], recipe, tables)):
             _verdicts[key] = held
             return held[0], True
     verdict, sampled = verify(recipe, info, tables)
@@ -205,10 +210,7 @@ def verify(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None
 
 
 def _check_tokenizer(hf: HfBackend, fast: FastokensBackend) -> str | None:
-    """Settings fastokens' batch call does not share with `tokenizers`, and the added tokens'
-    ids."""
-    if hf.tok.padding is not None:
-        return "the tokenizer pads batches (`padding` in tokenizer.json)"
+    """The added tokens' ids (padding and truncation are off in both: `whole_documents`)."""
     for token in _added_tokens(hf):
         ours, theirs = hf.token_to_id(token), fast.token_to_id(token)
         if ours != theirs:
@@ -222,6 +224,22 @@ def _added_tokens(hf: HfBackend) -> list[str]:
     return [decoder[i].content for i in sorted(decoder)]
 
 
+PAIR_PARTNERS = 16   # at most: every added token is set beside each (see `stress._pairs`)
+
+
+def _pair_partners(hf: HfBackend) -> list[str]:
+    """The added tokens that take or give whitespace, those with the most ways first."""
+    decoder = hf.tok.get_added_tokens_decoder()
+
+    def ways(t: Any) -> int:
+        edges = bool(t.content) and (t.content[0].isspace() or t.content[-1].isspace())
+        return t.lstrip + t.rstrip + t.single_word + (not t.special) + edges
+
+    tokens = [decoder[i] for i in sorted(decoder)]
+    ranked = sorted((t for t in tokens if ways(t)), key=ways, reverse=True)
+    return [t.content for t in ranked[:PAIR_PARTNERS]]
+
+
 # Stress verdicts in this process by (digest, file): the stress text does not depend on data.
 _stress: dict[tuple[str, str], str | None] = {}
 
@@ -229,7 +247,7 @@ _stress: dict[tuple[str, str], str | None] = {}
 def _stress_mismatch(hf: HfBackend, fast: FastokensBackend, info: TokenizerInfo) -> str | None:
     if (info.digest, info.path) in _stress:
         return _stress[(info.digest, info.path)]
-    sections = stress_sections(_added_tokens(hf))
+    sections = stress_sections(_added_tokens(hf), _pair_partners(hf))
     texts = [text for _, text in sections]
     found = _first_mismatch(hf, fast, texts)
     why = None
