@@ -103,8 +103,9 @@ def resolve_backend(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] 
         raise RecipeError(f"tokenizer_backend: fastokens is not usable with "
                           f"{info.path!r}: {verdict.reason}")
     choice = BackendChoice(dataclasses.replace(info, backend="hf"), wanted, verdict, cached)
-    # A warning: without logging set up, INFO lines are not shown, and a fallback costs speed.
-    log.warning("tokenizer backend: %s", choice.describe())
+    # Not loading is expected (a component fastokens lacks, no wheel); differing ids are not.
+    level = logging.WARNING if verdict.reason.startswith("differs") else logging.INFO
+    log.log(level, "tokenizer backend: %s", choice.describe())
     return choice
 
 
