@@ -363,10 +363,10 @@ loader = mixer.build_loader(sys.argv[1])   # warm: fastokens still loading on it
 def test_a_process_that_ends_while_fastokens_loads_exits_cleanly(recipe, tmp_path):
     mixer.build_loader(recipe)   # the verdict kept (in this test's XDG_CACHE_HOME)
     (tmp_path / "r.json").write_text(json.dumps(recipe))
-    for _ in range(2):
-        out = procs.run([sys.executable, "-c", EXIT_EARLY_SCRIPT, str(tmp_path / "r.json")],
-                        timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert out.returncode == 0, out.stderr[-2000:]
+    # (before the fix, 17 of 18 such runs aborted: SIGABRT, "exception not rethrown")
+    out = procs.run([sys.executable, "-c", EXIT_EARLY_SCRIPT, str(tmp_path / "r.json")],
+                    timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 # -- the verdict, cached -----------------------------------------------------------------------
