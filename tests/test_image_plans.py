@@ -1,0 +1,71 @@
+"""The lower resolutions tried for a document's images, all images at once (issue 22 review:
+each image's steps carried the last image's index, so one image was given another's plans
+and two equal budgets compared plans and raised TypeError)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mixer
+from mixer.cache.store import tokenizer_info_dir
+from mixer.images.layouts import image_layout
+from mixer.tokenize import Encoder
+from mixer.tokenize.tokenizer import resolve_recipe_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _builder():
+    data = yaml.safe_load((ROOT / "recipes" / "multimodal_demo.yaml").read_text())
+    data["base_dir"] = str(ROOT / "recipes")
+    data["tokenizer_backend"] = "hf"
+    recipe = mixer.load_recipe(data)
+    info = resolve_recipe_tokenizer(recipe, tokenizer_info_dir(recipe))
+    return image_layout(recipe, info).document_builder(Encoder(info), "pictures")
+
+
+BUILDER = _builder()
+
+
+def expected_plans(sizes: list[tuple[int, int]]) -> list[list]:
+    """Each image on its own ladder (`iter_budgeted_plans`), stepped down together: at each
+    budget where some image's plan shrinks, every image at its plan for that budget, none
+    below min_pixels (or its recipe plan, when that is below)."""
+    processing = BUILDER.processing
+    ladders = [list(processing.iter_budgeted_plans(w, h)) for w, h in sizes]
+    current = [ladder[0][1] for ladder in ladders]
+    floors = [min(BUILDER.settings.min_pixels, p.width * p.height) for p in current]
+    out = [list(current)]
+    budgets = sorted({b for ladder in ladders for b, _ in ladder[1:]}, reverse=True)
+    for budget in budgets:
+        step = list(current)
+        for i, ladder in enumerate(ladders):
+            plan = min((b, k) for k, (b, _) in enumerate(ladder) if b >= budget)
+            plan = ladder[plan[1]][1]
+            if plan.width * plan.height >= floors[i]:
+                step[i] = plan
+        if step != current:
+            out.append(step)
+            current = step
+    return out
+
+
+sizes = st.lists(st.tuples(st.integers(20, 1600), st.integers(20, 1600)), min_size=1,
+                 max_size=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes)
+def test_every_image_steps_down_its_own_ladder(image_sizes):
+    assert list(BUILDER._plans(image_sizes)) == expected_plans(image_sizes)
+
+
+def test_two_images_of_the_same_shape_step_down_together():
+    # equal budgets for both at every step: the merge must not compare their plans
+    plans = list(BUILDER._plans([(448, 448), (448, 448), (301, 1203)]))
+    assert len(plans) > 1 and all(p[0] == p[1] for p in plans)
+    assert plans == expected_plans([(448, 448), (448, 448), (301, 1203)])
