@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -81,3 +82,65 @@ def test_a_wire_written_in_place_holds_the_bytes_of_the_piped_one(seed, rows):
     piped = LAYOUT.to_wire(batch)
     assert isinstance(in_place.data, memoryview) and bytes(in_place.data) == piped.data
     assert in_place.shapes == piped.shapes
+
+
+# -- the loader: every batch through the ring ----------------------------------------------------
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def _recipe(name: str, **changes) -> dict:
+    import yaml
+
+    data = yaml.safe_load((ROOT / "recipes" / name).read_text())
+    return {**data, "base_dir": str(ROOT / "recipes"), **changes}
+
+
+@pytest.mark.parametrize(("name", "changes"), [
+    ("demo.yaml", {}),
+    ("multimodal_demo.yaml", {}),
+    ("multimodal_demo.yaml", {"images": {"layout": "llava", "max_patches_per_batch": None}}),
+    # qwen2_vl's positions are [4, B, L]: four tokens' worth of wire each; at B·L = 2^18 they
+    # no longer fit in slack sized for [B, L] arrays
+    ("multimodal_demo.yaml", {"seq_len": 32768, "batch_size": 8}),
+    ("video_demo.yaml", {"images": {"layout": "qwen2_5_vl", "video": {}}}),
+])
+def test_the_loader_receives_every_batch_through_the_ring(monkeypatch, name, changes):
+    import mixer
+    from mixer.runtime.loader import Loader
+
+    recipe = _recipe(name, **changes)
+    if "images" in changes:   # (layout changes keep the recipe's other image settings)
+        recipe["images"] = {**_recipe(name)["images"], **changes["images"]}
+    expected = [_digest(b) for _, b in zip(range(4), mixer.build_loader(recipe))]
+    kinds: list[str] = []
+    real = Loader._receive
+    monkeypatch.setattr(Loader, "_receive", lambda self, ring, data, padding: (
+        kinds.append(type(data).__name__), real(self, ring, data, padding))[1])
+    loader = mixer.build_loader(recipe, num_workers=2)
+    got = [_digest(b) for _, b in zip(range(4), loader)]
+    loader.close()
+    assert got == expected
+    assert kinds == ["InRing"] * 4
+
+
+def _digest(batch: dict) -> str:
+    from helpers import batch_digest
+
+    return batch_digest(batch)
+
+
+def test_a_ring_the_system_will_not_map_leaves_batches_to_the_pipe(monkeypatch, caplog):
+    import mixer
+    from mixer.runtime import ring
+
+    def refuse(self, workers, slots, slot_bytes):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(ring.BatchRing, "__init__", refuse)
+    recipe = _recipe("demo.yaml")
+    expected = [_digest(b) for _, b in zip(range(3), mixer.build_loader(recipe))]
+    with caplog.at_level("WARNING", logger="mixer.loader"):
+        loader = mixer.build_loader(recipe, num_workers=2)
+        assert [_digest(b) for _, b in zip(range(3), loader)] == expected
+        loader.close()
+    assert "no shared-memory ring" in caplog.text and "Cannot allocate memory" in caplog.text

@@ -33,8 +33,8 @@ from mixer.tokenize import Encoder
 
 QWEN2_VL_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 QWEN2_VL_VIDEO_TOKEN = "<|video_pad|>"
-VIDEO_SPECS = (ArraySpec("pixel_values_videos", FLOAT32, FLOAT32),
-               ArraySpec("video_grid_thw", INT64, INT32))
+VIDEO_SPECS = (ArraySpec("pixel_values_videos", FLOAT32, FLOAT32, per_token=0),
+               ArraySpec("video_grid_thw", INT64, INT32, per_token=0))
 LLAVA_TOKEN = "<image>"
 
 
@@ -129,10 +129,11 @@ class _ImageLayout(BatchLayout):
 class Qwen2VLLayout(_ImageLayout):
     name = "qwen2_vl"
     specs = (ArraySpec("input_ids", INT64, INT32), ArraySpec("labels", INT64, INT32),
-             ArraySpec("position_ids", INT64, INT32), ArraySpec("source_ids", INT64, INT32),
+             ArraySpec("position_ids", INT64, INT32, per_token=4),
+             ArraySpec("source_ids", INT64, INT32),
              ArraySpec("mm_token_type_ids", INT64, INT32),
-             ArraySpec("pixel_values", FLOAT32, FLOAT32),
-             ArraySpec("image_grid_thw", INT64, INT32))
+             ArraySpec("pixel_values", FLOAT32, FLOAT32, per_token=0),
+             ArraySpec("image_grid_thw", INT64, INT32, per_token=0))
     video_specs = VIDEO_SPECS   # added to `specs` when the recipe has `images.video`
 
     def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:
@@ -212,7 +213,8 @@ class Qwen2_5VLLayout(Qwen2VLLayout):
     tokens_per_second · second_per_grid_ts, with `second_per_grid_ts` in the batch."""
 
     name = "qwen2_5_vl"
-    video_specs = (*VIDEO_SPECS, ArraySpec("second_per_grid_ts", FLOAT32, FLOAT32))
+    video_specs = (*VIDEO_SPECS, ArraySpec("second_per_grid_ts", FLOAT32, FLOAT32,
+                                           per_token=0))
 
     def _interval(self, plan) -> float:
         if not isinstance(plan, VideoPlan):
@@ -233,7 +235,7 @@ class LlavaLayout(_ImageLayout):
     name = "llava"
     specs = (ArraySpec("input_ids", INT64, INT32), ArraySpec("labels", INT64, INT32),
              ArraySpec("position_ids", INT64, INT32), ArraySpec("source_ids", INT64, INT32),
-             ArraySpec("pixel_values", FLOAT32, FLOAT32))
+             ArraySpec("pixel_values", FLOAT32, FLOAT32, per_token=0))
 
     def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:
         (image,) = _token_ids(tokenizer, (LLAVA_TOKEN,), "llava")

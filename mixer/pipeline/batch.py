@@ -31,11 +31,14 @@ INT64, INT32, FLOAT32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.floa
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """One array of a batch: its dtype for the user and its (smaller) dtype on the wire."""
+    """One array of a batch: its dtype for the user and its (smaller) dtype on the wire, and
+    its values per token of the batch (`[B, L]`: 1; qwen2_vl's `[4, B, L]` positions: 4; 0
+    for arrays not sized by the tokens: pixels, image grids)."""
 
     key: str
     dtype: np.dtype
     wire: np.dtype
+    per_token: int = 1
 
 
 SHARED_BYTES = 1 << 20
@@ -92,6 +95,14 @@ class BatchLayout:
     @property
     def keys(self) -> tuple[str, ...]:
         return tuple(spec.key for spec in self.specs)
+
+    def wire_bytes(self, batch_size: int) -> int:
+        """At most the bytes of one batch's wire buffer (`to_wire`): the arrays sized by the
+        tokens, and under `SHARED_BYTES` for each other one (a larger one crosses as a tensor;
+        an image grid holds 12 bytes an image, which no batch makes a megabyte of)."""
+        tokens = batch_size * self.seq_len
+        return sum(tokens * spec.per_token * spec.wire.itemsize if spec.per_token
+                   else SHARED_BYTES for spec in self.specs)
 
     def document_builder(self, encoder: Encoder, source: str) -> DocumentBuilder | None:
         """What turns a source's records into documents; None: text only (the stream's own)."""

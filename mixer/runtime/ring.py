@@ -16,6 +16,7 @@ before, so a worker never waits on the ring.
 
 from __future__ import annotations
 
+import logging
 import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,9 +24,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from mixer.pipeline.batch import SHARED_BYTES, Batch, BatchLayout, Wire
+from mixer.pipeline.batch import Batch, BatchLayout, Wire
 
 PAGE = 4096
+log = logging.getLogger("mixer.loader")
 T = TypeVar("T")
 
 
@@ -54,12 +56,19 @@ class BatchRing:
 
     @classmethod
     def for_layout(cls, layout: BatchLayout, batch_size: int, workers: int,
-                   slots: int) -> BatchRing:
-        """Slots for `layout`'s batches: every array in 4-byte wire dtypes, plus room for
-        small pixel arrays (larger ones cross as shared tensors); what does not fit in a
-        slot crosses through the pipe."""
-        return cls(workers, slots, batch_size * layout.seq_len * 4 * len(layout.specs)
-                   + SHARED_BYTES)
+                   slots: int) -> BatchRing | None:
+        """Slots for `layout`'s batches (`layout.wire_bytes`: its arrays in their wire
+        dtypes, small pixel arrays included; larger ones cross as shared tensors), or None
+        where the system will not map that much (then every batch crosses through the pipe,
+        as the ring only saves the loader's process a copy)."""
+        slot_bytes = layout.wire_bytes(batch_size)
+        try:
+            return cls(workers, slots, slot_bytes)
+        except (OSError, ValueError, OverflowError) as exc:
+            log.warning("no shared-memory ring for the workers' batches (%d workers x %d "
+                        "slots x %.1f MB: %s); batches cross through the DataLoader's pipe",
+                        workers, slots, slot_bytes / 1e6, exc)
+            return None
 
     def send(self, worker: int, layout: BatchLayout, batch: Batch) -> InRing | Wire:
         """In a worker: the batch's wire with its buffer written into this worker's next slot
