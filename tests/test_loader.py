@@ -143,6 +143,30 @@ def test_resume_inside_a_finite_stream_keeps_exactly_once(three_sources):
     assert token_counts(before + list(after)) == expected
 
 
+@pytest.mark.parametrize("packing", ["concat", "best_fit"])
+def test_a_resume_late_in_a_finite_stream_ends_as_the_uninterrupted_run(three_sources, caplog,
+                                                                           packing):
+    """Lanes whose sources ran out before the cut: the resumed run ends in the very state,
+    metrics and silence of the run never cut (a best_fit lane saved its last window's start
+    and, resumed, counted its source as never read: "documents left" was logged)."""
+    recipe = {**finite(three_sources[0]), "packing": packing}
+    full = mixer.build_loader(recipe)
+    count = len(list(full))
+    for cut in (count // 2, count - 3, count - 1):
+        loader = mixer.build_loader(recipe)
+        take(loader, cut)
+        state = loader.state_dict()
+        resumed = mixer.build_loader(recipe)
+        resumed.load_state_dict(state)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="mixer.loader"):
+            assert len(list(resumed)) == count - cut
+        assert "left" not in caplog.text, cut
+        assert unpack(resumed.state_dict()) == unpack(full.state_dict()), cut
+        assert resumed.metrics()["epochs"] == full.metrics()["epochs"] == {
+            "prose": 1.0, "code": 1.0, "web": 1.0}
+
+
 def test_changed_batch_size_loses_and_repeats_nothing(three_sources):
     recipe, docs = three_sources
     recipe = finite(recipe)

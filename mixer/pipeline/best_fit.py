@@ -70,8 +70,10 @@ class BestFitPacker:
         self._rows: list[Row] | None = None
 
     def state_dict(self) -> dict:
-        return {"stream": self._start, "emitted": self._emitted,
-                "exhausted": int(self.exhausted)}
+        if self.exhausted:   # the stream at its end (done), not the last window's start: a
+            # resumed lane's progress and final state are those of an uninterrupted run
+            return {"stream": self.stream.state_dict(), "emitted": 0, "exhausted": 1}
+        return {"stream": self._start, "emitted": self._emitted, "exhausted": 0}
 
     def load_state_dict(self, state: dict | None) -> None:
         self._rows = None
