@@ -144,3 +144,28 @@ def test_a_ring_the_system_will_not_map_leaves_batches_to_the_pipe(monkeypatch, 
         assert [_digest(b) for _, b in zip(range(3), loader)] == expected
         loader.close()
     assert "no shared-memory ring" in caplog.text and "Cannot allocate memory" in caplog.text
+
+
+def test_a_process_forked_later_does_not_inherit_a_loaders_ring():
+    """Another loader's workers (or a trainer's own processes) forked while a loader runs do
+    not keep its ring mapped after it is closed."""
+    import mixer
+
+    def shared_maps(pid: int) -> int:   # MAP_SHARED|MAP_ANONYMOUS regions
+        with open(f"/proc/{pid}/maps") as maps:
+            return sum("/dev/zero (deleted)" in line or "SYSV" in line for line in maps)
+
+    loader = mixer.build_loader(_recipe("demo.yaml"), num_workers=2)
+    batches = iter(loader)
+    next(batches)
+    inside = shared_maps(os.getpid())
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child reports its count and waits to be killed
+        os.write(write, str(shared_maps(os.getpid())).encode())
+        os._exit(0)
+    os.close(write)
+    child = int(os.read(read, 64))
+    os.waitpid(pid, 0)
+    loader.close()
+    assert child < inside, (child, inside)

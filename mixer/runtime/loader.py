@@ -278,6 +278,8 @@ class Loader:
                                  prefetch_factor=PREFETCH, multiprocessing_context="fork",
                                  worker_init_fn=workers.init_fn(), collate_fn=sent_as_is))
         workers.adopt(source._workers)  # stopped at exit even if never closed
+        if dataset.ring is not None:
+            dataset.ring.keep_from_later_forks()
         return source
 
     def _receive(self, ring: BatchRing | None, data: Any, padding: bool) -> Any:

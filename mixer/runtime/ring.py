@@ -9,7 +9,11 @@ the lane metadata; the loader's process reads the batch out of the slot (`from_w
 the user's arrays) and frees the slot.
 
 Each slot has a flag: 0 free, 1 filled. A worker writes only into a free slot of its own and
-sets its flag after the data; the loader's process clears it after reading. When a worker's
+sets its flag after the data; the loader's process clears it after reading. The slot's number
+reaches the loader's process through the pipe (system calls on both sides order the data and
+the flag before it); the flag's clearing after the read is a plain store, which on a weakly
+ordered CPU could in theory become visible before the read ends, but the worker looks at the
+flag again only a whole batch later. When a worker's
 next slot is still filled, or a batch does not fit, the batch goes through the pipe as
 before, so a worker never waits on the ring.
 """
@@ -84,6 +88,12 @@ class BatchRing:
         self._next[worker] = (self._next[worker] + 1) % self.slots
         self._flags[slot] = 1   # after the data: the reader frees it once it has read it
         return InRing(slot, len(wire.data), Wire(b"", wire.shapes, wire.tensors))
+
+    def keep_from_later_forks(self) -> None:
+        """Once the workers have forked: processes forked later (another loader's workers,
+        a trainer's own) do not inherit the mapping, so closing this loader frees it."""
+        if hasattr(mmap, "MADV_DONTFORK"):   # (Linux)
+            self._memory.madvise(mmap.MADV_DONTFORK)
 
     def take(self, item: InRing, read: Callable[[Wire], T]) -> T:
         """In the loader's process: `read(wire)` of the slot's batch, then the slot is free
