@@ -97,7 +97,6 @@ def _recipe(name: str, **changes) -> dict:
 
 @pytest.mark.parametrize(("name", "changes"), [
     ("demo.yaml", {}),
-    ("multimodal_demo.yaml", {}),
     ("multimodal_demo.yaml", {"images": {"layout": "llava", "max_patches_per_batch": None}}),
     # qwen2_vl's positions are [4, B, L]: four tokens' worth of wire each; at B·L = 2^18 they
     # no longer fit in slack sized for [B, L] arrays
