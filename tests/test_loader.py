@@ -292,3 +292,34 @@ def test_eos_token_override_and_missing_eos(tmp_path, three_sources):
     batch = next(iter(mixer.build_loader({**recipe, "tokenizer": str(no_eos),
                                           "eos_token": "<unk>"})))
     assert (batch["input_ids"] == EOS_ID).any()
+
+
+def test_close_from_another_thread_ends_the_iteration(three_sources, monkeypatch):
+    """A watchdog thread closing the loader while the training thread is inside next(): no
+    error in either; the iteration ends after the batch being fetched, workers stopped."""
+    import threading
+
+    from mixer.runtime.loader import Loader
+
+    loader = mixer.build_loader(three_sources[0], num_workers=2)
+    errors: list[BaseException] = []
+    real = Loader._receive
+    calls = []
+
+    def receive(self, ring, data, padding):   # inside next(), in the iterating thread
+        calls.append(1)
+        if len(calls) == 3:
+            def close():
+                try:
+                    loader.close()
+                except BaseException as exc:
+                    errors.append(exc)
+            watchdog = threading.Thread(target=close)
+            watchdog.start()
+            watchdog.join()
+        return real(self, ring, data, padding)
+
+    monkeypatch.setattr(Loader, "_receive", receive)
+    got = [batch for _, batch in zip(range(50), loader)]   # (an unlimited stream)
+    assert errors == [] and len(got) == 3
+    assert multiprocessing.active_children() == []

@@ -72,6 +72,7 @@ class Loader:
         self._lane_states: dict[int, dict | None] = {}
         self._io: dict[int, dict[str, int]] = {}   # latest remote-read counters per worker
         self._gen: weakref.ref | None = None
+        self._closing = False   # set by `close` from another thread while iterating
         self._plan = WeightPlan(recipe)
         # Bumped by set_weights and load_state_dict: a running iteration restarts from the
         # handed-out (or loaded) lane states.
@@ -298,6 +299,8 @@ class Loader:
         held: list[tuple[dict, dict]] = []
         try:
             while True:
+                if self._closing:   # closed from another thread (see `close`)
+                    return False
                 if self._plan_version != version:
                     return True
                 try:
@@ -340,6 +343,7 @@ class Loader:
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         self.close()
+        self._closing = False
         gen = self._generate()
         # A weak reference: a dropped loader and iterator free their workers at once,
         # without waiting for the cycle collector.
@@ -347,11 +351,18 @@ class Loader:
         return gen
 
     def close(self) -> None:
-        """Stop the current iteration and its worker processes."""
+        """Stop the current iteration and its worker processes. From another thread while
+        the iterating one is inside `next()`: that iteration ends after the batch it is
+        getting (the workers stop then)."""
         gen = self._gen() if self._gen is not None else None
-        self._gen = None
-        if gen is not None:
+        if gen is None:
+            return
+        try:
             gen.close()
+        except ValueError:   # "generator already executing": it runs in another thread
+            self._closing = True
+            return
+        self._gen = None
 
     def __enter__(self) -> Loader:
         return self
