@@ -44,3 +44,29 @@ def test_any_line_parses_as_json_parses_it(record, cut, junk):
     line = json.dumps(record).encode()            # NaN and Infinity included, as json writes
     for variant in (line, line[:cut] + junk + line[cut:], line + b"\n"):
         assert _outcome(jsonl._parse, variant) == _outcome(jsonl._parse_with_json, variant)
+
+
+def _nested(depth: int, *, nan: bool) -> bytes:
+    extra = b', "n": NaN' if nan else b""
+    return b'{"text": "x [{ y"' + extra + b', "deep": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+def test_a_deep_record_is_judged_alike_whatever_the_callers_stack_depth():
+    """json's C parser counts nesting against the interpreter's recursion limit: on its own its
+    verdict on a deep record changed with the caller's depth (a DataLoader worker, a trainer's
+    callback), and so did the stream. Records up to MAX_NESTING levels (counting the record
+    itself) parse, deeper ones are malformed, from any depth of stack, by either parser."""
+    def deep_call(frames: int, line: bytes) -> tuple:
+        return _outcome(jsonl._parse, line) if frames == 0 else deep_call(frames - 1, line)
+
+    limit = jsonl.MAX_NESTING
+    for depth in (limit - 40, limit - 2, limit - 1, limit, limit + 1, 3 * limit):
+        for nan in (False, True):   # orjson's path and json's
+            line = _nested(depth, nan=nan)
+            outcomes = {deep_call(frames, line) for frames in (0, 300, 800)}
+            assert len(outcomes) == 1, (depth, nan, outcomes)
+            (outcome,) = outcomes
+            assert (outcome[0] == "text") == (depth + 1 <= limit), (depth, nan, outcome)
+            if outcome[0] == "error":
+                assert outcome[1] == f"malformed JSON: nested deeper than {limit} arrays or " \
+                                     "objects"
