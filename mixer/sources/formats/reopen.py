@@ -101,7 +101,8 @@ class Reopenable(io.RawIOBase):
 
     def file_position(self) -> int:
         """The compressed file's position: stored bytes consumed so far."""
-        return self._file.tell() if self._file is not None else self._file_position
+        with self._busy:   # (another thread's read may be suspending it meanwhile)
+            return self._file.tell() if self._file is not None else self._file_position
 
     def suspend(self) -> bool:
         if not self._busy.acquire(blocking=False):
