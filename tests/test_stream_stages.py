@@ -167,7 +167,11 @@ def test_a_loader_within_a_tiny_budget_of_text_ahead_gives_the_same_batches(
 
     from mixer.tokenize.encoding import TEXT_AHEAD
 
-    recipe, _ = three_sources
+    recipe = {**three_sources[0], "shuffle_window": 256}   # windows of several chunks
+    asked: list[bool] = []
+    real = TEXT_AHEAD.hold
+    monkeypatch.setattr(TEXT_AHEAD, "hold", lambda nbytes: (
+        held := real(nbytes), asked.append(held is not None))[0])
 
     def digests() -> list[str]:
         loader = mixer.build_loader(recipe, num_workers=0)
@@ -176,5 +180,8 @@ def test_a_loader_within_a_tiny_budget_of_text_ahead_gives_the_same_batches(
         return out
 
     expected = digests()
+    assert asked and all(asked)   # (the default budget never binds here)
+    asked.clear()
     monkeypatch.setattr(TEXT_AHEAD, "limit", 200)
     assert digests() == expected
+    assert asked and not any(asked)
