@@ -14,6 +14,7 @@ from it), for gzip it may differ within a read block (it only moves `metrics()["
 from __future__ import annotations
 
 import io
+import os
 import threading
 from collections.abc import Callable
 from typing import IO
@@ -38,11 +39,22 @@ class RebuildBudget:
 
     def __init__(self, ratio: float) -> None:
         self.ratio = ratio
+        self._pid = os.getpid()
         self.read = 0       # decompressed bytes handed out by this process's readers
         self.reserved = 0   # positions of the readers suspended
         self.refused = 0
 
+    def _own(self) -> None:
+        if self._pid != os.getpid():   # a forked worker: the parent's counts are not its own
+            self._pid, self.read, self.reserved, self.refused = os.getpid(), 0, 0, 0
+
+    def add_read(self, size: int) -> None:
+        """`size` more decompressed bytes handed out (under the reader's lock)."""
+        self._own()
+        self.read += size
+
     def reserve(self, position: int) -> bool:
+        self._own()
         if self.reserved + position > self.ratio * self.read:
             self.refused += 1
             return False
@@ -84,7 +96,7 @@ class Reopenable(io.RawIOBase):
             self._limit.touch(self)   # the most recently read
             size = inner.readinto(buffer)
             self._position += size
-            self._budget.read += size
+            self._budget.add_read(size)
             return size
 
     def _reopen(self) -> IO[bytes]:
