@@ -68,5 +68,5 @@ def test_a_deep_record_is_judged_alike_whatever_the_callers_stack_depth():
             (outcome,) = outcomes
             assert (outcome[0] == "text") == (depth + 1 <= limit), (depth, nan, outcome)
             if outcome[0] == "error":
-                assert outcome[1] == f"malformed JSON: nested deeper than {limit} arrays or " \
-                                     "objects"
+                assert outcome[1] == ("malformed JSON: nested too deeply to parse (over "
+                                      f"{limit} arrays or objects)")

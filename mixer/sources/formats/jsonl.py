@@ -127,8 +127,8 @@ def _parse_with_json(line: bytes, text_field: str) -> str:
     if decoded.startswith("\ufeff"):   # a byte-order mark (json.loads of bytes allowed one)
         decoded = decoded[1:]
     if _nesting(decoded) > MAX_NESTING:
-        raise _BadLine(f"malformed JSON: nested deeper than {MAX_NESTING} arrays or objects",
-                       "malformed")
+        raise _BadLine(f"malformed JSON: nested too deeply to parse (over {MAX_NESTING} "
+                       "arrays or objects)", "malformed")
     try:
         with _RECURSION_ROOM:
             obj = json.loads(decoded)
