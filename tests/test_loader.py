@@ -323,3 +323,35 @@ def test_close_from_another_thread_ends_the_iteration(three_sources, monkeypatch
     got = [batch for _, batch in zip(range(50), loader)]   # (an unlimited stream)
     assert errors == [] and len(got) == 3
     assert multiprocessing.active_children() == []
+
+
+def test_metrics_after_a_resume_inside_windows_are_the_uninterrupted_runs(tokenizer_path,
+                                                                          tmp_path):
+    """A resumed stream reads the window it was saved inside only when drawn again; until
+    then its skips and progress are those the state holds, as in the run never cut (they
+    read 0 before)."""
+    from helpers import corpus, write_docs
+
+    sources = []
+    for i in range(12):   # many sources, unequal weights: some sit inside a window for long
+        path = tmp_path / f"s{i}.jsonl"
+        write_docs(path, corpus(100 * i, 40, max_len=30, seed=i), "jsonl")
+        with open(path, "a") as out:
+            out.write("not json\n" * 3)
+        sources.append({"name": f"s{i}", "path": str(path), "weight": 1 + i % 5,
+                        "on_error": "skip"})
+    recipe = {"seed": 3, "tokenizer": str(tokenizer_path), "seq_len": 64, "batch_size": 4,
+              "lanes": 4, "shuffle_window": 256, "sources": sources}
+    keys = ("skipped", "epochs", "skipped_by_reason", "documents")
+    full = mixer.build_loader(recipe)
+    seen = {}
+    for n, _ in zip(range(30), full):
+        seen[n + 1] = {k: full.metrics()[k] for k in keys}
+    for cut in (9, 21):
+        loader = mixer.build_loader(recipe)
+        take(loader, cut)
+        resumed = mixer.build_loader(recipe)
+        resumed.load_state_dict(loader.state_dict())
+        assert {k: resumed.metrics()[k] for k in keys} == seen[cut]
+        for n, _ in zip(range(cut + 1, 31), resumed):
+            assert {k: resumed.metrics()[k] for k in keys} == seen[n], (cut, n)

@@ -90,6 +90,9 @@ class Lane:
             self.target.append(entry["deficit"] + TARGET_SCALE * entry["mix"])
             self.documents.append(entry["documents"])
             packer.load_state_dict(entry["packer"])
+            if "epochs" in entry and "skipped" in entry:
+                packer.stream.resume_metrics(entry["epochs"], entry["skipped"],
+                                             entry.get("reasons", {}))
 
     def state_dict(self) -> dict:
         """Plain data; `exhausted` and `skipped` are informational (derived on load)."""

@@ -50,6 +50,10 @@ class SourceStream:
         self.emptiness = Emptiness(self.reader, documents, settings.on_error)
         self.cursor = Cursor(table.name, lane, settings.epochs, documents is not None)
         self._win: Window | None = None
+        # Metrics a state saved inside a window holds for it, until that window is read again
+        # (a resumed stream reads it when its next document is asked for): (progress,
+        # skipped, skipped per reason).
+        self._saved: tuple[float, int, dict[str, int]] | None = None
 
     # -- what other code reads ---------------------------------------------------------------
     @property
@@ -80,17 +84,30 @@ class SourceStream:
 
     @property
     def skipped(self) -> int:
+        if self._win is None and self._saved is not None:
+            return self._saved[1]
         return self.cursor.skipped(self._win)
 
     @property
     def skipped_reasons(self) -> dict[str, int]:
         """`skipped`, per reason (`DataError.reason`)."""
+        if self._win is None and self._saved is not None:
+            return dict(self._saved[2])
         return self.cursor.skipped_reasons(self._win)
 
     def progress(self) -> float:
         """Completed passes over the lane's slice (an estimate for metrics)."""
+        if self._win is None and self._saved is not None:
+            return self._saved[0]
         items = () if self.cursor.done else self.reader.items(self.cursor.epoch)
         return self.cursor.progress(items, self.reader.splits, self._win)
+
+    def resume_metrics(self, progress: float, skipped: int, reasons: dict[str, int]) -> None:
+        """The metrics a loaded state holds (see `state_dict`'s caller): reported while the
+        window it was saved inside is not read again, which counted that window's skips and
+        interpolated its progress."""
+        if self._win is None and self.cursor.pos:
+            self._saved = (progress, skipped, dict(reasons))
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, int]:
@@ -100,6 +117,7 @@ class SourceStream:
     def load_state_dict(self, state: dict[str, int] | None) -> None:
         self.cursor.load_state_dict(state)
         self._win = None
+        self._saved = None
         self.reader.reset(self.cursor.resumed_window)
 
     def close(self) -> None:
@@ -114,10 +132,11 @@ class SourceStream:
         while not cursor.done:
             if self._win is None:
                 self._win = self.windows.read(cursor.epoch, cursor.window_index, cursor.start)
+                self._saved = None
             win = self._win
             if cursor.pos >= len(win.items):
                 cursor.advance(win, self.emptiness.check)
-                self._win = None
+                self._win = self._saved = None
                 continue
             entry = win.items[cursor.pos]
             if entry.encoded is None and self.documents is None and not win.ahead and (
