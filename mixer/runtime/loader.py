@@ -355,14 +355,12 @@ class Loader:
         the iterating one is inside `next()`: that iteration ends after the batch it is
         getting (the workers stop then)."""
         gen = self._gen() if self._gen is not None else None
-        if gen is None:
-            return
         try:
-            gen.close()
+            if gen is not None:
+                gen.close()
+            self._gen = None
         except ValueError:   # "generator already executing": it runs in another thread
             self._closing = True
-            return
-        self._gen = None
 
     def __enter__(self) -> Loader:
         return self
