@@ -69,3 +69,33 @@ def test_two_images_of_the_same_shape_step_down_together():
     plans = list(BUILDER._plans([(448, 448), (448, 448), (301, 1203)]))
     assert len(plans) > 1 and all(p[0] == p[1] for p in plans)
     assert plans == expected_plans([(448, 448), (448, 448), (301, 1203)])
+
+
+videos = st.lists(st.tuples(st.integers(32, 1920), st.integers(32, 1920)), min_size=1,
+                  max_size=3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(videos)
+def test_every_video_steps_down_its_own_frame_ladder(frame_sizes):
+    """The videos' lowered plans: each video's frames only ever take sizes from its own
+    ladder, no larger than before, and tokens strictly decrease (the same late-bound index
+    gave one video another's frames and, for a landscape and a portrait video, TypeError)."""
+    from mixer.config.images import ImageSettings
+    from mixer.images.video import VideoProcessing
+    from mixer.images.video_decode import VideoInfo
+
+    processing = VideoProcessing(ImageSettings(layout="qwen2_vl", video={}))
+    infos = [VideoInfo(w, h, 100, 10.0) for w, h in frame_sizes]
+    ladder = list(processing.lowered(infos))
+    first = ladder[0]
+    for k, (info, plan) in enumerate(zip(infos, first)):
+        own = {(p.width, p.height) for _, p in processing.frame_processing(
+            plan.frames).iter_budgeted_plans(info.width, info.height)}
+        sizes = [(step[k].frame.width, step[k].frame.height) for step in ladder
+                 if step[k].frames == plan.frames]
+        assert set(sizes) <= own, (k, sizes, own)
+        areas = [w * h for w, h in sizes]
+        assert areas == sorted(areas, reverse=True)
+    totals = [sum(p.tokens for p in step) for step in ladder]
+    assert all(a > b for a, b in zip(totals, totals[1:]))
