@@ -325,8 +325,9 @@ def test_close_from_another_thread_ends_the_iteration(three_sources, monkeypatch
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.parametrize("packing", ["concat", "best_fit"])
 def test_metrics_after_a_resume_inside_windows_are_the_uninterrupted_runs(tokenizer_path,
-                                                                          tmp_path):
+                                                                          tmp_path, packing):
     """A resumed stream reads the window it was saved inside only when drawn again; until
     then its skips and progress are those the state holds, as in the run never cut (they
     read 0 before)."""
@@ -341,7 +342,7 @@ def test_metrics_after_a_resume_inside_windows_are_the_uninterrupted_runs(tokeni
         sources.append({"name": f"s{i}", "path": str(path), "weight": 1 + i % 5,
                         "on_error": "skip"})
     recipe = {"seed": 3, "tokenizer": str(tokenizer_path), "seq_len": 64, "batch_size": 4,
-              "lanes": 4, "shuffle_window": 256, "sources": sources}
+              "lanes": 4, "shuffle_window": 256, "packing": packing, "sources": sources}
     keys = ("skipped", "epochs", "skipped_by_reason", "documents")
     full = mixer.build_loader(recipe)
     seen = {}

@@ -106,7 +106,7 @@ class SourceStream:
         """The metrics a loaded state holds (see `state_dict`'s caller): reported while the
         window it was saved inside is not read again, which counted that window's skips and
         interpolated its progress."""
-        if self._win is None and self.cursor.pos:
+        if self._win is None:   # (best_fit saves a window's start: also at a boundary)
             self._saved = (progress, skipped, dict(reasons))
 
     # -- state -------------------------------------------------------------------------------

@@ -355,12 +355,12 @@ class Loader:
         the iterating one is inside `next()`: that iteration ends after the batch it is
         getting (the workers stop then)."""
         gen = self._gen() if self._gen is not None else None
-        try:
-            if gen is not None:
-                gen.close()
-            self._gen = None
-        except ValueError:   # "generator already executing": it runs in another thread
+        if gen is not None and gen.gi_running:   # inside next() in another thread
             self._closing = True
+            return
+        self._gen = None
+        if gen is not None:
+            gen.close()
 
     def __enter__(self) -> Loader:
         return self
