@@ -184,4 +184,4 @@ def test_a_loader_within_a_tiny_budget_of_text_ahead_gives_the_same_batches(
     asked.clear()
     monkeypatch.setattr(TEXT_AHEAD, "limit", 200)
     assert digests() == expected
-    assert asked and not any(asked)
+    assert asked and not all(asked)   # (some chunks were left to be encoded when needed)
