@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixer.sources.formats import jsonl
+from mixer.sources.formats import deep_json, jsonl
 
 TRICKY = [b'{"text": NaN}', b'{"text": "a", "n": NaN}', b'{"text": "a", "n": 1e400}',
           b'{"text": "\\ud800"}', b'{"text": "\\udc00\\ud800 x"}', b'{"text": "\\ud83d\\ude00"}',
@@ -59,7 +59,7 @@ def test_a_deep_record_is_judged_alike_whatever_the_callers_stack_depth():
     def deep_call(frames: int, line: bytes) -> tuple:
         return _outcome(jsonl._parse, line) if frames == 0 else deep_call(frames - 1, line)
 
-    limit = jsonl.MAX_NESTING
+    limit = deep_json.MAX_NESTING
     for depth in (limit - 40, limit - 2, limit - 1, limit, limit + 1, 3 * limit):
         for nan in (False, True):   # orjson's path and json's
             line = _nested(depth, nan=nan)
@@ -70,3 +70,20 @@ def test_a_deep_record_is_judged_alike_whatever_the_callers_stack_depth():
             if outcome[0] == "error":
                 assert outcome[1] == ("malformed JSON: nested too deeply to parse (over "
                                       f"{limit} arrays or objects)")
+
+
+def test_webdatasets_json_members_are_judged_alike_whatever_the_stack_depth():
+    """The same bound for every record parser: bytes (a WebDataset json member) included."""
+    def deep_call(frames: int, data: bytes) -> str:
+        if frames:
+            return deep_call(frames - 1, data)
+        try:
+            return type(deep_json.loads(data)).__name__
+        except ValueError as exc:
+            return str(exc)
+
+    for depth in (900, deep_json.MAX_NESTING - 1, deep_json.MAX_NESTING):
+        data = b'{"txt": "a", "x": ' + b"[" * depth + b"]" * depth + b"}"
+        outcomes = {deep_call(frames, data) for frames in (0, 300, 800)}
+        assert outcomes == ({"dict"} if depth + 1 <= deep_json.MAX_NESTING else
+                            {"nested too deeply to parse (over 1024 arrays or objects)"})

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
-import re
-import sys
-import threading
 import zlib
 from collections.abc import Callable, Iterator
 from typing import IO
@@ -17,6 +13,7 @@ import zstandard
 
 from mixer.core.errors import DataError
 from mixer.core.records import FileEntry, Record, Split
+from mixer.sources.formats import deep_json
 from mixer.sources.formats.reopen import Reopenable
 from mixer.sources.formats.zstd_frames import ZstdStream
 
@@ -75,49 +72,6 @@ def _parse(line: bytes, text_field: str) -> str:
     return _parse_with_json(line, text_field)
 
 
-# Records nested deeper are malformed, whichever parser meets them: orjson refuses past 1024,
-# and `json`'s C parser counts its nesting against the interpreter's recursion limit, so on
-# its own its verdict would depend on how deep the caller's stack is (a DataLoader worker, a
-# trainer's callback): it parses with room for this many levels (`_RecursionRoom`).
-MAX_NESTING = 1024
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_BRACKET = re.compile(r"[\[\]{}]")
-
-
-def _nesting(text: str) -> int:
-    """The deepest nesting of arrays and objects in `text`, brackets inside strings aside."""
-    if text.count("[") + text.count("{") <= MAX_NESTING:
-        return 0   # (cannot be deeper: the common case, counted in C)
-    depth = deepest = 0
-    for bracket in _BRACKET.findall(_STRING.sub("", text)):
-        depth += 1 if bracket in "[{" else -1
-        deepest = max(deepest, depth)
-    return deepest
-
-
-class _RecursionRoom:
-    """Raises the recursion limit by MAX_NESTING (plus a margin) while `json` parses, under a
-    lock (the limit is the interpreter's): whatever the depth of the caller, the parser has
-    room for MAX_NESTING levels."""
-
-    def __init__(self, room: int) -> None:
-        self.room = room
-        self.lock = threading.Lock()
-        self.limit = 0
-
-    def __enter__(self) -> None:
-        self.lock.acquire()
-        self.limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(self.limit + self.room)
-
-    def __exit__(self, *exc: object) -> None:
-        sys.setrecursionlimit(self.limit)
-        self.lock.release()
-
-
-_RECURSION_ROOM = _RecursionRoom(MAX_NESTING + 64)
-
-
 def _parse_with_json(line: bytes, text_field: str) -> str:
     try:
         decoded = line.decode("utf-8")
@@ -126,14 +80,12 @@ def _parse_with_json(line: bytes, text_field: str) -> str:
                        "line)", "bad_text") from None
     if decoded.startswith("\ufeff"):   # a byte-order mark (json.loads of bytes allowed one)
         decoded = decoded[1:]
-    if _nesting(decoded) > MAX_NESTING:
-        raise _BadLine(f"malformed JSON: nested too deeply to parse (over {MAX_NESTING} "
-                       "arrays or objects)", "malformed")
     try:
-        with _RECURSION_ROOM:
-            obj = json.loads(decoded)
+        obj = deep_json.loads(decoded)   # (records nested over 1,024 levels: malformed)
     except ValueError as exc:
         raise _BadLine(f"malformed JSON: {exc}", "malformed") from None
+    except RecursionError:
+        raise _BadLine("malformed JSON: nested too deeply to parse", "malformed") from None
     if not isinstance(obj, dict):
         raise _BadLine("record is not a JSON object", "malformed")
     text = obj.get(text_field)

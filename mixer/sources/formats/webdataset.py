@@ -27,13 +27,13 @@ running past the end of the file, is an error record in place of the sample bein
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from typing import IO
 
 from mixer.core.errors import DataError
 from mixer.core.records import EncodedImage, EncodedVideo, FileEntry, Record, Split
+from mixer.sources.formats import deep_json
 from mixer.sources.formats.tar import Broken, members
 
 _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")   # webdataset.tariterators.base_plus_ext
@@ -88,7 +88,7 @@ def _from_json(sample: _Sample, field: str, max_bytes: int) -> str | None:
                     "too_long")
         return None
     try:
-        obj = json.loads(data)
+        obj = deep_json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         sample.fail(f"malformed JSON: {exc}", name, offset, "malformed")
         return None
