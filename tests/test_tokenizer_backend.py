@@ -329,6 +329,18 @@ def test_a_refusal_is_kept_too_so_a_warm_fallback_pays_nothing(recipe, tmp_path,
                                         "unsupported)"
 
 
+def test_a_passing_failure_to_load_fastokens_is_not_kept(recipe, tmp_path, monkeypatch):
+    """fastokens failing to read the file (no memory, too many open files) is this start's
+    problem: the next start tries again."""
+    def failing(file, digest):
+        raise backends.Unavailable("OSError: Too many open files")
+
+    monkeypatch.setattr(backends, "_fast_loaded", {})
+    monkeypatch.setattr(backends, "_load_fastokens", failing)
+    assert mixer.build_loader(recipe).tokenizer.backend == "hf"
+    assert not list((tmp_path / "xdg").rglob("backend-*.json"))
+
+
 def test_a_process_where_fastokens_cannot_load_encodes_alike_unless_it_was_required(
         recipe, monkeypatch, caplog):
     """The backend chosen by `auto` travels to workers on other machines or installs; where

@@ -179,8 +179,16 @@ def _verdict(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None,
             return held[0], True
     verdict, sampled = verify(recipe, info, tables)
     _verdicts[key] = (verdict, sampled)
-    _write(cache_folder(info_cache) / f"backend-{key}.json", key, verdict, sampled)
+    if verdict.ok or sampled or _lasting(verdict.reason):
+        _write(cache_folder(info_cache) / f"backend-{key}.json", key, verdict, sampled)
     return verdict, False
+
+
+def _lasting(reason: str) -> bool:
+    """A refusal that the next start would meet again (an unsupported component, ids or
+    decodes that differ), not one of this start (fastokens failing to read the file: no
+    memory, too many open files), which is not kept."""
+    return reason.endswith(" unsupported") or reason.startswith(("differs", "decodes"))
 
 
 # -- verification ------------------------------------------------------------------------------
