@@ -33,7 +33,8 @@ def next_budget(budget: int) -> int:
 # packer's thread, so a deep queue never delays it, and every chunk queued is tokens encoded
 # before they are needed (docs/benchmarks.md, "Tokenizer calls").
 TEXT_CHUNKS_AHEAD = 1
-# Text bytes that all the streams of a process together may keep queued ahead: one chunk per
+# Text that all the streams of a process together may keep queued ahead (counted in characters,
+# as the chunk rule counts its "bytes"): one chunk per
 # (lane, source) stream would grow with lanes x sources (100 sources x 8 lanes, 800 chunks of
 # up to 128 KB of text and then their tokens). Past it a stream's next chunk is encoded when
 # it is needed, cut where it would have been cut ahead: the same calls, the same tokens.
