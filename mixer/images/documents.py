@@ -208,7 +208,7 @@ class ImageDocuments:
         if self.settings.layout == "llava" or not sizes:
             return   # llava: one resolution
         floors = [min(self.settings.min_pixels, plan.width * plan.height) for plan in base]
-        steps = [self._steps(i, w, h) for i, (w, h) in enumerate(sizes)]
+        steps = [self.processing.lower_steps(i, w, h) for i, (w, h) in enumerate(sizes)]
         current = list(base)
         for _, group in itertools.groupby(heapq.merge(*steps), key=lambda step: step[0]):
             changed = False
@@ -217,13 +217,6 @@ class ImageDocuments:
                     current[i], changed = plan, True
             if changed:
                 yield list(current)
-
-    def _steps(self, image: int, w: int, h: int) -> Iterator[tuple[int, int, int, ImagePlan]]:
-        """(-budget, image, k, plan) of each lower plan of image `image`, largest first (`k`
-        orders the image's own steps, so equal keys never compare two plans)."""
-        lower = itertools.islice(self.processing.iter_budgeted_plans(w, h), 1, None)
-        for k, (budget, plan) in enumerate(lower):
-            yield -budget, image, k, plan
 
     def _fits_caps(self, plans: list) -> bool:
         caps = self.settings

@@ -18,6 +18,7 @@ values are bit for bit the processor's; only PIL and numpy run.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -176,6 +177,16 @@ class Qwen2VLProcessing:
             budget = lo
             plan = self.plan(width, height, budget)
             yield budget, plan
+
+    def lower_steps(self, index: int, width: int, height: int
+                    ) -> Iterator[tuple[int, int, int, ImagePlan]]:
+        """(-budget, index, k, plan) of each plan below the first of `iter_budgeted_plans`,
+        largest first: the steps of item `index` (an image, a video's frames) when several
+        items' steps are merged by budget (`k` orders the item's own steps, so equal keys
+        never compare two plans)."""
+        lower = itertools.islice(self.iter_budgeted_plans(width, height), 1, None)
+        for k, (budget, plan) in enumerate(lower):
+            yield -budget, index, k, plan
 
     def empty_pixels(self) -> np.ndarray:
         """pixel_values with no image: (0, 3 · temporal_patch_size · patch_size²)."""

@@ -145,15 +145,6 @@ class VideoProcessing:
                          grid_thw=(t, gh, gw), tokens=t * gh * gw // self.merge ** 2,
                          rows=t * gh * gw)
 
-    def _frame_steps(self, video: int, info: VideoInfo, plan: VideoPlan
-                     ) -> Iterator[tuple[int, int, int, ImagePlan]]:
-        """(-budget, video, k, frame plan) of each lower frame plan of video `video`, largest
-        first (`k` orders its own steps, so equal keys never compare two plans)."""
-        lower = itertools.islice(self.frame_processing(plan.frames).iter_budgeted_plans(
-            info.width, info.height), 1, None)
-        for k, (budget, frame) in enumerate(lower):
-            yield -budget, video, k, frame
-
     def lowered(self, infos: list[VideoInfo]) -> Iterator[list[VideoPlan]]:
         """Plans for all of a document's videos, largest first: the recipe's; then, all videos
         at one per-frame pixel budget, each budget from max_pixels down to min_pixels where a
@@ -164,8 +155,8 @@ class VideoProcessing:
         yield list(current)
         budgets = [self.max_pixels(plan.frames) for plan in current]
         floors = [min(self.video.min_pixels, p.width * p.height) for p in current]
-        steps = [self._frame_steps(i, info, plan) for i, (info, plan)
-                 in enumerate(zip(infos, current))]
+        steps = [self.frame_processing(plan.frames).lower_steps(i, info.width, info.height)
+                 for i, (info, plan) in enumerate(zip(infos, current))]
         for _, group in itertools.groupby(heapq.merge(*steps), key=lambda step: step[0]):
             changed = False
             for negative, i, _, frame in group:
