@@ -84,20 +84,20 @@ class SourceStream:
 
     @property
     def skipped(self) -> int:
-        if self._win is None and self._saved is not None:
+        if self._saved is not None:   # (only while the window is not read again)
             return self._saved[1]
         return self.cursor.skipped(self._win)
 
     @property
     def skipped_reasons(self) -> dict[str, int]:
         """`skipped`, per reason (`DataError.reason`)."""
-        if self._win is None and self._saved is not None:
+        if self._saved is not None:
             return dict(self._saved[2])
         return self.cursor.skipped_reasons(self._win)
 
     def progress(self) -> float:
         """Completed passes over the lane's slice (an estimate for metrics)."""
-        if self._win is None and self._saved is not None:
+        if self._saved is not None:
             return self._saved[0]
         items = () if self.cursor.done else self.reader.items(self.cursor.epoch)
         return self.cursor.progress(items, self.reader.splits, self._win)
