@@ -323,10 +323,24 @@ def test_a_refusal_is_kept_too_so_a_warm_fallback_pays_nothing(recipe, tmp_path,
     first = mixer.build_loader(recipe)
     assert first.tokenizer.backend == "hf" and not first.backend.cached and calls == [1]
     as_in_a_new_process(monkeypatch)
+    parses = []
+    real_load = backends._load_fastokens
+    monkeypatch.setattr(backends, "_load_fastokens",
+                        lambda *args: parses.append(args) or real_load(*args))
     second = mixer.build_loader(recipe)
     assert second.tokenizer.backend == "hf" and second.backend.cached and calls == [1]
     assert second.backend.describe() == "tokenizers (fastokens: Metaspace pre-tokenizer "\
                                         "unsupported)"
+    # fastokens is not even asked to parse the tokenizer again, nor for other sources
+    other = {**recipe, "sources": recipe["sources"][:1]}
+    for fresh in (False, True):
+        if fresh:
+            monkeypatch.setattr(verify, "_verdicts", {})
+        third = mixer.build_loader(other)
+        assert third.tokenizer.backend == "hf" and third.backend.cached
+    assert parses == [] and not backends._fast_loading and calls == [1]
+    with pytest.raises(mixer.RecipeError, match="Metaspace pre-tokenizer unsupported"):
+        mixer.build_loader(backend(other, "fastokens"))
 
 
 def test_a_passing_failure_to_load_fastokens_is_not_kept(recipe, tmp_path, monkeypatch):

@@ -42,6 +42,7 @@ from mixer.sources import SourceTable
 from mixer.sources.manifest import list_sources
 from mixer.tokenize import BackendChoice, TokenizerInfo, resolve_backend
 from mixer.tokenize.tokenizer import finish_preloads, resolve_recipe_tokenizer
+from mixer.tokenize.verify import preload
 
 log = logging.getLogger("mixer.loader")
 PREFETCH = 2      # batches each DataLoader worker makes ahead
@@ -388,6 +389,7 @@ def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
         world_size = found_world if world_size is None else world_size
     check_workers(recipe.lanes, rank, world_size, num_workers, workers)
     tokenizer = resolve_recipe_tokenizer(recipe, tokenizer_info_dir(recipe))
+    preload(recipe, tokenizer, tokenizer_info_dir(recipe))   # on a thread, while listing
     lister = lambda: list_sources(recipe)
     tables = dist.list_once(lister) if distributed and world_size > 1 else lister()
     choice = resolve_backend(recipe, tokenizer, tables, info_cache=tokenizer_info_dir(recipe))

@@ -25,7 +25,6 @@ from mixer.tokenize.backends import (
     Unavailable,
     finish_preloads,
     load_fastokens,
-    preload_fastokens,
     whole_documents,
 )
 
@@ -119,14 +118,9 @@ def resolve_tokenizer(path: str, eos_token: str | None = None, *,
 
 def resolve_recipe_tokenizer(recipe: Any, info_cache: str | None) -> TokenizerInfo:
     """The recipe's tokenizer for a loader: its ids kept in `info_cache`, else in the user's
-    cache folder (so a warm start where fastokens encodes loads no `tokenizers` tokenizer),
-    and, unless the recipe asks for `hf`, fastokens' tokenizer loading on a thread meanwhile
-    (`preload_fastokens`; `finish_preloads` before forking)."""
-    info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token,
+    cache folder (so a warm start where fastokens encodes loads no `tokenizers` tokenizer)."""
+    return resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token,
                              info_cache=info_cache or str(user_cache_dir() / "tokenizers"))
-    if recipe.tokenizer_backend != "hf":
-        preload_fastokens(info.path, info.digest)
-    return info
 
 
 def _resolve(file: Path, config: dict, digest: str, eos_token: str | None) -> TokenizerInfo:

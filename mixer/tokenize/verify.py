@@ -30,6 +30,7 @@ from mixer.tokenize.backends import (
     fastokens_missing,
     fastokens_version,
     load_fastokens,
+    preload_fastokens,
 )
 from mixer.tokenize.encoding import (
     TOKENIZE_BYTES_AHEAD,
@@ -122,6 +123,37 @@ def cache_folder(info_cache: str | None) -> Path:
     return user_cache_dir() / "tokenizer-backends"
 
 
+def _tokenizer_key(info: TokenizerInfo, version: str) -> str:
+    """The key of a refusal met before any source was sampled (fastokens does not load the
+    tokenizer, or differs on the stress text): it holds for any recipe and sources."""
+    material = [VERDICT_FORMAT, STRESS_VERSION, info.digest, version]
+    return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:24]
+
+
+def known_refusal(info: TokenizerInfo, info_cache: str | None) -> Verdict | None:
+    """A refusal of fastokens for this tokenizer found before (this process, or kept in
+    the cache folder), whatever the sources; None where none is known."""
+    version = fastokens_version()
+    if version is None:
+        return None
+    key = _tokenizer_key(info, version)
+    held = _verdicts.get(key)
+    if held is None:
+        held = _read(cache_folder(info_cache) / f"refused-{key}.json", key)
+        if held is None or held[0].ok or held[1]:
+            return None
+        _verdicts[key] = held
+    return held[0]
+
+
+def preload(recipe: Any, info: TokenizerInfo, info_cache: str | None) -> None:
+    """Start loading fastokens' tokenizer on a thread while the sources are listed, unless
+    the recipe asks for `hf` or fastokens is known to refuse this tokenizer (a warm start
+    then parses nothing); `finish_preloads` before forking."""
+    if recipe.tokenizer_backend != "hf" and known_refusal(info, info_cache) is None:
+        preload_fastokens(info.path, info.digest)
+
+
 def _key(recipe: Any, info: TokenizerInfo, version: str, tables: list[SourceTable]) -> str:
     planned = sample.planned_ids(recipe, tables)
     sources = [[s.name, s.format, s.chosen_text_field, planned[s.name]] for s in recipe.sources]
@@ -166,6 +198,9 @@ def _verdict(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None,
     version = fastokens_version()
     if version is None:
         return Verdict(False, fastokens_missing() or "fastokens not installed"), False
+    refused = known_refusal(info, info_cache)
+    if refused is not None:
+        return refused, True
     if tables is None:
         return verify(recipe, info, None)[0], False
     key = _key(recipe, info, version, tables)
@@ -179,7 +214,11 @@ def _verdict(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None,
             return held[0], True
     verdict, sampled = verify(recipe, info, tables)
     _verdicts[key] = (verdict, sampled)
-    if verdict.ok or sampled or _lasting(verdict.reason):
+    if not verdict.ok and not sampled and _lasting(verdict.reason):
+        key = _tokenizer_key(info, version)   # whatever the sources: `known_refusal`
+        _verdicts[key] = (verdict, sampled)
+        _write(cache_folder(info_cache) / f"refused-{key}.json", key, verdict, sampled)
+    elif verdict.ok or sampled:
         _write(cache_folder(info_cache) / f"backend-{key}.json", key, verdict, sampled)
     return verdict, False
 
