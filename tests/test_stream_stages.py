@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 import numpy as np
@@ -138,6 +139,8 @@ def test_the_process_budget_of_text_ahead_changes_no_call_and_no_token(setup, mo
     texts = [f"document {i} " + "word " * (20 + 40 * (i % 17)) for i in range(400)]
 
     def run() -> tuple[list[tuple[str, ...]], list[np.ndarray]]:
+        gc.collect()   # windows of earlier tests in this process, dropped in cycles
+        assert TEXT_AHEAD.held() == 0
         calls = _Calls(encoder)
         ahead = EncodeAhead(calls, None)
         windows = [Window([WindowItem(t) for t in texts[w::5]], (0, 0, 0), True, 0, {})

@@ -114,12 +114,12 @@ def test_finite_recipe_ends_on_the_same_step_on_every_rank(job, tmp_path):
     assert total == expected_counts(docs["a"]) + expected_counts(docs["b"])
 
 
-def test_state_dict_on_one_rank_only_fails_loudly_instead_of_hanging(job):
+def test_state_dict_on_one_rank_only_fails_loudly_instead_of_hanging(job, tmp_path):
     root, _, _ = job
-    os.environ["MIXER_COLLECTIVE_TIMEOUT_S"] = "3"
+    os.environ["MIXER_COLLECTIVE_TIMEOUT_S"] = "2"
     try:
         result = torchrun(2, str(ROOT / "tests" / "dist_lonely_state.py"),
-                          str(root / "recipe.yaml"), check=False)
+                          str(root / "recipe.yaml"), str(tmp_path / "answered"), check=False)
     finally:
         del os.environ["MIXER_COLLECTIVE_TIMEOUT_S"]
     assert "RAISED" in result.stdout and "collective" in result.stdout, result.stdout
