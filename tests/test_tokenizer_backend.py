@@ -353,6 +353,7 @@ def test_a_passing_failure_to_load_fastokens_is_not_kept(recipe, tmp_path, monke
     monkeypatch.setattr(backends, "_load_fastokens", failing)
     assert mixer.build_loader(recipe).tokenizer.backend == "hf"
     assert not list((tmp_path / "xdg").rglob("backend-*.json"))
+    assert not list((tmp_path / "xdg").rglob("refused-*.json"))
 
 
 def test_a_process_where_fastokens_cannot_load_encodes_alike_unless_it_was_required(
