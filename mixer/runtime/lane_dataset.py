@@ -79,7 +79,7 @@ class LaneDataset:
                     raise
                 # Sent as an item, not raised: torch would re-create the error from its
                 # message alone, losing `.source`, `.file` and `.location`.
-                yield None, {"g": g, "error": exc}
+                yield None, {"g": g, "error": exc, "worker": worker}
                 return
             meta = {"g": g, "lane": index, "padding": batch.padding,
                     "state": lane.state_dict(), "worker": worker, "io": IO_STATS.as_dict()}

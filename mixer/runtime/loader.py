@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy.random  # noqa: F401  (imported before forking: workers seed it on start)
 import torch
-from torch.utils.data import DataLoader
 
 from mixer.cache.store import tokenizer_info_dir
 from mixer.config.recipe import Recipe, load_recipe
@@ -30,14 +29,14 @@ from mixer.pipeline.schedule import (
     override_weights,
     schedule_snapshot,
 )
-from mixer.runtime import dist, workers
+from mixer.runtime import dist
 from mixer.runtime.lane_dataset import as_batch
 from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics, warn_left_over
 from mixer.runtime.ray_workers import ActorPool, RayWorkers
 from mixer.runtime.ring import BatchRing, InRing
 from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
 from mixer.runtime.topology import check_workers
-from mixer.runtime.torch_dataset import TorchLaneDataset, sent_as_is
+from mixer.runtime.torch_dataset import TorchLaneDataset, worker_batches
 from mixer.sources import SourceTable
 from mixer.sources.manifest import list_sources
 from mixer.tokenize import BackendChoice, TokenizerInfo, resolve_backend
@@ -45,7 +44,6 @@ from mixer.tokenize.tokenizer import finish_preloads, resolve_recipe_tokenizer
 from mixer.tokenize.verify import preload
 
 log = logging.getLogger("mixer.loader")
-PREFETCH = 2      # batches each DataLoader worker makes ahead
 BATCH_KEYS = TEXT_KEYS   # every layout has these; image layouts add more
 class Loader:
     """Iterable of batches (dicts of [batch_size, seq_len] int64 tensors) with exact state.
@@ -274,15 +272,7 @@ class Loader:
             return self._pool.stream(dataset)
         if self.num_workers == 0:
             return iter(dataset)
-        dataset.ring = BatchRing.for_layout(
-            self.layout, self.recipe.batch_size, self.num_workers, PREFETCH + 2)
-        source = iter(DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
-                                 prefetch_factor=PREFETCH, multiprocessing_context="fork",
-                                 worker_init_fn=workers.init_fn(), collate_fn=sent_as_is))
-        workers.adopt(source._workers)  # stopped at exit even if never closed
-        if dataset.ring is not None:
-            dataset.ring.keep_from_later_forks()
-        return source
+        return worker_batches(dataset, self.layout, self.num_workers)
 
     def _receive(self, ring: BatchRing | None, data: Any, padding: bool) -> Any:
         """A batch out of the workers' ring (its slot freed at once), or what came as it is."""
