@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from deadline import deadline
 from helpers import batch_digest
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 import mixer
 from mixer.cache.fill import fill_cache
@@ -117,6 +117,40 @@ def test_the_stress_text_covers_its_cases_and_fastokens_matches_on_the_demo_toke
                                 "sources": [{"name": "a", "path": "x.jsonl", "weight": 1}]})
     verdict, _ = verify.verify(recipe, resolve_tokenizer(str(DEMO_TOKENIZER)), None)
     assert verdict.ok, verdict.reason
+
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def test_code_points_regex_engines_class_differently_are_set_where_the_class_decides():
+    """U+180E (a space before Unicode 6.3), marks, other numbers, enclosed letters: each
+    before an apostrophe, after spaces and a newline, between letters and between digits."""
+    classes = dict(stress_sections([]))["classes"]
+    for ch in ("\u180e", "\u200b", "\x1c", "\u093e", "\u0949", "\u0488", "\u00b9", "\u2074",
+               "\u248c", "\u24b6", "\U0001f131", "\U00011f34"):
+        for context in (f"a{ch}b", f"{ch}'s", f"  {ch}", f"\n {ch}", f"{ch}'t", f"1{ch}2"):
+            assert context in classes, (ch, context)
+
+
+def test_a_split_pattern_fastokens_reads_with_other_unicode_tables_is_refused(tmp_path):
+    """The GPT-2 pattern as a `Split` (not the `ByteLevel` regex fastokens knows): fastokens
+    takes U+180E for whitespace, `tokenizers` does not; the stress text shows it."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(GPT2_PATTERN), "isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    text = ("It's what they don't say, isn't it? We're here, you've seen, I'm sure, she'll "
+            "go, he'd say.\n\n  indented\n two  spaces .") * 3
+    tok.train_from_iterator([text] * 20, trainers.BpeTrainer(
+        vocab_size=600, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "split.json"))
+    recipe = mixer.load_recipe({"tokenizer": str(tmp_path / "split.json"), "seq_len": 8,
+                                "batch_size": 1,
+                                "sources": [{"name": "a", "path": "x.jsonl", "weight": 1}]})
+    verdict, _ = verify.verify(recipe, resolve_tokenizer(str(tmp_path / "split.json")), None)
+    assert not verdict.ok and "section 'classes'" in verdict.reason, verdict.reason
 
 
 # -- same tokens, same stream ------------------------------------------------------------------
@@ -242,6 +276,82 @@ def test_fastokens_raising_on_a_document_is_a_mismatch(recipe, monkeypatch):
     assert mixer.build_loader(recipe).tokenizer.backend == "hf"
     with pytest.raises(mixer.RecipeError, match=r"source 'b', document 5 .*fastokens raised "
                                                 r"ValueError: no such luck"):
+        mixer.build_loader(backend(recipe, "fastokens"))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_fastokens_raising_after_verification_leaves_the_stream_as_tokenizers_makes_it(
+        recipe, monkeypatch, caplog, workers):
+    """A chunk fastokens raises on in the run (after it was verified) is encoded by
+    `tokenizers`: same batches as `hf`, one warning, the run goes on."""
+    real = FastokensBackend.encode_docs
+
+    def encode_docs(self, texts, bos, eos):
+        if any(MARKER in text for text in texts):
+            raise ValueError("Max stack size exceeded for backtracking")
+        return real(self, texts, bos, eos)
+
+    reference = take(mixer.build_loader(backend(recipe, "hf")), 40)
+    monkeypatch.setattr(FastokensBackend, "encode_docs", encode_docs)
+    caplog.set_level(logging.WARNING, logger="mixer.tokenizer")
+    for name in ("auto", "fastokens"):
+        loader = mixer.build_loader(backend(recipe, name), num_workers=workers)
+        assert loader.tokenizer.backend == "fastokens"
+        assert take(loader, 40) == reference
+    if workers == 0:
+        [line] = [r.getMessage() for r in caplog.records if "fastokens raised" in r.getMessage()]
+        assert "Max stack size" in line and "tokenizers (the same ids)" in line
+
+
+def test_a_megabyte_of_spaces_that_fastokens_cannot_split_is_encoded_all_the_same(tmp_path):
+    """A pre-tokenizer fastokens runs on a backtracking engine (digits, then byte-level with its
+    regex: StarCoder's) raises on a run of a million spaces, after verification passed."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([_text(i, 30) for i in range(50)], trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "starcoder.json"))
+    texts = [_text(d, 20) for d in range(30)]
+    texts[3] = "spaces:" + " " * 1_000_000 + "end"
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    recipe = {"tokenizer": str(tmp_path / "starcoder.json"), "seq_len": 512, "batch_size": 2,
+              "lanes": 1, "sources": [{"name": "a", "path": str(tmp_path / "a.jsonl"),
+                                       "weight": 1, "epochs": 1}]}
+    fast = mixer.build_loader(recipe)
+    assert fast.tokenizer.backend == "fastokens"
+    assert take(fast, 10_000) == take(mixer.build_loader(backend(recipe, "hf")), 10_000)
+
+
+def test_tokenizers_panicking_on_the_stress_text_is_a_refusal_not_a_crash(recipe, monkeypatch):
+    """`tokenizers` itself may panic on a text (pyo3's PanicException is no Exception): no
+    verdict can be had, so `auto` keeps `tokenizers` and `fastokens` is a RecipeError."""
+    class PanicException(BaseException):
+        pass
+
+    class Panicking:
+        def __init__(self, tok):
+            self.tok = tok
+
+        def encode(self, text, **kwargs):
+            if "\u180e" in text:
+                raise PanicException("AddedVocabulary bad split")
+            return self.tok.encode(text, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.tok, name)
+
+    real = verify._load_hf
+    monkeypatch.setattr(verify, "_load_hf", lambda *args: Panicking(real(*args)))
+    monkeypatch.setattr(verify, "_stress", {})   # (stress verdicts of earlier tests)
+    loader = mixer.build_loader(recipe)
+    assert loader.tokenizer.backend == "hf"
+    assert "tokenizers raised PanicException: AddedVocabulary bad split" in \
+        loader.backend.describe()
+    with pytest.raises(mixer.RecipeError, match="tokenizers raised PanicException"):
         mixer.build_loader(backend(recipe, "fastokens"))
 
 

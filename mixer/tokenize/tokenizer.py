@@ -224,6 +224,9 @@ def load_backend(info: TokenizerInfo) -> Backend:
     return HfBackend(_load(info.path, info.digest))
 
 
+_fell_back: dict[int, bool] = {}   # process id -> fastokens raised there (logged once)
+
+
 class Encoder:
     """Batched encoding with EOS (and BOS where configured) added to every document.
 
@@ -245,13 +248,35 @@ class Encoder:
         return self._backend
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
-        docs = self.backend().encode_docs(texts, self.info.bos_id, self.info.eos_id)
+        bos, eos = self.info.bos_id, self.info.eos_id
+        try:
+            docs = self.backend().encode_docs(texts, bos, eos)
+        except BaseException as exc:
+            docs = self._reference(exc).encode_docs(texts, bos, eos)
         FREED_MEMORY.maybe_release()   # (mostly on an encoding thread, off the main one)
         return docs
 
     def encode_raw(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text alone: no EOS or BOS added (pieces of one document)."""
-        return self.backend().encode_batch(texts)
+        try:
+            return self.backend().encode_batch(texts)
+        except BaseException as exc:
+            return self._reference(exc).encode_batch(texts)
+
+    def _reference(self, exc: BaseException) -> Backend:
+        """`tokenizers`, for texts fastokens raised (or panicked) on after it was verified
+        (e.g. a backtracking regex running out of stack on a megabyte of spaces): the
+        reference's ids are the very ids fastokens stands in for, so the stream is the same.
+        Any other failure (an interrupt, `tokenizers` itself) is raised."""
+        if (isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit)
+                or self.backend().name != "fastokens"):
+            raise exc
+        if not _fell_back.get(os.getpid()):
+            _fell_back[os.getpid()] = True
+            log.warning("tokenizer backend: fastokens raised %s (%s) on a chunk of documents; "
+                        "it and any other such chunk in this process are encoded with "
+                        "tokenizers (the same ids)", type(exc).__name__, str(exc)[:200])
+        return HfBackend(_load(self.info.path, self.info.digest))
 
     def token_id(self, token: str) -> int | None:
         """The id of a token given as a string (e.g. "<|image_pad|>"), or None."""

@@ -37,7 +37,7 @@ from mixer.tokenize.encoding import (
     chunk_full,
     use_fastokens_encoding_threads,
 )
-from mixer.tokenize.stress import STRESS_VERSION, stress_sections
+from mixer.tokenize.stress import STRESS_ID, stress_sections
 from mixer.tokenize.tokenizer import _load as _load_hf
 
 VERDICT_FORMAT = 1
@@ -126,7 +126,7 @@ def cache_folder(info_cache: str | None) -> Path:
 def _tokenizer_key(info: TokenizerInfo, version: str) -> str:
     """The key of a refusal met before any source was sampled (fastokens does not load the
     tokenizer, or differs on the stress text): it holds for any recipe and sources."""
-    material = [VERDICT_FORMAT, STRESS_VERSION, info.digest, version]
+    material = [VERDICT_FORMAT, STRESS_ID, info.digest, version]
     return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:24]
 
 
@@ -157,7 +157,7 @@ def preload(recipe: Any, info: TokenizerInfo, info_cache: str | None) -> None:
 def _key(recipe: Any, info: TokenizerInfo, version: str, tables: list[SourceTable]) -> str:
     planned = sample.planned_ids(recipe, tables)
     sources = [[s.name, s.format, s.chosen_text_field, planned[s.name]] for s in recipe.sources]
-    material = [VERDICT_FORMAT, STRESS_VERSION, sample.SAMPLE_BYTES, info.digest, version,
+    material = [VERDICT_FORMAT, STRESS_ID, sample.SAMPLE_BYTES, info.digest, version,
                 recipe.max_document_bytes, sources]
     return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:24]
 
@@ -332,7 +332,10 @@ def _first_mismatch(hf: HfBackend, fast: FastokensBackend,
             why = _raised(exc)
             return next((k for k in range(at, stop) if _fails(fast, texts[k])), at), why
         for k, got in enumerate(encoded, start=at):
-            ref = hf.tok.encode(texts[k], add_special_tokens=False)
+            try:
+                ref = hf.tok.encode(texts[k], add_special_tokens=False)
+            except BaseException as exc:   # the reference itself fails on this text
+                return k, _raised(exc, "tokenizers")
             if ref.ids != got:
                 return k, _describe(ref, got, len(texts[k]))
         at = stop
@@ -348,11 +351,11 @@ def _fails(fast: FastokensBackend, text: str) -> bool:
     return False
 
 
-def _raised(exc: BaseException) -> str:
-    """fastokens' error (or panic) on a text, in words; an interrupt is raised on."""
+def _raised(exc: BaseException, library: str = "fastokens") -> str:
+    """A library's error (or panic) on a text, in words; an interrupt is raised on."""
     if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
         raise exc
-    return f"fastokens raised {type(exc).__name__}: {str(exc)[:200]}"
+    return f"{library} raised {type(exc).__name__}: {str(exc)[:200]}"
 
 
 def _describe(ref: Any, got: list[int], chars: int) -> str:
