@@ -130,6 +130,9 @@ def test_code_points_regex_engines_class_differently_are_set_where_the_class_dec
                "\u248c", "\u24b6", "\U0001f131", "\U00011f34"):
         for context in (f"a{ch}b", f"{ch}'s", f"  {ch}", f"\n {ch}", f"{ch}'t", f"1{ch}2"):
             assert context in classes, (ch, context)
+    # spacing marks inside words of their own script too (Myanmar, Sinhala vowel signs)
+    for letter, mark in (("\u1000", "\u102c"), ("\u0d85", "\u0dcf"), ("\u0904", "\u093e")):
+        assert f"{letter}{mark}{letter}{letter}{mark}" in classes
 
 
 def test_a_split_pattern_fastokens_reads_with_other_unicode_tables_is_refused(tmp_path):
