@@ -156,6 +156,34 @@ def test_a_split_pattern_fastokens_reads_with_other_unicode_tables_is_refused(tm
     assert not verdict.ok and "section 'classes'" in verdict.reason, verdict.reason
 
 
+def test_a_word_split_whose_vocabulary_merges_vowel_signs_with_their_letters_is_refused(
+        tmp_path):
+    """`\\w` holds spacing marks for `tokenizers`, not for fastokens: a vocabulary trained with a
+    `\\w+` split on Myanmar words merges each vowel sign with its letter, and fastokens would
+    cut every such word. The stress text has the marks inside words of their own script."""
+    import random
+
+    r = random.Random(0)
+    letters, signs = "ကခဂငစဆဇညတထဒနပဖဗဘမယရလဝသဟအ", "\u102b\u102c\u1031\u1038"
+    words = ["".join(r.choice(letters) + (r.choice(signs) if r.random() < 0.6 else "")
+                     for _ in range(r.randrange(2, 5))) for _ in range(60)]
+    texts = [" ".join(r.choice(words) for _ in range(200)) for _ in range(30)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\w+|[^\w\s]+"), "isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=800, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "words.json"))
+    recipe = mixer.load_recipe({"tokenizer": str(tmp_path / "words.json"), "seq_len": 8,
+                                "batch_size": 1,
+                                "sources": [{"name": "a", "path": "x.jsonl", "weight": 1}]})
+    verdict, _ = verify.verify(recipe, resolve_tokenizer(str(tmp_path / "words.json")), None)
+    assert not verdict.ok and "section 'classes'" in verdict.reason, verdict.reason
+
+
 # -- same tokens, same stream ------------------------------------------------------------------
 def test_batches_are_the_same_with_either_backend_at_any_worker_count(recipe):
     reference = take(mixer.build_loader(backend(recipe, "hf")), 10)
