@@ -357,9 +357,12 @@ def test_a_megabyte_of_spaces_that_fastokens_cannot_split_is_encoded_all_the_sam
     assert take(fast, 10_000) == take(mixer.build_loader(backend(recipe, "hf")), 10_000)
 
 
-def test_tokenizers_panicking_on_the_stress_text_is_a_refusal_not_a_crash(recipe, monkeypatch):
+def test_tokenizers_panicking_on_the_stress_text_is_a_refusal_not_a_crash(recipe, monkeypatch,
+                                                                          tmp_path):
     """`tokenizers` itself may panic on a text (pyo3's PanicException is no Exception): no
-    verdict can be had, so `auto` keeps `tokenizers` and `fastokens` is a RecipeError."""
+    verdict can be had, so `auto` keeps `tokenizers` and `fastokens` is a RecipeError; such a
+    refusal is not kept (a library raising may be this start's trouble): the next start verifies
+    again."""
     class PanicException(BaseException):
         pass
 
@@ -384,6 +387,27 @@ def test_tokenizers_panicking_on_the_stress_text_is_a_refusal_not_a_crash(recipe
         loader.backend.describe()
     with pytest.raises(mixer.RecipeError, match="tokenizers raised PanicException"):
         mixer.build_loader(backend(recipe, "fastokens"))
+    assert not list((tmp_path / "xdg").rglob("refused-*.json"))
+    assert not list((tmp_path / "xdg").rglob("backend-*.json"))
+    monkeypatch.setattr(verify, "_load_hf", real)
+    as_in_a_new_process(monkeypatch)
+    monkeypatch.setattr(verify, "_stress", {})
+    assert mixer.build_loader(recipe).tokenizer.backend == "fastokens"
+
+
+def test_the_tokenizer_is_set_up_before_another_thread_can_take_it(tmp_path, monkeypatch):
+    """`padding`/`truncation` are turned off before the loaded tokenizer is shared: an
+    encoding thread falling back to `tokenizers` at the same moment never sees them on."""
+    from mixer.tokenize import tokenizer as tokenizer_module
+
+    seen = []
+    real = tokenizer_module.whole_documents
+    monkeypatch.setattr(tokenizer_module, "whole_documents", lambda tok: (
+        seen.append(any(t is tok for t in tokenizer_module._loaded.values())), real(tok))[1])
+    monkeypatch.setattr(tokenizer_module, "_loaded", {})
+    info = resolve_tokenizer(str(DEMO_TOKENIZER))
+    tokenizer_module._load(info.path, info.digest)
+    assert seen == [False]
 
 
 def test_a_mismatch_on_the_stress_text_is_found_before_any_source(recipe, monkeypatch):

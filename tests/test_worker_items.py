@@ -95,3 +95,41 @@ def test_a_resume_and_set_weights_between_items_keep_the_stream(three_sources):
         return out
 
     assert run(2) == run(0) == run(1)
+
+
+def test_an_exception_in_a_worker_comes_after_the_batches_made_before_it(three_sources,
+                                                                         monkeypatch):
+    """Not a data error (those travel as items): an OSError raised on lane 1's 20th batch
+    reaches the user after exactly the batches num_workers 0 gives before it, mid-item too."""
+    from mixer.pipeline import lanes
+
+    recipe = three_sources[0]   # (unlimited sources)
+    real = lanes.Lane.next_batch
+    calls: dict[int, int] = {}
+
+    def next_batch(self, n):
+        calls[self.lane] = calls.get(self.lane, 0) + 1
+        if self.lane == 1 and calls[self.lane] == 20:
+            raise OSError("the disk went away")
+        return real(self, n)
+
+    monkeypatch.setattr(lanes.Lane, "next_batch", next_batch)
+
+    def run(workers: int) -> list[str]:
+        calls.clear()
+        loader = mixer.build_loader(recipe, num_workers=workers)
+        got: list[str] = []
+        try:
+            for batch in loader:
+                got.append(batch_digest(batch))
+        except Exception as exc:
+            assert "the disk went away" in str(exc)
+        else:
+            raise AssertionError("the error was lost")
+        finally:
+            loader.close()
+        return got
+
+    reference = run(0)
+    assert len(reference) == 4 * 19 + 1   # lanes 0..3 in turn; lane 1's 20th is batch 77
+    assert run(1) == reference and run(2) == reference

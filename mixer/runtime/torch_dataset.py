@@ -10,7 +10,6 @@ count, so the first batch comes as soon as it is made."""
 from __future__ import annotations
 
 import functools
-import itertools
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -71,8 +70,23 @@ def worker_batches(dataset: TorchLaneDataset, layout: BatchLayout, num_workers: 
 
 
 def _grouped(pairs: Iterator[Pair], most: int) -> Iterator[list[Pair]]:
+    """Items of 1, 2, 4, ... up to `most` pairs. An exception out of `pairs` (not a data
+    error: those come as pairs) is raised in the next item's place, after the pairs made
+    before it went as one: the loader's process gets what num_workers 0 gets before it."""
     size = 1
-    while group := list(itertools.islice(pairs, size)):
+    while True:
+        group: list[Pair] = []
+        try:
+            for _ in range(size):
+                group.append(next(pairs))
+        except StopIteration:
+            if group:
+                yield group
+            return
+        except BaseException:
+            if group:
+                yield group
+            raise
         yield group
         size = min(2 * size, most)
 

@@ -47,9 +47,12 @@ def _load(file: str, digest: str) -> Tokenizer:
     anew; its digest no longer matches, which the token cache keys also see)."""
     tok = _loaded.get((file, digest))
     if tok is None:
-        tok = _loaded[(file, digest)] = Tokenizer.from_file(file)
-        off = whole_documents(tok)
-        if off:
+        # Set up before it is shared: another thread (an encoding thread falling back from
+        # fastokens) must never encode with padding or truncation still on.
+        loaded = Tokenizer.from_file(file)
+        off = whole_documents(loaded)
+        tok = _loaded.setdefault((file, digest), loaded)
+        if off and tok is loaded:
             log.info("tokenizer %s: its %s turned off (mixer encodes whole documents; "
                      "packing cuts them)", file, " and ".join(off))
     return tok
@@ -224,7 +227,7 @@ def load_backend(info: TokenizerInfo) -> Backend:
     return HfBackend(_load(info.path, info.digest))
 
 
-_fell_back: dict[int, bool] = {}   # process id -> fastokens raised there (logged once)
+_fell_back: dict[int, object] = {}   # process ids where fastokens raised (logged once)
 
 
 class Encoder:
@@ -271,8 +274,8 @@ class Encoder:
         if (isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit)
                 or self.backend().name != "fastokens"):
             raise exc
-        if not _fell_back.get(os.getpid()):
-            _fell_back[os.getpid()] = True
+        first = object()
+        if _fell_back.setdefault(os.getpid(), first) is first:   # (atomic: once per process)
             log.warning("tokenizer backend: fastokens raised %s (%s) on a chunk of documents; "
                         "it and any other such chunk in this process are encoded with "
                         "tokenizers (the same ids)", type(exc).__name__, str(exc)[:200])

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tokenizers
+
 from mixer.core.errors import RecipeError
 from mixer.core.files import user_cache_dir, write_atomically
 from mixer.core.token_info import TokenizerInfo
@@ -126,7 +128,7 @@ def cache_folder(info_cache: str | None) -> Path:
 def _tokenizer_key(info: TokenizerInfo, version: str) -> str:
     """The key of a refusal met before any source was sampled (fastokens does not load the
     tokenizer, or differs on the stress text): it holds for any recipe and sources."""
-    material = [VERDICT_FORMAT, STRESS_ID, info.digest, version]
+    material = [VERDICT_FORMAT, STRESS_ID, info.digest, version, tokenizers.__version__]
     return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:24]
 
 
@@ -158,6 +160,7 @@ def _key(recipe: Any, info: TokenizerInfo, version: str, tables: list[SourceTabl
     planned = sample.planned_ids(recipe, tables)
     sources = [[s.name, s.format, s.chosen_text_field, planned[s.name]] for s in recipe.sources]
     material = [VERDICT_FORMAT, STRESS_ID, sample.SAMPLE_BYTES, info.digest, version,
+                tokenizers.__version__,
                 recipe.max_document_bytes, sources]
     return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:24]
 
@@ -226,7 +229,10 @@ def _verdict(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None,
 def _lasting(reason: str) -> bool:
     """A refusal that the next start would meet again (an unsupported component, ids or
     decodes that differ), not one of this start (fastokens failing to read the file: no
-    memory, too many open files), which is not kept."""
+    memory, too many open files) nor a library raising on a text (either one: it may be this
+    start's trouble too), which are not kept."""
+    if " raised " in reason:
+        return False
     return reason.endswith(" unsupported") or reason.startswith(("differs", "decodes"))
 
 
