@@ -65,25 +65,23 @@ _NEWER_BLOCKS = ((0x105C0, 0x10600), (0x10D40, 0x10D90), (0x11380, 0x11400),
 
 
 def _classes() -> str:
-    points = list(_SPACE_LIKE)
-    points += [chr(cp) for cp in range(0x20000)   # (planes 0 and 1 hold them all)
-               if unicodedata.category(chr(cp)) in ("Mc", "Me", "No")]
-    points += [chr(cp) for lo, hi in (*_ENCLOSED, *_NEWER_BLOCKS) for cp in range(lo, hi)]
+    marks_and_numbers = [chr(cp) for cp in range(0x20000)   # (planes 0 and 1 hold them all)
+                         if unicodedata.category(chr(cp)) in ("Mc", "Me", "No")]
+    points = [*_SPACE_LIKE, *marks_and_numbers,
+              *(chr(cp) for lo, hi in (*_ENCLOSED, *_NEWER_BLOCKS) for cp in range(lo, hi))]
+    marks = [ch for ch in marks_and_numbers if unicodedata.category(ch) != "No"]
     return ("".join(f"a{ch}b {ch}'s  {ch}\n {ch}'t 1{ch}2 " for ch in points)
-            + _marks_in_words())
+            + _marks_in_words(marks))
 
 
-def _marks_in_words() -> str:
+def _marks_in_words(marks: list[str]) -> str:
     """Each spacing or enclosing mark inside words of its own script (after and before up
     to 8 letters spread over its 128-code-point block, vowels and consonants): a vocabulary
     merges a mark with the letters of its script, not with Latin ones, so that is where
     splitting at the mark changes ids."""
     out = []
-    for cp in range(0x20000):
-        mark = chr(cp)
-        if unicodedata.category(mark) not in ("Mc", "Me"):
-            continue
-        block = cp & ~0x7F
+    for mark in marks:
+        block = ord(mark) & ~0x7F
         letters = [chr(b) for b in range(block, block + 0x80)
                    if unicodedata.category(chr(b)) in ("Lo", "Ll", "Lu")]
         spread = letters[::max(1, len(letters) // 8)][:8]
