@@ -119,6 +119,24 @@ def test_the_stress_text_covers_its_cases_and_fastokens_matches_on_the_demo_toke
     assert verdict.ok, verdict.reason
 
 
+def _split_bpe_verdict(path: Path, pattern: str, texts: list[str],
+                       vocab_size: int) -> verify.Verdict:
+    """Verification's verdict (stress text only) on a byte-level BPE trained on `texts` behind
+    a `Split(pattern)` pre-tokenizer (fastokens' generic regex path)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), "isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(path))
+    recipe = mixer.load_recipe({"tokenizer": str(path), "seq_len": 8, "batch_size": 1,
+                                "sources": [{"name": "a", "path": "x.jsonl", "weight": 1}]})
+    return verify.verify(recipe, resolve_tokenizer(str(path)), None)[0]
+
+
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
@@ -138,21 +156,9 @@ def test_code_points_regex_engines_class_differently_are_set_where_the_class_dec
 def test_a_split_pattern_fastokens_reads_with_other_unicode_tables_is_refused(tmp_path):
     """The GPT-2 pattern as a `Split` (not the `ByteLevel` regex fastokens knows): fastokens
     takes U+180E for whitespace, `tokenizers` does not; the stress text shows it."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(GPT2_PATTERN), "isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
     text = ("It's what they don't say, isn't it? We're here, you've seen, I'm sure, she'll "
             "go, he'd say.\n\n  indented\n two  spaces .") * 3
-    tok.train_from_iterator([text] * 20, trainers.BpeTrainer(
-        vocab_size=600, special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.save(str(tmp_path / "split.json"))
-    recipe = mixer.load_recipe({"tokenizer": str(tmp_path / "split.json"), "seq_len": 8,
-                                "batch_size": 1,
-                                "sources": [{"name": "a", "path": "x.jsonl", "weight": 1}]})
-    verdict, _ = verify.verify(recipe, resolve_tokenizer(str(tmp_path / "split.json")), None)
+    verdict = _split_bpe_verdict(tmp_path / "split.json", GPT2_PATTERN, [text] * 20, 600)
     assert not verdict.ok and "section 'classes'" in verdict.reason, verdict.reason
 
 
@@ -168,19 +174,7 @@ def test_a_word_split_whose_vocabulary_merges_vowel_signs_with_their_letters_is_
     words = ["".join(r.choice(letters) + (r.choice(signs) if r.random() < 0.6 else "")
                      for _ in range(r.randrange(2, 5))) for _ in range(60)]
     texts = [" ".join(r.choice(words) for _ in range(200)) for _ in range(30)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\w+|[^\w\s]+"), "isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=800, special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.save(str(tmp_path / "words.json"))
-    recipe = mixer.load_recipe({"tokenizer": str(tmp_path / "words.json"), "seq_len": 8,
-                                "batch_size": 1,
-                                "sources": [{"name": "a", "path": "x.jsonl", "weight": 1}]})
-    verdict, _ = verify.verify(recipe, resolve_tokenizer(str(tmp_path / "words.json")), None)
+    verdict = _split_bpe_verdict(tmp_path / "words.json", r"\w+|[^\w\s]+", texts, 800)
     assert not verdict.ok and "section 'classes'" in verdict.reason, verdict.reason
 
 
