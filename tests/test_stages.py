@@ -6,8 +6,11 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 from helpers import corpus, write_docs
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mixer
 from mixer.pipeline.lanes import Lane
@@ -131,3 +134,75 @@ def test_best_fit_packer_resumes_exactly(setup):
         return None if r is None else (r.input_ids.tolist(), r.labels.tolist(), r.real)
 
     check_resume(make, row, 200, [0, 1, 2, 3, 17, 50, 199])
+
+
+class _ListSource:
+    """Documents from a list: the smallest resumable `DocumentSource`."""
+
+    name, lane = "list", 0
+
+    def __init__(self, docs: list[list[int]]) -> None:
+        self.docs, self.at = docs, 0
+
+    @property
+    def done(self) -> bool:
+        return self.at >= len(self.docs)
+
+    def next_document(self):
+        from mixer.core.document import Document
+
+        if self.done:
+            return None
+        self.at += 1
+        return Document(np.array(self.docs[self.at - 1], dtype=np.uint32))
+
+    def state_dict(self) -> dict[str, int]:
+        return {"at": self.at}
+
+    def load_state_dict(self, state) -> None:
+        self.at = 0 if state is None else state["at"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=12),
+       seq_len=st.integers(1, 9), mask=st.booleans(), resume_at=st.integers(0, 80))
+def test_concat_rows_are_the_documents_cut_in_order_and_a_packer_holds_little(
+        lengths, seq_len, mask, resume_at):
+    """`concat` rows are the documents' tokens back to back cut every seq_len (labels -100 at
+    each document's first token when masking; `starts` counts the documents begun); a pending
+    document is held as at most twice
+    what is left of it (its packed front is cut off); a packer resumed from the state after
+    any row goes on with the same rows."""
+    docs, token = [], 10
+    for n in lengths:
+        docs.append(list(range(token, token + n)))
+        token += n
+    flat = [t for d in docs for t in d]
+    starts = set(np.cumsum([0] + lengths[:-1]).tolist())
+
+    def make() -> Packer:
+        return Packer(_ListSource(docs), seq_len=seq_len, mode="concat", pad_id=0,
+                      mask_document_boundaries=mask)
+
+    packer, rows, states = make(), [], []
+    while (row := packer.next_row()) is not None:
+        rows.append((row.input_ids.tolist(), row.labels.tolist()))
+        assert row.starts == len(starts & set(range(len(rows) * seq_len - seq_len,
+                                                    len(rows) * seq_len)))
+        states.append(packer.state_dict())
+        if packer._pending is not None:
+            document, offset = packer._pending[:2]
+            assert len(document) <= 2 * (len(document) - offset)
+    for i, (ids, labels) in enumerate(rows):
+        at = i * seq_len
+        real = flat[at:at + seq_len]
+        assert ids[:len(real)] == real and all(t == 0 for t in ids[len(real):])
+        assert labels[:len(real)] == [-100 if mask and at + k in starts else t
+                                      for k, t in enumerate(real)]
+    k = resume_at % len(rows)
+    resumed = make()
+    resumed.load_state_dict(states[k])
+    again = []
+    while (row := resumed.next_row()) is not None:
+        again.append((row.input_ids.tolist(), row.labels.tolist()))
+    assert again == rows[k + 1:]

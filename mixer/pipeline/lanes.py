@@ -157,7 +157,7 @@ class Lane:
                     budget.take(*row.counts)
                 self.tokens[choice] += row.real
                 self.mix[choice] += row.real
-                self.documents[choice] += sum(1 for p in row.pieces if p.offset == 0)
+                self.documents[choice] += row.starts
                 grow_by_share(self.target, parts, row.real)
                 if packer.exhausted:
                     parts = None

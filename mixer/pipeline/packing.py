@@ -46,11 +46,13 @@ class Row:
     up to seq_len. Its arrays are made when first asked for; a batch's rows are written at
     once by `rows_arrays`, without them."""
 
-    __slots__ = ("pieces", "real", "seq_len", "pad_id", "_arrays")
+    __slots__ = ("pieces", "real", "seq_len", "pad_id", "starts", "_arrays")
 
-    def __init__(self, pieces: tuple[Piece, ...], real: int, seq_len: int, pad_id: int) -> None:
+    def __init__(self, pieces: tuple[Piece, ...], real: int, seq_len: int, pad_id: int,
+                 starts: int) -> None:
         self.pieces = pieces
         self.real = real   # tokens that are not padding (they come first)
+        self.starts = starts   # pieces that begin their document
         self.seq_len = seq_len
         self.pad_id = pad_id
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -91,14 +93,17 @@ class Row:
         return self._arrays
 
 
-def build_row(pieces: list[tuple[Document, int, int, bool]], seq_len: int, pad_id: int) -> Row:
-    """A row of `seq_len` from (document, offset, length, mask first label) pieces."""
+def build_row(pieces: list[tuple[Document, int, int, bool]], seq_len: int, pad_id: int,
+              starts: int | None = None) -> Row:
+    """A row of `seq_len` from (document, offset, length, mask first label) pieces; `starts`:
+    how many begin their document (default: those at offset 0)."""
     placed = []
     at = 0
     for document, offset, length, mask_first in pieces:
         placed.append(Piece(at, document, offset, length, mask_first))
         at += length
-    return Row(tuple(placed), at, seq_len, pad_id)
+    return Row(tuple(placed), at, seq_len, pad_id,
+               sum(1 for p in pieces if p[1] == 0) if starts is None else starts)
 
 
 _COUNTING = np.arange(0, dtype=np.int64)
@@ -157,6 +162,17 @@ def rows_arrays(rows: Sequence[Row | None], seq_len: int, pad_id: int
     return ids, labels, positions, real
 
 
+def _kept(document: Document, offset: int, before: dict, cut: int
+          ) -> tuple[Document, int, dict, int]:
+    """A pending document as a packer keeps it: a text document's packed front is cut off
+    (copied out) once it is at least half the tokens held; every token copied is one that then
+    leaves memory, so a document is copied at most about once over."""
+    if document.images or 2 * offset < len(document):
+        return (document, offset, before, cut)
+    return (Document(document.tokens[offset:].copy(), meta=document.meta), 0, before,
+            cut + offset)
+
+
 class Packer:
     """Rows for one (lane, source): `concat` or `pad`."""
 
@@ -167,13 +183,17 @@ class Packer:
         self.mode = mode
         self.pad_id = pad_id
         self.mask_boundaries = mask_document_boundaries
-        self._pending: tuple[Document, int, dict] | None = None
+        # The document the next row starts with: (document, offset in it, the stream's state
+        # before it, tokens cut off its front). A long document's packed front is cut off once
+        # it is half of what is held (`_kept`): a packer of a source drawn rarely holds only
+        # what it has yet to pack.
+        self._pending: tuple[Document, int, dict, int] | None = None
         self.exhausted = False
 
     def state_dict(self) -> dict:
         if self._pending is not None:
-            _, offset, before = self._pending
-            return {"stream": before, "offset": offset, "exhausted": 0}
+            _, offset, before, cut = self._pending
+            return {"stream": before, "offset": cut + offset, "exhausted": 0}
         return {"stream": self.stream.state_dict(), "offset": 0, "exhausted": int(self.exhausted)}
 
     def load_state_dict(self, state: dict | None) -> None:
@@ -194,7 +214,7 @@ class Packer:
             if document is None or offset >= len(document) or not document.splittable:
                 raise StateError(f"source {self.stream.name!r} lane {self.stream.lane}: "
                                  "the pending document no longer matches the state")
-            self._pending = (document, offset, before)
+            self._pending = (document, offset, before, 0)
 
     def peek(self) -> Document | None:
         """The document the next row starts with (read ahead; the state does not move)."""
@@ -202,7 +222,7 @@ class Packer:
             before = self.stream.state_dict()
             document = self.stream.next_document()
             if document is not None:
-                self._pending = (document, 0, before)
+                self._pending = (document, 0, before, 0)
         return None if self._pending is None else self._pending[0]
 
     def next_row(self, budget: Budget | None = None) -> Row | None | _Blocked:
@@ -213,11 +233,12 @@ class Packer:
         length = self.seq_len
         pieces: list[tuple[Document, int, int, bool]] = []
         filled = images = patches = videos = 0
+        continued = False   # the row's first piece goes on with a document begun before
         while filled < length:
             document = self.peek()
             if document is None:
                 break
-            _, offset, before = self._pending
+            _, offset, before, cut = self._pending
             if document.images:
                 i, p, v = document.counts
                 if budget is not None and not budget.allows(images + i, patches + p,
@@ -233,13 +254,18 @@ class Packer:
                     break   # a document with images moves whole to the next row
                 raise StateError(f"source {self.stream.name!r}: a document of "
                                  f"{len(document)} tokens with images exceeds seq_len {length}")
-            pieces.append((document, offset, take, offset == 0 and self.mask_boundaries))
+            if not pieces:
+                continued = offset + cut > 0
+            pieces.append((document, offset, take,
+                           offset + cut == 0 and self.mask_boundaries))
             filled += take
             offset += take
-            self._pending = None if offset == size else (document, offset, before)
+            self._pending = None if offset == size else _kept(document, offset, before, cut)
             if self.mode == "pad":
                 break
         if filled == 0:
             self.exhausted = True
             return None
-        return build_row(pieces, self.seq_len, self.pad_id)
+        # (only the first piece can be a document's continuation: one cut at its front)
+        return build_row(pieces, self.seq_len, self.pad_id,
+                         len(pieces) - (1 if continued else 0))
