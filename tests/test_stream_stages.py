@@ -188,3 +188,74 @@ def test_a_loader_within_a_tiny_budget_of_text_ahead_gives_the_same_batches(
     monkeypatch.setattr(TEXT_AHEAD, "limit", 200)
     assert digests() == expected
     assert asked and not all(asked)   # (some chunks were left to be encoded when needed)
+
+
+@pytest.mark.parametrize("limit", [0, 300, 5_000])
+def test_the_process_budget_of_tokens_held_bounds_them_and_changes_no_token(setup, monkeypatch,
+                                                                            limit):
+    """Windows consumed in turn under a small `ENCODED_HELD`: the text whose tokens are held
+    unpacked stays within the budget, what may be queued ahead and one document per window
+    (a chunk needed now is cut to the room left, at least one document); the tokens are a
+    direct encode's; every share is given back once the windows are dropped."""
+    from mixer.tokenize.encoding import ENCODED_HELD, TEXT_AHEAD
+
+    _, _, encoder = setup
+    texts = [f"document {i} " + "word " * (20 + 40 * (i % 17)) for i in range(400)]
+    gc.collect()
+    assert ENCODED_HELD.held() == 0
+    monkeypatch.setattr(ENCODED_HELD, "limit", limit)
+    monkeypatch.setattr(TEXT_AHEAD, "limit", limit)
+    ahead = EncodeAhead(encoder, None)
+    windows = [Window([WindowItem(t) for t in texts[w::5]], (0, 0, 0), True, 0, {})
+               for w in range(5)]
+    consumed: list[list[np.ndarray]] = [[] for _ in windows]
+    bound = 2 * limit + len(windows) * max(map(len, texts))   # (all the text: 280 KB)
+    for at in range(len(windows[0].items)):
+        for w, win in enumerate(windows):
+            if at < len(win.items):
+                if win.items[at].encoded is None:
+                    ahead.tokenize_from(win, at)
+                consumed[w].append(win.items[at].encoded)   # (packed, as a stream does)
+                win.items[at].encoded = None
+                if at + 1 >= win.encoded_end:
+                    win.packing = None
+            # the text of the documents whose tokens are held, encoded or queued
+            held = sum(len(texts[v + 5 * k]) for v, win in enumerate(windows)
+                       for k, item in enumerate(win.items) if item.encoded is not None)
+            held += sum(len(texts[v + 5 * k]) for v, win in enumerate(windows)
+                        for start, stop, _, _ in win.ahead for k in range(start, stop))
+            assert held <= bound
+            assert ENCODED_HELD.held() <= bound
+    direct = encoder(texts)
+    got = [None] * len(texts)
+    for w, tokens in enumerate(consumed):
+        for k, doc in enumerate(tokens):
+            got[w + 5 * k] = doc
+    assert all(np.array_equal(a, b) for a, b in zip(got, direct, strict=True))
+    for win in windows:
+        for _, _, future, _ in win.ahead:
+            future.cancel()
+    del windows, win
+    gc.collect()
+    assert ENCODED_HELD.held() == 0
+
+
+def test_a_loader_within_no_budget_of_tokens_held_gives_the_same_batches(three_sources,
+                                                                           monkeypatch):
+    """With no room for tokens held unpacked (every chunk one document, none queued ahead)
+    the batches are the default's."""
+    from helpers import batch_digest
+
+    from mixer.tokenize.encoding import ENCODED_HELD
+
+    recipe = {**three_sources[0], "shuffle_window": 256}
+
+    def digests() -> list[str]:
+        loader = mixer.build_loader(recipe, num_workers=0)
+        out = [batch_digest(batch) for _, batch in zip(range(40), loader)]
+        loader.close()
+        return out
+
+    expected = digests()
+    monkeypatch.setattr(ENCODED_HELD, "limit", 0)
+    assert digests() == expected

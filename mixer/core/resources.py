@@ -140,11 +140,12 @@ class ByteBudget:
         if self._pid != os.getpid():
             self._pid, self._held, self._lock = os.getpid(), 0, threading.RLock()
 
-    def hold(self, nbytes: int) -> Held | None:
-        """A share of `nbytes`, if the limit allows."""
+    def hold(self, nbytes: int, *, force: bool = False) -> Held | None:
+        """A share of `nbytes`, if the limit allows (`force`: past it too, for what is
+        held already and must be counted)."""
         self._own()
         with self._lock:
-            if self._held + nbytes > self.limit:
+            if self._held + nbytes > self.limit and not force:
                 return None
             self._held += nbytes
         held = Held(nbytes)
@@ -160,6 +161,10 @@ class ByteBudget:
         """Bytes held in this process now."""
         self._own()
         return self._held
+
+    def room(self) -> int:
+        """Bytes that may still be held in this process now."""
+        return max(0, self.limit - self.held())
 
 
 class FreedMemory:

@@ -10,6 +10,7 @@ import numpy as np
 from mixer.core.document import Document, DocumentBuilder
 from mixer.pipeline.window import Window
 from mixer.tokenize.encoding import (
+    ENCODED_HELD,
     TEXT_AHEAD,
     TEXT_CHUNKS_AHEAD,
     TOKENIZE_BYTES,
@@ -49,14 +50,17 @@ class EncodeAhead:
             out[i - start] = item
         return out
 
-    def chunk_stop(self, win: Window, start: int) -> int:
+    def chunk_stop(self, win: Window, start: int, room: int | None = None) -> int:
         """End of the tokenizer chunk at `start`, by the chunk rule (`tokenize.encoding`) under
-        the window's next budget; image documents keep whole `TOKENIZE_DOCS` chunks."""
+        the window's next budget, or under `room` where smaller (at least one document);
+        image documents keep whole `TOKENIZE_DOCS` chunks."""
         stop = min(start + TOKENIZE_DOCS, len(win.items))
         if self.documents is not None:
             return stop
         budget = win.chunk_bytes
         win.chunk_bytes = next_budget(budget)
+        if room is not None:
+            budget = max(1, min(budget, room))
         size = 0
         for i in range(start, stop):
             size += len(win.items[i].text)
@@ -67,6 +71,7 @@ class EncodeAhead:
     def tokenize_from(self, win: Window, start: int) -> None:
         """Encode the chunk at `start` into the items; keep the following chunks encoding
         meanwhile (`TEXT_CHUNKS_AHEAD` of text, one of built documents)."""
+        win.packing = None   # (the chunk before is packed: its share given back)
         if not (win.ahead and win.ahead[0][0] == start):
             if win.ahead or start != win.encoded_end:
                 for _, _, queued, _ in win.ahead:
@@ -84,6 +89,9 @@ class EncodeAhead:
         else:   # pre-tokenized items only: nothing was submitted, they pass through
             encoded = self.encode(win, start, self.chunk_stop(win, start))
         stop = win.encoded_end = start + len(encoded)
+        if self.documents is None:
+            win.packing = ENCODED_HELD.hold(sum(len(item.text) for item in win.items[start:stop]
+                                                if isinstance(item.text, str)), force=True)
         for i in range(start, stop):
             item = win.items[i]
             item.encoded = encoded[i - start]
@@ -96,18 +104,23 @@ class EncodeAhead:
     def submit_ahead(self, win: Window, start: int, chunks: int, *, needed: bool = False
                      ) -> None:
         """Queue chunks after those already queued, from `start`, until `chunks` are. Text
-        chunks queue only within the process's `TEXT_AHEAD` budget, unless `needed` now."""
+        chunks queue only within the process's `TEXT_AHEAD` budget and the room left in its
+        `ENCODED_HELD`, unless `needed` now."""
         pool = encoding_thread() if self.documents is not None else encoding_pool()
         at = win.ahead[-1][1] if win.ahead else start
         while len(win.ahead) < chunks and at < len(win.items):
             budget = win.chunk_bytes
-            stop = self.chunk_stop(win, at)
+            # A chunk needed now is cut to the room left for tokens held before packing.
+            stop = self.chunk_stop(win, at, ENCODED_HELD.room()
+                                   if needed and self.documents is None else None)
             texts = [item.text for item in win.items[at:stop] if isinstance(item.text, str)]
             if not texts:
                 break   # pre-tokenized items: nothing to encode
             held = None
             if not needed and self.documents is None:
-                held = TEXT_AHEAD.hold(sum(map(len, texts)))
+                size = sum(map(len, texts))
+                # (queued only where its tokens will have room to be held once encoded)
+                held = TEXT_AHEAD.hold(size) if ENCODED_HELD.room() >= size else None
                 if held is None:
                     win.chunk_bytes = budget   # cut again, the same, when it is needed
                     break

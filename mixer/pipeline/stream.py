@@ -150,6 +150,8 @@ class SourceStream:
                 document = self.images.built(win, cursor)
             entry.encoded = None
             cursor.pos += 1
+            if cursor.pos >= win.encoded_end:
+                win.packing = None   # the chunk is packed: its share of the budget given back
             if document is not None:
                 cursor.yielded = True
                 return document

@@ -51,6 +51,7 @@ class Window:
     span: tuple[float, float] | None = None   # the slice's part before its start and end
     # chunks queued: start, stop, tokens, share of the process's `TEXT_AHEAD` (None if needed)
     ahead: list[tuple[int, int, Future, Held | None]] = field(default_factory=list)
+    packing: Held | None = None  # the chunk being packed: its share of `ENCODED_HELD`
     chunk_bytes: int = TOKENIZE_BYTES  # text budget of the next chunk cut (doubles per chunk)
     encoded_end: int = 0        # end of the chunks encoded so far (where the next one starts)
     prefetch_end: int = 0       # documents before this one have their images decoding

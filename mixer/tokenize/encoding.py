@@ -37,9 +37,17 @@ TEXT_CHUNKS_AHEAD = 1
 # as the chunk rule counts its "bytes"): one chunk per
 # (lane, source) stream would grow with lanes x sources (100 sources x 8 lanes, 800 chunks of
 # up to 128 KB of text and then their tokens). Past it a stream's next chunk is encoded when
-# it is needed, cut where it would have been cut ahead: the same calls, the same tokens.
+# it is needed, cut where it would have been cut ahead (unless `ENCODED_HELD` is short): the
+# same calls, the same tokens.
 TEXT_AHEAD_BYTES = 4 << 20
 TEXT_AHEAD = ByteBudget(TEXT_AHEAD_BYTES)
+# Text whose tokens the streams of a process hold encoded, not yet packed (the chunk each
+# stream packs from; counted in characters): a chunk of 32-128 KB per stream would also grow
+# with lanes x sources, and a stream of one source among 100 may pack one document of it in a
+# thousand batches. Past it a stream's next chunk is cut to what room is left, at least one
+# document: smaller calls, the same tokens (a document's ids do not depend on its call).
+ENCODED_HELD_BYTES = 4 << 20
+ENCODED_HELD = ByteBudget(ENCODED_HELD_BYTES)
 # Concurrent text-encoding calls per process: a document is the unit the tokenizer's threads
 # share out, so fewer calls at once leave a core idle part of the time.
 ENCODING_THREADS = 4
