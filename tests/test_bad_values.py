@@ -196,3 +196,21 @@ def test_epochs_grow_inside_whole_compressed_files(tmp_path, tokenizer, fmt, num
     assert all(value > 0 for value in seen), seen
     assert seen == sorted(seen), seen
     assert 0.1 < seen[-1] < 1.0, seen   # ~1200 of ~2 × 6000 sequences per pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF,
+                                  exclude_categories=()), max_size=60),
+       piece=st.integers(1, 8))
+def test_a_text_is_refused_exactly_when_it_holds_a_surrogate_and_the_first_is_named(
+        text, piece):
+    """The reader boundary's check, in pieces of any size: refused iff not encodable as UTF-8,
+    naming the first surrogate's character index."""
+    from mixer.sources import boundary
+
+    first = next((i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF), None)
+    why = boundary._invalid_text(text, piece)
+    if first is None:
+        assert why is None
+    else:
+        assert why is not None and f"at character {first};" in why

@@ -10,7 +10,6 @@ raises or skips and counts. Texts are checked here too: a string that is not val
 from __future__ import annotations
 
 import gzip
-import re
 import struct
 import zlib
 from collections.abc import Iterator
@@ -28,20 +27,26 @@ if TYPE_CHECKING:
     from mixer.core.token_info import TokenizerInfo
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+# Characters of text checked per UTF-8 encoding (the copy it makes is dropped at once).
+_CHECK_CHARS = 1 << 20
 
 
-def _invalid_text(text: Any) -> str | None:
-    """Why `text` cannot be tokenized, or None when it can."""
+def _invalid_text(text: Any, piece: int = _CHECK_CHARS) -> str | None:
+    """Why `text` cannot be tokenized, or None when it can (checked `piece` characters at a
+    time)."""
     if not isinstance(text, str):
         return f"text is {type(text).__name__}, not a string"
     if text.isascii():   # O(1) in CPython; most text is, and cannot hold a surrogate
         return None
-    surrogate = _SURROGATE.search(text)   # (no encoded copy of the text, as encode() makes)
-    if surrogate is not None:
-        return (f"text is not valid Unicode (surrogates not allowed at character "
-                f"{surrogate.start()}; e.g. a lone surrogate escape such as \"\\ud800\" in "
-                "JSON)")
+    # Encoding to UTF-8 is what finds a surrogate fastest (~7x a regex search), a megabyte
+    # of characters at a time.
+    for start in range(0, len(text), piece):
+        try:
+            (text[start:start + piece] if len(text) > piece else text).encode()
+        except UnicodeEncodeError as exc:
+            return (f"text is not valid Unicode (surrogates not allowed at character "
+                    f"{start + exc.start}; e.g. a lone surrogate escape such as \"\\ud800\" "
+                    "in JSON)")
     return None
 
 
