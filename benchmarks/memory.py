@@ -22,7 +22,8 @@ and takes N batches while a thread samples the PSS of the process and all its ch
                   of that against the D MB the readers decompressed)
 
 Rows: lanes 8, 16, 32, 64 (3 sources); 3, 10, 30, 100 sources (8 lanes, or `--lanes`;
-source i reads shard i mod 48 of the corpus, under its own name, weights equal); run length
+source i reads one shard of prose, code and web in turn, shard i // 3 mod 16 of that kind,
+under its own name, weights equal: every row reads the three formats alike); run length
 1x, 3x, 10x (N, 3N, 10N batches; 8 lanes, or `--lanes`). "flat" compares each group's
 largest and smallest data-path figure.
 PSS shares a library's pages among the processes that map them: run it alone (another
@@ -110,11 +111,14 @@ def recipe_for(corpus: Corpus, lanes: int, sources: int, backend: str) -> dict:
     recipe = mixer_recipe(corpus, None, backend)
     recipe["lanes"] = lanes
     if sources != len(SOURCES):
-        shards = [(s, path) for s in SOURCES for path in corpus.files(s)]
+        # Source i reads one shard of kind i mod 3 (prose, code, web in turn), so that every
+        # row reads the three formats alike and differs from the others in its count only.
+        kinds = [[(s, path) for path in corpus.files(s)] for s in SOURCES]
+        shards = [kinds[i % len(kinds)][(i // len(kinds)) % len(kinds[i % len(kinds)])]
+                  for i in range(sources)]
         recipe["sources"] = [
-            {"name": f"s{i:03d}", "path": str(shards[i % len(shards)][1]),
-             "text_field": FIELDS[shards[i % len(shards)][0]], "weight": 1.0}
-            for i in range(sources)]
+            {"name": f"s{i:03d}", "path": str(path), "text_field": FIELDS[kind], "weight": 1.0}
+            for i, (kind, path) in enumerate(shards)]
     return recipe
 
 
