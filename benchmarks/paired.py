@@ -85,7 +85,7 @@ def let_mixer_finish(workers: int, limit_s: float = 10.0) -> float:
     from mixer.tokenize.encoding import encoding_pool
 
     pool = encoding_pool()
-    threads = pool._max_workers
+    threads = pool.threads
     barrier = threading.Barrier(threads + 1)
     for _ in range(threads):
         pool.submit(barrier.wait)

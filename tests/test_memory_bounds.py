@@ -162,10 +162,10 @@ def test_a_process_encoding_with_fastokens_keeps_one_encoding_thread(tmp_path, m
               "sources": [{"name": "a", "path": str(path), "weight": 1}]}
     monkeypatch.setattr(encoding, "_encoding_threads", encoding.ENCODING_THREADS)
     hf = mixer.build_loader({**recipe, "tokenizer_backend": "hf"})
-    assert encoding.encoding_pool()._max_workers == encoding.ENCODING_THREADS
+    assert encoding.encoding_pool().threads == encoding.ENCODING_THREADS
     reference = [batch_digest(b) for _, b in zip(range(20), hf)]
     fast = mixer.build_loader({**recipe, "tokenizer_backend": "fastokens"})
-    assert encoding.encoding_pool()._max_workers == 1
+    assert encoding.encoding_pool().threads == 1
     assert [batch_digest(b) for _, b in zip(range(20), fast)] == reference
     hf.close()
     fast.close()

@@ -195,8 +195,9 @@ def test_the_process_budget_of_tokens_held_bounds_them_and_changes_no_token(setu
                                                                             limit):
     """Windows consumed in turn under a small `ENCODED_HELD`: the text whose tokens are held
     unpacked stays within the budget, what may be queued ahead and one document per window
-    (a chunk needed now is cut to the room left, at least one document); the tokens are a
+    (a chunk needed now is cut to the room left, here down to one document); the tokens are a
     direct encode's; every share is given back once the windows are dropped."""
+    from mixer.pipeline import encode_ahead
     from mixer.tokenize.encoding import ENCODED_HELD, TEXT_AHEAD
 
     _, _, encoder = setup
@@ -205,6 +206,7 @@ def test_the_process_budget_of_tokens_held_bounds_them_and_changes_no_token(setu
     assert ENCODED_HELD.held() == 0
     monkeypatch.setattr(ENCODED_HELD, "limit", limit)
     monkeypatch.setattr(TEXT_AHEAD, "limit", limit)
+    monkeypatch.setattr(encode_ahead, "NEEDED_MIN_BYTES", 1)   # (calls of one document)
     ahead = EncodeAhead(encoder, None)
     windows = [Window([WindowItem(t) for t in texts[w::5]], (0, 0, 0), True, 0, {})
                for w in range(5)]

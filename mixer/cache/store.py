@@ -28,6 +28,7 @@ import logging
 import os
 from array import array
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -297,13 +298,16 @@ class TokenCache:
         chunks = _chunks(iter(records))
         pending = None
         first = next(chunks, None)
+        def submitted(chunk: list[Record]) -> tuple[list[Record], Future]:
+            texts = texts_of(chunk)
+            return chunk, encoding_thread().submit(encode, texts, units=sum(map(len, texts)))
+
         if first is not None:
-            pending = (first, encoding_thread().submit(encode, texts_of(first)))
+            pending = submitted(first)
         while pending is not None:
             chunk, future = pending
             following = next(chunks, None)
-            pending = None if following is None else (
-                following, encoding_thread().submit(encode, texts_of(following)))
+            pending = None if following is None else submitted(following)
             encoded = iter(future.result())
             for record in chunk:
                 doc = writer.record(record)

@@ -11,6 +11,7 @@ from mixer.core.document import Document, DocumentBuilder
 from mixer.pipeline.window import Window
 from mixer.tokenize.encoding import (
     ENCODED_HELD,
+    NEEDED_MIN_BYTES,
     TEXT_AHEAD,
     TEXT_CHUNKS_AHEAD,
     TOKENIZE_BYTES,
@@ -18,6 +19,7 @@ from mixer.tokenize.encoding import (
     chunk_full,
     encoding_pool,
     encoding_thread,
+    needed_thread,
     next_budget,
 )
 
@@ -52,7 +54,7 @@ class EncodeAhead:
 
     def chunk_stop(self, win: Window, start: int, room: int | None = None) -> int:
         """End of the tokenizer chunk at `start`, by the chunk rule (`tokenize.encoding`) under
-        the window's next budget, or under `room` where smaller (at least one document);
+        the window's next budget, or under `room` where smaller (down to `NEEDED_MIN_BYTES`);
         image documents keep whole `TOKENIZE_DOCS` chunks."""
         stop = min(start + TOKENIZE_DOCS, len(win.items))
         if self.documents is not None:
@@ -60,7 +62,7 @@ class EncodeAhead:
         budget = win.chunk_bytes
         win.chunk_bytes = next_budget(budget)
         if room is not None:
-            budget = max(1, min(budget, room))
+            budget = max(NEEDED_MIN_BYTES, min(budget, room))
         size = 0
         for i in range(start, stop):
             size += len(win.items[i].text)
@@ -84,7 +86,7 @@ class EncodeAhead:
             _, stop, future, _ = win.ahead.pop(0)   # (its share of the budget given back)
             # Not started yet (the threads are busy with other chunks): encode it here rather
             # than wait behind them.
-            encoded = (self.encode(win, start, stop)
+            encoded = (self._encode_needed(win, start, stop)
                        if self.documents is None and future.cancel() else future.result())
         else:   # pre-tokenized items only: nothing was submitted, they pass through
             encoded = self.encode(win, start, self.chunk_stop(win, start))
@@ -100,6 +102,14 @@ class EncodeAhead:
             item.text = ""  # free the text once tokenized
             item.images = ()
         self.submit_ahead(win, stop, 1 if self.documents is not None else TEXT_CHUNKS_AHEAD)
+
+    def _encode_needed(self, win: Window, start: int, stop: int) -> list[Any]:
+        """Encode a text chunk needed now: here, or on `needed_thread` where there is one."""
+        thread = needed_thread()
+        if thread is None:
+            return self.encode(win, start, stop)
+        size = sum(len(item.text) for item in win.items[start:stop] if isinstance(item.text, str))
+        return thread.submit(self.encode, win, start, stop, units=size, urgent=True).result()
 
     def submit_ahead(self, win: Window, start: int, chunks: int, *, needed: bool = False
                      ) -> None:
@@ -124,5 +134,6 @@ class EncodeAhead:
                 if held is None:
                     win.chunk_bytes = budget   # cut again, the same, when it is needed
                     break
-            win.ahead.append((at, stop, pool.submit(self.encode, win, at, stop), held))
+            win.ahead.append((at, stop, pool.submit(self.encode, win, at, stop,
+                                                    units=sum(map(len, texts))), held))
             at = stop

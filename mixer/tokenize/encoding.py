@@ -4,9 +4,9 @@ the per-process threads that run calls ahead of the packers."""
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 from mixer.core.resources import ByteBudget, PerProcess
+from mixer.core.rotating import RotatingPool
 
 # One tokenizer call takes at most TOKENIZE_DOCS documents and, for text, stops once its text
 # reaches a budget that starts at TOKENIZE_BYTES (a window's first rows wait for one small
@@ -44,10 +44,15 @@ TEXT_AHEAD = ByteBudget(TEXT_AHEAD_BYTES)
 # Text whose tokens the streams of a process hold encoded, not yet packed (the chunk each
 # stream packs from; counted in characters): a chunk of 32-128 KB per stream would also grow
 # with lanes x sources, and a stream of one source among 100 may pack one document of it in a
-# thousand batches. Past it a stream's next chunk is cut to what room is left, at least one
-# document: smaller calls, the same tokens (a document's ids do not depend on its call).
+# thousand batches. Past it a stream's next chunk is cut to what room is left (down to
+# `NEEDED_MIN_BYTES`, at least one document): smaller calls, the same tokens (a document's ids
+# do not depend on its call).
 ENCODED_HELD_BYTES = 4 << 20
 ENCODED_HELD = ByteBudget(ENCODED_HELD_BYTES)
+# ... but not below this much text (or one document): each call costs a hand-over to the
+# encoding thread with fastokens; at 100 sources calls of one document made mixer 10 % slower
+# than calls of 16 KB, which held 0.5 MB more.
+NEEDED_MIN_BYTES = 16 << 10
 # Concurrent text-encoding calls per process: a document is the unit the tokenizer's threads
 # share out, so fewer calls at once leave a core idle part of the time.
 ENCODING_THREADS = 4
@@ -110,18 +115,36 @@ def _positive(value: str | None) -> int:
         return 0
 
 
-_pools: PerProcess[ThreadPoolExecutor] = PerProcess()   # by thread count
+# Text (characters) a thread that calls fastokens encodes before its pool is replaced:
+# fastokens keeps a cache of the words each calling thread has seen, which grows with the
+# text (+63 MB over this benchmark corpus's 210 MB, ~100 MB a thread at most), and nothing
+# but the thread's exit clears it. Every 16 MB of text bounds it near +25 MB a thread, at
+# ~10 % of fastokens' speed (it refills the cache) (docs/benchmarks.md, "Issue 22, round 6").
+FASTOKENS_THREAD_TEXT = 16 << 20
+_rotate_after: int | None = None   # FASTOKENS_THREAD_TEXT once this process uses fastokens
+
+_pools: PerProcess[RotatingPool] = PerProcess()   # by thread count
 
 
-def _pool(threads: int) -> ThreadPoolExecutor:
-    return _pools.get(threads, lambda: ThreadPoolExecutor(threads,
-                                                          thread_name_prefix="mixer-tokenize"))
+def _pool(threads: int) -> RotatingPool:
+    pool = _pools.get(threads, lambda: RotatingPool(threads, "mixer-tokenize"))
+    pool.limit = _rotate_after
+    return pool
 
 
-def encoding_thread() -> ThreadPoolExecutor:
+def encoding_thread() -> RotatingPool:
     """One background thread per process that builds documents (image recipes) and fills
     the token cache while Python reads and packs; one thread keeps those calls in order."""
     return _pool(1)
+
+
+def needed_thread() -> RotatingPool | None:
+    """Where a chunk needed now is encoded when no encoding thread has started it: with
+    fastokens, the encoding thread, before the chunks queued ahead (each thread that calls
+    fastokens keeps a cache, see `FASTOKENS_THREAD_TEXT`: the packing thread would keep one
+    that is never cleared, and a thread of its own a second one); None (the packing thread
+    itself) otherwise."""
+    return None if _rotate_after is None else encoding_pool()
 
 
 def use_fastokens_encoding_threads() -> None:
@@ -130,11 +153,12 @@ def use_fastokens_encoding_threads() -> None:
     packs, and each thread that calls fastokens keeps working memory of its own that grows
     with the text it has seen: 4 threads held ~30 MB more than 1 over 3,000 batches of the
     benchmark corpus, and were no faster (docs/benchmarks.md, "Issue 22, round 2: memory")."""
-    global _encoding_threads
+    global _encoding_threads, _rotate_after
     _encoding_threads = min(_encoding_threads, FASTOKENS_ENCODING_THREADS)
+    _rotate_after = FASTOKENS_THREAD_TEXT
 
 
-def encoding_pool() -> ThreadPoolExecutor:
+def encoding_pool() -> RotatingPool:
     """`ENCODING_THREADS` background threads per process (`WORKER_ENCODING_THREADS` in a
     DataLoader worker, `FASTOKENS_ENCODING_THREADS` with fastokens) that encode text chunks
     ahead of the packers.

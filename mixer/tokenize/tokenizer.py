@@ -27,6 +27,7 @@ from mixer.tokenize.backends import (
     load_fastokens,
     whole_documents,
 )
+from mixer.tokenize.encoding import use_fastokens_encoding_threads
 
 __all__ = ["Encoder", "finish_preloads", "resolve_recipe_tokenizer", "resolve_tokenizer"]
 
@@ -246,6 +247,8 @@ class Encoder:
 
     def backend(self) -> Backend:
         if self._backend is None or self._pid != os.getpid():
+            if self.info.backend == "fastokens":   # (also in a Ray actor, which verified nothing)
+                use_fastokens_encoding_threads()
             self._backend = load_backend(self.info)
             self._pid = os.getpid()
         return self._backend
