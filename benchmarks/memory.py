@@ -14,6 +14,9 @@ and takes N batches while a thread samples the PSS of the process and all its ch
                   to read and tokenize count (the issue's measure, read as it was meant:
                   when the issue was written `import mixer` imported torch, so torch sat in
                   its baseline; now `import mixer` is light and torch's ~190 MB would count)
+    median        the median of the samples minus the same: where the run stays, apart from
+                  the transients its peak catches (window refills, large documents, the
+                  start-up: a longer run meets more of them)
     after mixer   peak PSS minus the PSS right after `import mixer` alone (torch counts)
     CPU           CPU seconds of the tree (user + system) from building the loader to the
                   last batch, and the whole-file decompressors suspended meanwhile by the
@@ -88,17 +91,24 @@ def _suspended() -> str | None:
 
 
 class PeakSampler:
-    """Samples the tree's PSS on a thread until stopped; `peak` is the largest seen."""
+    """Samples the tree's PSS on a thread until stopped; `peak` is the largest seen,
+    `median` the median of the samples."""
 
     def __init__(self) -> None:
         self.peak = _tree_pss()
+        self.samples: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_S):
-            self.peak = max(self.peak, _tree_pss())
+            self.samples.append(_tree_pss())
+            self.peak = max(self.peak, self.samples[-1])
+
+    @property
+    def median(self) -> int:
+        return sorted(self.samples)[len(self.samples) // 2] if self.samples else self.peak
 
     def stop(self) -> int:
         self._stop.set()
@@ -149,6 +159,7 @@ def child(args: argparse.Namespace) -> dict:
     loader.close()
     return {"base_mb": base / 1e6, "torch_mb": (after_torch - base) / 1e6,
             "peak_mb": peak / 1e6, "data_mb": (peak - after_torch) / 1e6,
+            "median_mb": (sampler.median - after_torch) / 1e6,
             "after_mixer_mb": (peak - base) / 1e6, "batches": taken, "cpu_s": cpu,
             "suspended": _suspended(), "backend": loader.tokenizer.backend}
 
@@ -177,14 +188,15 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, dict, int]]:
 
 
 def markdown(results: list[dict]) -> str:
-    lines = ["| group | row | data path (peak − import torch, mixer) | after mixer | peak PSS | "
-             "import mixer | + torch | CPU s | suspended | backend |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| group | row | data path (peak − import torch, mixer) | median | after mixer | "
+             "peak PSS | import mixer | + torch | CPU s | suspended | backend |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['group']} | {r['row']} | {r['error']} ||||||||")
+            lines.append(f"| {r['group']} | {r['row']} | {r['error']} |||||||||")
             continue
         lines.append(f"| {r['group']} | {r['row']} | {r['data_mb']:.0f} MB | "
+                     f"{r['median_mb']:.0f} MB | "
                      f"{r['after_mixer_mb']:.0f} MB | {r['peak_mb']:.0f} MB | "
                      f"{r['base_mb']:.0f} MB | {r['torch_mb']:.0f} MB | {r['cpu_s']:.2f} | "
                      f"{'–' if r['suspended'] is None else r['suspended']} | "
@@ -192,14 +204,14 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def flatness(results: list[dict]) -> str:
+def flatness(results: list[dict], key: str = "data_mb") -> str:
     out = []
     for group in ("lanes", "sources", "run length"):
-        values = [r["data_mb"] for r in results if r["group"] == group and "error" not in r]
+        values = [r[key] for r in results if r["group"] == group and "error" not in r]
         if values:
             out.append(f"{group}: {min(values):.0f}–{max(values):.0f} MB "
                        f"(+{100 * (max(values) / min(values) - 1):.0f} %)")
-    return "flat? " + "; ".join(out)
+    return ("flat? " if key == "data_mb" else "medians: ") + "; ".join(out)
 
 
 def main() -> None:
@@ -237,6 +249,7 @@ def main() -> None:
           f"{args.open_limit or 'default'}; {len(os.sched_getaffinity(0))} CPU(s)")
     print(markdown(results))
     print(flatness(results))
+    print(flatness(results, "median_mb"))
 
 
 if __name__ == "__main__":
