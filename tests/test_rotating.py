@@ -100,25 +100,32 @@ def _digests(recipe: dict, n: int = 150) -> list[str]:
 
 def test_threads_calling_fastokens_are_replaced_and_the_packing_thread_never_calls_it(
         recipe, monkeypatch):
-    """With fastokens the encoding threads are replaced every few kilobytes here (every
-    `FASTOKENS_THREAD_TEXT` characters in use), chunks needed at once are encoded on a thread
-    of their own, never the packing thread, and the batches are those of `tokenizers`."""
+    """With fastokens the encoding thread is replaced every few kilobytes here (every
+    `FASTOKENS_THREAD_TEXT` characters in use), chunks needed at once are encoded there and
+    the verification on a thread of its own, never on the packing thread (whose words cache
+    nothing would clear), and the batches are those of `tokenizers`."""
     expected = _digests({**recipe, "tokenizer_backend": "hf"})
     callers: set[str] = set()
-    real = backends.FastokensBackend.encode_docs
+    real_docs = backends.FastokensBackend.encode_docs
+    real_batch = backends.FastokensBackend.encode_batch
 
-    def spying(self, texts, bos, eos):
+    def spying_docs(self, texts, bos, eos):
         callers.add(threading.current_thread().name)
-        return real(self, texts, bos, eos)
+        return real_docs(self, texts, bos, eos)
 
-    monkeypatch.setattr(backends.FastokensBackend, "encode_docs", spying)
+    def spying_batch(self, texts):   # (the verification's calls)
+        callers.add(threading.current_thread().name)
+        return real_batch(self, texts)
+
+    monkeypatch.setattr(backends.FastokensBackend, "encode_docs", spying_docs)
+    monkeypatch.setattr(backends.FastokensBackend, "encode_batch", spying_batch)
     monkeypatch.setattr(encoding, "FASTOKENS_THREAD_TEXT", 2000)
     monkeypatch.setattr(encoding, "_rotate_after", None)
     monkeypatch.setattr(encoding, "_pools", type(encoding._pools)())   # (none made before)
     got = _digests({**recipe, "tokenizer_backend": "fastokens"})
     assert got == expected
     assert callers and "MainThread" not in callers, callers
-    assert {name.rsplit("_", 1)[0] for name in callers} == {"mixer-tokenize"}
+    assert {name.rsplit("_", 1)[0] for name in callers} == {"mixer-tokenize", "mixer-verify"}
     replaced = sum(pool.replaced for pool in encoding._pools._own().values())
     assert replaced >= 3, replaced
 
@@ -166,3 +173,80 @@ def test_a_process_exits_cleanly_with_a_task_running_and_others_queued(tmp_path)
     assert done.returncode == 0 and done.stdout == "submitted\n", done
     assert done.stderr == ""
     assert time.monotonic() - start < 20   # (not the 100 s of the queued tasks)
+
+
+def test_a_successor_starts_once_its_predecessors_thread_state_is_gone():
+    """A thread's thread-local state (here one that takes a while to free, as a native cache
+    may) is gone before its successor runs a task: never two threads' state at once."""
+    import weakref
+
+    pool = RotatingPool(1, "test-rotating", limit=1)
+    local = threading.local()
+    alive: list[int] = []
+    seen: list[int] = []
+
+    class State:
+        pass
+
+    def slowly_freed() -> None:
+        time.sleep(0.05)
+        alive.remove(1)
+
+    def task() -> None:
+        if not hasattr(local, "state"):
+            seen.append(len(alive))   # other threads' states alive when this one begins
+            local.state = State()
+            alive.append(1)
+            weakref.finalize(local.state, slowly_freed)
+
+    for _ in range(6):
+        pool.submit(task, units=1).result(timeout=30)
+    assert _settles(lambda: pool.replaced == 6)
+    assert seen == [0] * 6
+
+
+def test_a_thread_that_cannot_start_leaves_no_task_unrun(monkeypatch):
+    """A successor that cannot start: its predecessor goes on. No thread at all: `submit`
+    raises (the task is not left queued), and the pool works once threads start again."""
+    real = threading.Thread.start
+    failing = {"next": False}
+
+    def start(self):
+        if self.name.startswith("test-failing") and failing["next"]:
+            failing["next"] = False
+            raise RuntimeError("can't start new thread")
+        return real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    pool = RotatingPool(1, "test-failing", limit=1)
+    failing["next"] = True
+    with pytest.raises(RuntimeError):
+        pool.submit(len, "ab", units=1)
+    assert pool.submit(len, "abc", units=0).result(timeout=10) == 3
+    failing["next"] = True   # the handover after the next task fails: the thread goes on
+    assert [pool.submit(len, "abcd", units=1).result(timeout=10) for _ in range(4)] == [4] * 4
+    assert _settles(lambda: pool.replaced == 3)
+
+
+def test_a_pool_of_two_threads_keeps_two_after_replacements():
+    pool = RotatingPool(2, "test-rotating", limit=1)
+    for _ in range(5):
+        pool.submit(time.sleep, 0, units=1).result(timeout=10)
+    gate = threading.Event()
+    blocked = pool.submit(gate.wait, 30)
+    assert pool.submit(len, "ab").result(timeout=10) == 2   # (the other thread runs it)
+    gate.set()
+    blocked.result(timeout=10)
+
+
+def test_a_cancelled_task_counts_no_work():
+    pool = RotatingPool(1, "test-rotating", limit=10)
+    gate = threading.Event()
+    first = pool.submit(gate.wait, 30)
+    cancelled = pool.submit(len, "x" * 10, units=10)
+    assert cancelled.cancel()
+    gate.set()
+    first.result(timeout=10)
+    assert pool.submit(len, "abc", units=9).result(timeout=10) == 3
+    time.sleep(0.05)
+    assert pool.replaced == 0

@@ -24,10 +24,10 @@ class RotatingPool:
     """`threads` worker threads taking tasks in submission order, `urgent` ones first. A
     thread that has run `limit` units of work (a caller's measure, given with each task)
     starts its successor and exits; the successor takes tasks once it has exited, so the two
-    never hold their state at once (None: threads are never replaced). Threads start at the
-    first task; at interpreter exit they finish the task they run and stop, the others are
-    cancelled (as `ThreadPoolExecutor`'s: a daemon thread would be killed inside native code).
-    Not fork-safe by itself: keep it in a `PerProcess`."""
+    never run at once (None: threads are never replaced). Threads start at the first tasks;
+    at interpreter exit they finish the task they run and stop, the others are cancelled (as
+    `ThreadPoolExecutor`'s: a daemon thread would be killed inside native code). Not
+    fork-safe by itself: keep it in a `PerProcess`."""
 
     def __init__(self, threads: int, name: str, limit: int | None = None) -> None:
         self.threads = threads
@@ -37,7 +37,8 @@ class RotatingPool:
         self._cond = threading.Condition()
         self._urgent: deque[_Task] = deque()
         self._queue: deque[_Task] = deque()
-        self._started = 0
+        self._live = 0               # threads serving the queues (a successor replaces one)
+        self._spawned = 0
         self._stopping = False
         self._pid = os.getpid()
         _LIVE.add(self)
@@ -45,21 +46,32 @@ class RotatingPool:
     def submit(self, fn: Callable[..., Any], *args: Any, units: int = 0,
                urgent: bool = False) -> Future:
         """Run `fn(*args)` on a thread of the pool (`units` counted against its `limit`);
-        `urgent`: before the tasks waiting."""
+        `urgent`: before the tasks waiting. Raises what starting a thread raises when the
+        pool has no thread to run the task."""
         future: Future = Future()
+        task = (future, fn, args, units)
         with self._cond:
             if self._stopping:
                 raise RuntimeError(f"{self.name}: cannot take tasks after interpreter exit")
-            (self._urgent if urgent else self._queue).append((future, fn, args, units))
-            if self._started < self.threads:
-                self._start(None)
+            (self._urgent if urgent else self._queue).append(task)
+            if self._live < self.threads:
+                try:
+                    self._spawn(None)
+                except BaseException:
+                    if self._live == 0:   # nothing would ever run it
+                        (self._urgent if urgent else self._queue).remove(task)
+                        raise
             self._cond.notify()
         return future
 
-    def _start(self, predecessor: threading.Thread | None) -> None:
-        self._started += 1
-        threading.Thread(target=self._work, args=(predecessor,),
-                         name=f"{self.name}_{self._started - 1}").start()
+    def _spawn(self, predecessor: threading.Thread | None) -> None:
+        """Start a thread (under the lock); it replaces `predecessor` where one is given."""
+        thread = threading.Thread(target=self._work, args=(predecessor,),
+                                  name=f"{self.name}_{self._spawned}")
+        thread.start()
+        self._spawned += 1
+        if predecessor is None:
+            self._live += 1
 
     def _take(self) -> _Task | None:
         with self._cond:
@@ -71,16 +83,25 @@ class RotatingPool:
         if predecessor is not None:
             predecessor.join()
         done = 0
-        while self.limit is None or done < self.limit:
+        while True:
             task = self._take()
             if task is None:
-                return
+                break
             done += _run(task)
             del task
+            if self.limit is not None and done >= self.limit:
+                with self._cond:
+                    if self._stopping:
+                        break
+                    try:
+                        self._spawn(threading.current_thread())
+                    except BaseException:   # (no thread to be had now: this one goes on)
+                        done = 0
+                        continue
+                    self.replaced += 1
+                    return
         with self._cond:
-            if not self._stopping:
-                self.replaced += 1
-                self._start(threading.current_thread())
+            self._live -= 1
 
     def _stop(self) -> None:
         with self._cond:
@@ -107,11 +128,16 @@ threading._register_atexit(_stop_all)   # type: ignore[attr-defined]
 
 
 def _run(task: _Task) -> int:
-    """Run a task into its future (unless it was cancelled); its units."""
+    """Run a task into its future unless it was cancelled; the units it ran (0 if not)."""
     future, fn, args, units = task
-    if future.set_running_or_notify_cancel():
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:  # (the caller's, raised where it takes the result)
-            future.set_exception(exc)
+    del task
+    if not future.set_running_or_notify_cancel():
+        return 0
+    try:
+        future.set_result(fn(*args))
+    except BaseException as exc:  # (the caller's, raised where it takes the result)
+        future.set_exception(exc)
+        # The exception's traceback holds this frame: drop the task's references, or they
+        # would stay alive in a cycle with the future until the cycle collector runs.
+        future = fn = args = None  # type: ignore[assignment]
     return units

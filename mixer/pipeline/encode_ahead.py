@@ -114,23 +114,22 @@ class EncodeAhead:
     def submit_ahead(self, win: Window, start: int, chunks: int, *, needed: bool = False
                      ) -> None:
         """Queue chunks after those already queued, from `start`, until `chunks` are. Text
-        chunks queue only within the process's `TEXT_AHEAD` budget and the room left in its
-        `ENCODED_HELD`, unless `needed` now."""
+        chunks queue only within the process's `TEXT_AHEAD` budget, unless `needed` now, and
+        are cut to the room left in its `ENCODED_HELD`."""
         pool = encoding_thread() if self.documents is not None else encoding_pool()
         at = win.ahead[-1][1] if win.ahead else start
         while len(win.ahead) < chunks and at < len(win.items):
             budget = win.chunk_bytes
-            # A chunk needed now is cut to the room left for tokens held before packing.
+            # Cut to the room left for tokens held before packing (where there is little, the
+            # streams take small chunks rather than none ahead).
             stop = self.chunk_stop(win, at, ENCODED_HELD.room()
-                                   if needed and self.documents is None else None)
+                                   if self.documents is None else None)
             texts = [item.text for item in win.items[at:stop] if isinstance(item.text, str)]
             if not texts:
                 break   # pre-tokenized items: nothing to encode
             held = None
             if not needed and self.documents is None:
-                size = sum(map(len, texts))
-                # (queued only where its tokens will have room to be held once encoded)
-                held = TEXT_AHEAD.hold(size) if ENCODED_HELD.room() >= size else None
+                held = TEXT_AHEAD.hold(sum(map(len, texts)))
                 if held is None:
                     win.chunk_bytes = budget   # cut again, the same, when it is needed
                     break

@@ -44,14 +44,17 @@ TEXT_AHEAD = ByteBudget(TEXT_AHEAD_BYTES)
 # Text whose tokens the streams of a process hold encoded, not yet packed (the chunk each
 # stream packs from; counted in characters): a chunk of 32-128 KB per stream would also grow
 # with lanes x sources, and a stream of one source among 100 may pack one document of it in a
-# thousand batches. Past it a stream's next chunk is cut to what room is left (down to
-# `NEEDED_MIN_BYTES`, at least one document): smaller calls, the same tokens (a document's ids
-# do not depend on its call).
-ENCODED_HELD_BYTES = 4 << 20
+# thousand batches. Past it a stream's next chunk (queued ahead or needed now) is cut to what
+# room is left (down to `NEEDED_MIN_BYTES`, at least one document): smaller calls, the same
+# tokens (a document's ids do not depend on its call; which chunk a tokenizer error would
+# surface in does, with the streams of the process).
+# 8 MB: 48-64 streams (8 lanes x 6-8 sources) still cut their chunks as without it (at 4 MB
+# they made twice the calls); 400 streams (100 sources) hold 5-6 MB without it.
+ENCODED_HELD_BYTES = 8 << 20
 ENCODED_HELD = ByteBudget(ENCODED_HELD_BYTES)
-# ... but not below this much text (or one document): each call costs a hand-over to the
-# encoding thread with fastokens; at 100 sources calls of one document made mixer 10 % slower
-# than calls of 16 KB, which held 0.5 MB more.
+# ... but not below this much text (or one document): each call costs Python's bookkeeping and,
+# with fastokens, a hand-over to the encoding thread; at 100 sources calls of one document
+# made mixer 10 % slower than calls of 16 KB, which held 0.5 MB more.
 NEEDED_MIN_BYTES = 16 << 10
 # Concurrent text-encoding calls per process: a document is the unit the tokenizer's threads
 # share out, so fewer calls at once leave a core idle part of the time.
@@ -139,23 +142,28 @@ def encoding_thread() -> RotatingPool:
 
 
 def needed_thread() -> RotatingPool | None:
-    """Where a chunk needed now is encoded when no encoding thread has started it: with
-    fastokens, the encoding thread, before the chunks queued ahead (each thread that calls
-    fastokens keeps a cache, see `FASTOKENS_THREAD_TEXT`: the packing thread would keep one
-    that is never cleared, and a thread of its own a second one); None (the packing thread
-    itself) otherwise."""
+    """Where a chunk needed now is encoded when no encoding thread has started it: where
+    the encoding thread is replaced (fastokens), that thread, before the chunks queued ahead
+    (each thread that calls fastokens keeps a cache, see `FASTOKENS_THREAD_TEXT`: the packing
+    thread would keep one that is never cleared, a thread of its own a second one); None (the
+    packing thread itself) otherwise."""
     return None if _rotate_after is None else encoding_pool()
 
 
 def use_fastokens_encoding_threads() -> None:
     """This process encodes with fastokens: from now on one encoding thread (or fewer, as
-    set). One thread encodes with it several times faster than the main thread reads and
-    packs, and each thread that calls fastokens keeps working memory of its own that grows
-    with the text it has seen: 4 threads held ~30 MB more than 1 over 3,000 batches of the
-    benchmark corpus, and were no faster (docs/benchmarks.md, "Issue 22, round 2: memory")."""
+    set), replaced every `FASTOKENS_THREAD_TEXT` of text where fastokens has no pool of its
+    own, and chunks needed at once go to it too (`needed_thread`). One thread encodes with it
+    several times faster than the main thread reads and packs, and each thread that calls
+    fastokens keeps working memory of its own that grows with the text it has seen: 4 threads
+    held ~30 MB more than 1 over 3,000 batches of the benchmark corpus, and were no faster
+    (docs/benchmarks.md, "Issue 22, round 2: memory" and "round 6")."""
     global _encoding_threads, _rotate_after
     _encoding_threads = min(_encoding_threads, FASTOKENS_ENCODING_THREADS)
-    _rotate_after = FASTOKENS_THREAD_TEXT
+    # Replaced only where fastokens runs each call on its calling thread: the threads of a
+    # pool of its own (`FASTOKENS_BPE_THREADS` above 1) keep their caches whatever mixer does.
+    own_pool = _positive(os.environ.get(FASTOKENS_THREADS)) > 1
+    _rotate_after = None if own_pool else FASTOKENS_THREAD_TEXT
 
 
 def encoding_pool() -> RotatingPool:

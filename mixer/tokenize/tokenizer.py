@@ -244,13 +244,15 @@ class Encoder:
         self.info = info
         self._backend: Backend | None = None
         self._pid = -1
+        if info.backend == "fastokens":   # (also in a Ray actor, which verified nothing)
+            use_fastokens_encoding_threads()
 
     def backend(self) -> Backend:
         if self._backend is None or self._pid != os.getpid():
-            if self.info.backend == "fastokens":   # (also in a Ray actor, which verified nothing)
-                use_fastokens_encoding_threads()
             self._backend = load_backend(self.info)
             self._pid = os.getpid()
+            if self.info.backend == "fastokens":   # (as its load set FASTOKENS_BPE_THREADS)
+                use_fastokens_encoding_threads()
         return self._backend
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
