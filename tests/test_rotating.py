@@ -250,3 +250,40 @@ def test_a_cancelled_task_counts_no_work():
     assert pool.submit(len, "abc", units=9).result(timeout=10) == 3
     time.sleep(0.05)
     assert pool.replaced == 0
+
+
+def test_an_interrupted_verification_stops_at_once(tmp_path, monkeypatch):
+    """Ctrl-C during a cold verification (on a thread of its own) reaches the caller at once,
+    and the verification's thread stops at its next chunk."""
+    import os
+    import signal
+
+    monkeypatch.setattr(verify, "_verdicts", {})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    words = "the quick brown fox jumps over a lazy dog naïve café 東京 Ölgemälde".split()
+    sources = []
+    for k in range(12):   # 12 × 256 KB sampled: seconds of `tokenizers` one text at a time
+        lines = [json.dumps({"text": " ".join(words[(d + i * k) % len(words)] + str(d)
+                                              for i in range(300))}) for d in range(400)]
+        (tmp_path / f"s{k}.jsonl").write_text("\n".join(lines) + "\n")
+        sources.append({"name": f"s{k}", "path": str(tmp_path / f"s{k}.jsonl"), "weight": 1})
+    recipe = {"tokenizer": str(DEMO_TOKENIZER), "seq_len": 64, "batch_size": 2,
+              "tokenizer_backend": "fastokens", "sources": sources}
+    sent: list[float] = []
+
+    def interrupt() -> None:   # once the verification runs (and has samples to encode)
+        _settles(lambda: any(t.name.startswith("mixer-verify") for t in threading.enumerate()),
+                 60.0)
+        time.sleep(0.3)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt).start()
+    with pytest.raises(KeyboardInterrupt):
+        mixer.build_loader(recipe)
+        time.sleep(30)   # (built before the interrupt came: wait for it here)
+    waited = time.monotonic() - sent[0]
+    assert waited < 0.5, waited
+    assert not verify._verdicts   # (it came during the verification, which gave up)
+    assert _settles(lambda: not any(t.name.startswith("mixer-verify")
+                                    for t in threading.enumerate()), 2.0)

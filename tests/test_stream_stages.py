@@ -198,10 +198,11 @@ def test_the_process_budget_of_tokens_held_bounds_them_and_changes_no_token(setu
     (a chunk needed now is cut to the room left, here down to one document); the tokens are a
     direct encode's; every share is given back once the windows are dropped."""
     from mixer.pipeline import encode_ahead
-    from mixer.tokenize.encoding import ENCODED_HELD, TEXT_AHEAD
+    from mixer.tokenize.encoding import ENCODED_HELD, TEXT_AHEAD, encoding_pool
 
     _, _, encoder = setup
     texts = [f"document {i} " + "word " * (20 + 40 * (i % 17)) for i in range(400)]
+    encoding_pool().submit(int).result()   # (earlier tasks done: none holds a window)
     gc.collect()
     before = ENCODED_HELD.held()   # (0 unless an earlier test's windows are still alive)
     monkeypatch.setattr(ENCODED_HELD, "limit", limit)
@@ -239,6 +240,7 @@ def test_the_process_budget_of_tokens_held_bounds_them_and_changes_no_token(setu
             if not queued.cancel():
                 queued.result()   # (a running call holds its window until it returns)
     del windows, win
+    encoding_pool().submit(int).result()   # (a cancelled task holds its window until dropped)
     gc.collect()
     assert ENCODED_HELD.held() == before
 

@@ -57,7 +57,7 @@ class RotatingPool:
             if self._live < self.threads:
                 try:
                     self._spawn(None)
-                except BaseException:
+                except Exception:
                     if self._live == 0:   # nothing would ever run it
                         (self._urgent if urgent else self._queue).remove(task)
                         raise
@@ -95,7 +95,7 @@ class RotatingPool:
                         break
                     try:
                         self._spawn(threading.current_thread())
-                    except BaseException:   # (no thread to be had now: this one goes on)
+                    except Exception:   # (no thread to be had now: this one goes on)
                         done = 0
                         continue
                     self.replaced += 1

@@ -37,8 +37,8 @@ TEXT_CHUNKS_AHEAD = 1
 # as the chunk rule counts its "bytes"): one chunk per
 # (lane, source) stream would grow with lanes x sources (100 sources x 8 lanes, 800 chunks of
 # up to 128 KB of text and then their tokens). Past it a stream's next chunk is encoded when
-# it is needed, cut where it would have been cut ahead (unless `ENCODED_HELD` is short): the
-# same calls, the same tokens.
+# it is needed, cut where it would have been cut ahead (unless `ENCODED_HELD` is short, which
+# also cuts it smaller): the same tokens.
 TEXT_AHEAD_BYTES = 4 << 20
 TEXT_AHEAD = ByteBudget(TEXT_AHEAD_BYTES)
 # Text whose tokens the streams of a process hold encoded, not yet packed (the chunk each
@@ -152,18 +152,18 @@ def needed_thread() -> RotatingPool | None:
 
 def use_fastokens_encoding_threads() -> None:
     """This process encodes with fastokens: from now on one encoding thread (or fewer, as
-    set), replaced every `FASTOKENS_THREAD_TEXT` of text where fastokens has no pool of its
-    own, and chunks needed at once go to it too (`needed_thread`). One thread encodes with it
+    set), replaced every `FASTOKENS_THREAD_TEXT` of text, and chunks needed at once go to it
+    too (`needed_thread`). One thread encodes with it
     several times faster than the main thread reads and packs, and each thread that calls
     fastokens keeps working memory of its own that grows with the text it has seen: 4 threads
     held ~30 MB more than 1 over 3,000 batches of the benchmark corpus, and were no faster
     (docs/benchmarks.md, "Issue 22, round 2: memory" and "round 6")."""
     global _encoding_threads, _rotate_after
     _encoding_threads = min(_encoding_threads, FASTOKENS_ENCODING_THREADS)
-    # Replaced only where fastokens runs each call on its calling thread: the threads of a
-    # pool of its own (`FASTOKENS_BPE_THREADS` above 1) keep their caches whatever mixer does.
-    own_pool = _positive(os.environ.get(FASTOKENS_THREADS)) > 1
-    _rotate_after = None if own_pool else FASTOKENS_THREAD_TEXT
+    # Also where fastokens has a pool of its own (`FASTOKENS_BPE_THREADS` above 1), whose
+    # threads keep their caches whatever mixer does: the calling thread keeps one too, and a
+    # worker forked after its parent's pool started runs every call on its calling thread.
+    _rotate_after = FASTOKENS_THREAD_TEXT
 
 
 def encoding_pool() -> RotatingPool:

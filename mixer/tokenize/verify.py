@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,12 +244,23 @@ def verify(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None
     """Encode the stress text and the sources' samples with both backends (no cache); the
     verdict and the splits sampled. On a thread of its own, which takes with it when it exits
     the words cache fastokens keeps per calling thread (megabytes for a few MB of samples)."""
-    with ThreadPoolExecutor(1, thread_name_prefix="mixer-verify") as once:
-        return once.submit(_verify, recipe, info, tables).result()
+    stop = threading.Event()
+    once = ThreadPoolExecutor(1, thread_name_prefix="mixer-verify")
+    try:
+        return once.submit(_verify, recipe, info, tables, stop).result()
+    except BaseException:   # (an interrupt, here: the thread stops at its next chunk)
+        stop.set()
+        raise
+    finally:
+        once.shutdown()
 
 
-def _verify(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None
-            ) -> tuple[Verdict, dict[str, list]]:
+class _Stopped(Exception):
+    """The caller of `verify` was interrupted: the verification gives up."""
+
+
+def _verify(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None,
+            stop: threading.Event) -> tuple[Verdict, dict[str, list]]:
     try:
         fast = load_fastokens(info.path, info.digest)
     except Unavailable as exc:
@@ -262,7 +274,7 @@ def _verify(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None
     if tables is None:
         return Verdict(True), {}
     docs, sampled = sample.sample_sources(recipe, tables, info)
-    found = _first_mismatch(hf, fast, [d.text for d in docs])
+    found = _first_mismatch(hf, fast, [d.text for d in docs], stop)
     if found is not None:
         doc = docs[found[0]]
         return Verdict(False, f"differs on source {doc.source!r}, document {doc.number} "
@@ -332,23 +344,25 @@ def _stress_mismatch(hf: HfBackend, fast: FastokensBackend, info: TokenizerInfo)
     return why
 
 
-def _first_mismatch(hf: HfBackend, fast: FastokensBackend,
-                    texts: list[str]) -> tuple[int, str] | None:
+def _first_mismatch(hf: HfBackend, fast: FastokensBackend, texts: list[str],
+                    stop: threading.Event | None = None) -> tuple[int, str] | None:
     """(text index, `character N: tokenizers [...] vs fastokens [...]`) of the first text the
     backends encode differently. fastokens encodes in the chunks `Encoder` uses; `tokenizers`
     one text at a time (no thread pool in this process: DataLoader workers forked later keep
     theirs), which also gives the character offsets."""
     at = 0
     while at < len(texts):
-        stop, size = at, 0
-        while stop < len(texts) and not chunk_full(stop - at, size, TOKENIZE_BYTES_AHEAD):
-            size += len(texts[stop])
-            stop += 1
+        if stop is not None and stop.is_set():
+            raise _Stopped
+        end, size = at, 0
+        while end < len(texts) and not chunk_full(end - at, size, TOKENIZE_BYTES_AHEAD):
+            size += len(texts[end])
+            end += 1
         try:
-            encoded = fast.encode_batch(texts[at:stop])
+            encoded = fast.encode_batch(texts[at:end])
         except BaseException as exc:   # (pyo3's PanicException is no Exception)
             why = _raised(exc)
-            return next((k for k in range(at, stop) if _fails(fast, texts[k])), at), why
+            return next((k for k in range(at, end) if _fails(fast, texts[k])), at), why
         for k, got in enumerate(encoded, start=at):
             try:
                 ref = hf.tok.encode(texts[k], add_special_tokens=False)
@@ -356,7 +370,7 @@ def _first_mismatch(hf: HfBackend, fast: FastokensBackend,
                 return k, _raised(exc, "tokenizers")
             if ref.ids != got:
                 return k, _describe(ref, got, len(texts[k]))
-        at = stop
+        at = end
     return None
 
 
