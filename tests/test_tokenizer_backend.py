@@ -745,3 +745,20 @@ def test_an_unknown_backend_is_a_recipe_error(recipe):
     with pytest.raises(mixer.RecipeError, match="tokenizer_backend"):
         mixer.load_recipe(backend(recipe, "sentencepiece"))
     assert mixer.load_recipe(recipe).tokenizer_backend == "auto"
+
+
+def test_workers_fork_once_fastokens_has_loaded_and_building_does_not_wait_for_it(
+        recipe, monkeypatch):
+    """With a warm verdict and DataLoader workers, `build_loader` returns while fastokens
+    still loads (building overlaps the load); the workers fork after it has loaded, and share
+    it."""
+    reference = take(mixer.build_loader(recipe, num_workers=2), 4)   # (the verdict, warm now)
+    as_in_a_new_process(monkeypatch)
+    real = backends._load_fastokens
+    monkeypatch.setattr(backends, "_load_fastokens",
+                        lambda file, digest: (time.sleep(1.5), real(file, digest))[1])
+    start = time.monotonic()
+    loader = mixer.build_loader(recipe, num_workers=2)
+    assert time.monotonic() - start < 1.2 and backends._fast_loading   # (still loading)
+    assert take(loader, 4) == reference
+    assert not backends._fast_loading and len(backends._fast_loaded) == 1

@@ -383,8 +383,10 @@ def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
     lister = lambda: list_sources(recipe)
     tables = dist.list_once(lister) if distributed and world_size > 1 else lister()
     choice = resolve_backend(recipe, tokenizer, tables, info_cache=tokenizer_info_dir(recipe))
-    if num_workers > 0 or workers is not None or choice.info.backend != "fastokens":
-        finish_preloads(keep=choice.info.backend == "fastokens")   # before workers fork
+    if workers is not None or choice.info.backend != "fastokens":
+        finish_preloads(keep=choice.info.backend == "fastokens")
+    # (DataLoader workers: `worker_batches` waits for the load right before they fork, so that
+    # building the loader overlaps it)
     loader = Loader(recipe, tables=tables, tokenizer=choice.info, rank=rank, world_size=world_size,
                     num_workers=num_workers, distributed=distributed, workers=workers)
     loader.backend = choice

@@ -21,6 +21,7 @@ from mixer.pipeline.batch import Batch, BatchLayout, Wire
 from mixer.runtime import workers
 from mixer.runtime.lane_dataset import LaneDataset
 from mixer.runtime.ring import BatchRing
+from mixer.tokenize.backends import finish_preloads
 
 PREFETCH = 2            # items each DataLoader worker makes ahead
 ITEM_BYTES = 1 << 20    # text batches of a DataLoader item, by their wire bytes (at most)
@@ -57,6 +58,7 @@ class TorchLaneDataset(LaneDataset, IterableDataset):
 
 def worker_batches(dataset: TorchLaneDataset, layout: BatchLayout, num_workers: int) -> InOrder:
     """Start `num_workers` DataLoader workers (forked) on `dataset`; their batches in order."""
+    finish_preloads()   # (a fork while a thread is inside fastokens could copy its locks held)
     dataset.group = batches_per_item(dataset.recipe, layout)
     dataset.ring = BatchRing.for_layout(layout, dataset.recipe.batch_size, num_workers,
                                         (PREFETCH + 2) * dataset.group)
