@@ -84,8 +84,8 @@ class EncodeAhead:
             self.submit_ahead(win, start, 1, needed=True)
         if win.ahead:
             _, stop, future, _ = win.ahead.pop(0)   # (its share of the budget given back)
-            # Not started yet (the threads are busy with other chunks): encode it here rather
-            # than wait behind them.
+            # Not started yet (the threads are busy with other chunks): encode it now rather
+            # than wait behind them (here, or before them on fastokens' one encoding thread).
             encoded = (self._encode_needed(win, start, stop)
                        if self.documents is None and future.cancel() else future.result())
         else:   # pre-tokenized items only: nothing was submitted, they pass through

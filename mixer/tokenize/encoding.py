@@ -118,7 +118,7 @@ def _positive(value: str | None) -> int:
         return 0
 
 
-# Text (characters) a thread that calls fastokens encodes before its pool is replaced:
+# Text (characters) a thread that calls fastokens encodes before it is replaced:
 # fastokens keeps a cache of the words each calling thread has seen, which grows with the
 # text (+63 MB over this benchmark corpus's 210 MB, ~100 MB a thread at most), and nothing
 # but the thread's exit clears it. Every 16 MB of text bounds it near +25 MB a thread, at
@@ -153,11 +153,11 @@ def needed_thread() -> RotatingPool | None:
 def use_fastokens_encoding_threads() -> None:
     """This process encodes with fastokens: from now on one encoding thread (or fewer, as
     set), replaced every `FASTOKENS_THREAD_TEXT` of text, and chunks needed at once go to it
-    too (`needed_thread`). One thread encodes with it
-    several times faster than the main thread reads and packs, and each thread that calls
-    fastokens keeps working memory of its own that grows with the text it has seen: 4 threads
-    held ~30 MB more than 1 over 3,000 batches of the benchmark corpus, and were no faster
-    (docs/benchmarks.md, "Issue 22, round 2: memory" and "round 6")."""
+    too (`needed_thread`). One thread encodes with it several times faster than the main
+    thread reads and packs, and each thread that calls fastokens keeps working memory of its
+    own that grows with the text it has seen: 4 threads held ~30 MB more than 1 over 3,000
+    batches of the benchmark corpus, and were no faster (docs/benchmarks.md, "Issue 22,
+    round 2: memory" and "round 6")."""
     global _encoding_threads, _rotate_after
     _encoding_threads = min(_encoding_threads, FASTOKENS_ENCODING_THREADS)
     # Also where fastokens has a pool of its own (`FASTOKENS_BPE_THREADS` above 1), whose
