@@ -107,6 +107,20 @@ JUNK = [None, True, False, 0, -1, 1.5, 2**64, -(2**63) - 1, 10**30, "", "x", "1"
         [1], {"x": 1}, [[[]]], float("nan"), float("inf"), -float("inf"), 1e308]
 
 
+def take_digests(loader, n: int, seconds: float = 120) -> list[str]:
+    """The digests of the loader's first `n` batches (within `seconds`); the loader closed."""
+    from deadline import deadline
+
+    out = []
+    with deadline(seconds):
+        for batch in loader:
+            out.append(batch_digest(batch))
+            if len(out) == n:
+                break
+    loader.close()
+    return out
+
+
 def _paths(value, prefix: tuple = ()) -> list[tuple]:
     out = [prefix]
     if isinstance(value, dict):

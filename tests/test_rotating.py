@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from deadline import deadline
-from helpers import batch_digest
+from helpers import take_digests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -87,15 +86,7 @@ def recipe(tmp_path: Path, monkeypatch) -> dict:
 
 
 def _digests(recipe: dict, n: int = 150) -> list[str]:
-    loader = mixer.build_loader(recipe)
-    out = []
-    with deadline(120):
-        for batch in loader:
-            out.append(batch_digest(batch))
-            if len(out) == n:
-                break
-    loader.close()
-    return out
+    return take_digests(mixer.build_loader(recipe), n)
 
 
 def test_threads_calling_fastokens_are_replaced_and_the_packing_thread_never_calls_it(

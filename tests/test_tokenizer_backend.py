@@ -18,8 +18,7 @@ import procs
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deadline import deadline
-from helpers import batch_digest
+from helpers import take_digests
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 import mixer
@@ -66,15 +65,7 @@ def fresh_verdicts(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
 
 
-def take(loader, n: int) -> list[str]:
-    out = []
-    with deadline(120):
-        for batch in loader:
-            out.append(batch_digest(batch))
-            if len(out) == n:
-                break
-    loader.close()
-    return out
+take = take_digests
 
 
 def backend(recipe: dict, name: str) -> dict:
@@ -679,7 +670,7 @@ import sys
 sys.modules["fastokens"] = None   # as where no wheel installs: `import fastokens` fails
 import contextlib, io, json, logging
 import mixer
-from helpers import batch_digest
+from helpers import batch_digest, take_digests
 from mixer.tools.cli import main
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
