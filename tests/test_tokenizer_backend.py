@@ -670,7 +670,7 @@ import sys
 sys.modules["fastokens"] = None   # as where no wheel installs: `import fastokens` fails
 import contextlib, io, json, logging
 import mixer
-from helpers import batch_digest, take_digests
+from helpers import batch_digest
 from mixer.tools.cli import main
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
