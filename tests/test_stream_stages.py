@@ -207,7 +207,7 @@ def test_the_process_budget_of_tokens_held_bounds_them_and_changes_no_token(setu
     before = ENCODED_HELD.held()   # (0 unless an earlier test's windows are still alive)
     monkeypatch.setattr(ENCODED_HELD, "limit", limit)
     monkeypatch.setattr(TEXT_AHEAD, "limit", limit)
-    monkeypatch.setattr(encode_ahead, "NEEDED_MIN_BYTES", 1)   # (calls of one document)
+    monkeypatch.setattr(encode_ahead, "CHUNK_MIN_BYTES", 1)   # (calls of one document)
     ahead = EncodeAhead(encoder, None)
     windows = [Window([WindowItem(t) for t in texts[w::5]], (0, 0, 0), True, 0, {})
                for w in range(5)]
@@ -275,6 +275,6 @@ def test_a_loader_within_no_budget_of_tokens_held_gives_the_same_batches(three_s
     expected = digests()
     assert max(sizes) > 1   # (the default's chunks hold several documents)
     monkeypatch.setattr(ENCODED_HELD, "limit", 0)
-    monkeypatch.setattr(encode_ahead, "NEEDED_MIN_BYTES", 1)
+    monkeypatch.setattr(encode_ahead, "CHUNK_MIN_BYTES", 1)
     assert digests() == expected
     assert sizes and max(sizes) == 1

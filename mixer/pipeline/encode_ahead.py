@@ -10,8 +10,8 @@ import numpy as np
 from mixer.core.document import Document, DocumentBuilder
 from mixer.pipeline.window import Window
 from mixer.tokenize.encoding import (
+    CHUNK_MIN_BYTES,
     ENCODED_HELD,
-    NEEDED_MIN_BYTES,
     TEXT_AHEAD,
     TEXT_CHUNKS_AHEAD,
     TOKENIZE_BYTES,
@@ -54,7 +54,7 @@ class EncodeAhead:
 
     def chunk_stop(self, win: Window, start: int, room: int | None = None) -> int:
         """End of the tokenizer chunk at `start`, by the chunk rule (`tokenize.encoding`) under
-        the window's next budget, or under `room` where smaller (down to `NEEDED_MIN_BYTES`);
+        the window's next budget, or under `room` where smaller (down to `CHUNK_MIN_BYTES`);
         image documents keep whole `TOKENIZE_DOCS` chunks."""
         stop = min(start + TOKENIZE_DOCS, len(win.items))
         if self.documents is not None:
@@ -62,7 +62,7 @@ class EncodeAhead:
         budget = win.chunk_bytes
         win.chunk_bytes = next_budget(budget)
         if room is not None:
-            budget = max(NEEDED_MIN_BYTES, min(budget, room))
+            budget = max(CHUNK_MIN_BYTES, min(budget, room))
         size = 0
         for i in range(start, stop):
             size += len(win.items[i].text)
@@ -92,8 +92,7 @@ class EncodeAhead:
             encoded = self.encode(win, start, self.chunk_stop(win, start))
         stop = win.encoded_end = start + len(encoded)
         if self.documents is None:
-            win.packing = ENCODED_HELD.hold(sum(len(item.text) for item in win.items[start:stop]
-                                                if isinstance(item.text, str)), force=True)
+            win.packing = ENCODED_HELD.hold(_text_size(win, start, stop), force=True)
         for i in range(start, stop):
             item = win.items[i]
             item.encoded = encoded[i - start]
@@ -108,8 +107,8 @@ class EncodeAhead:
         thread = needed_thread()
         if thread is None:
             return self.encode(win, start, stop)
-        size = sum(len(item.text) for item in win.items[start:stop] if isinstance(item.text, str))
-        return thread.submit(self.encode, win, start, stop, units=size, urgent=True).result()
+        return thread.submit(self.encode, win, start, stop, units=_text_size(win, start, stop),
+                             urgent=True).result()
 
     def submit_ahead(self, win: Window, start: int, chunks: int, *, needed: bool = False
                      ) -> None:
@@ -124,15 +123,20 @@ class EncodeAhead:
             # streams take small chunks rather than none ahead).
             stop = self.chunk_stop(win, at, ENCODED_HELD.room()
                                    if self.documents is None else None)
-            texts = [item.text for item in win.items[at:stop] if isinstance(item.text, str)]
-            if not texts:
+            if not any(isinstance(item.text, str) for item in win.items[at:stop]):
                 break   # pre-tokenized items: nothing to encode
+            size = _text_size(win, at, stop)
             held = None
             if not needed and self.documents is None:
-                held = TEXT_AHEAD.hold(sum(map(len, texts)))
+                held = TEXT_AHEAD.hold(size)
                 if held is None:
                     win.chunk_bytes = budget   # cut again, the same, when it is needed
                     break
-            win.ahead.append((at, stop, pool.submit(self.encode, win, at, stop,
-                                                    units=sum(map(len, texts))), held))
+            win.ahead.append((at, stop, pool.submit(self.encode, win, at, stop, units=size),
+                              held))
             at = stop
+
+
+def _text_size(win: Window, start: int, stop: int) -> int:
+    """Characters of text of the window's items [start, stop) (what the budgets count)."""
+    return sum(len(item.text) for item in win.items[start:stop] if isinstance(item.text, str))

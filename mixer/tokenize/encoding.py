@@ -45,7 +45,7 @@ TEXT_AHEAD = ByteBudget(TEXT_AHEAD_BYTES)
 # stream packs from; counted in characters): a chunk of 32-128 KB per stream would also grow
 # with lanes x sources, and a stream of one source among 100 may pack one document of it in a
 # thousand batches. Past it a stream's next chunk (queued ahead or needed now) is cut to what
-# room is left (down to `NEEDED_MIN_BYTES`, at least one document): smaller calls, the same
+# room is left (down to `CHUNK_MIN_BYTES`, at least one document): smaller calls, the same
 # tokens (a document's ids do not depend on its call; which chunk a tokenizer error would
 # surface in does, with the streams of the process).
 # 8 MB: 48-64 streams (8 lanes x 6-8 sources) still cut their chunks as without it (at 4 MB
@@ -55,7 +55,7 @@ ENCODED_HELD = ByteBudget(ENCODED_HELD_BYTES)
 # ... but not below this much text (or one document): each call costs Python's bookkeeping and,
 # with fastokens, a hand-over to the encoding thread; at 100 sources calls of one document
 # made mixer 10 % slower than calls of 16 KB, which held 0.5 MB more.
-NEEDED_MIN_BYTES = 16 << 10
+CHUNK_MIN_BYTES = 16 << 10
 # Concurrent text-encoding calls per process: a document is the unit the tokenizer's threads
 # share out, so fewer calls at once leave a core idle part of the time.
 ENCODING_THREADS = 4

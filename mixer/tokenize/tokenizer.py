@@ -251,8 +251,6 @@ class Encoder:
         if self._backend is None or self._pid != os.getpid():
             self._backend = load_backend(self.info)
             self._pid = os.getpid()
-            if self.info.backend == "fastokens":   # (as its load set FASTOKENS_BPE_THREADS)
-                use_fastokens_encoding_threads()
         return self._backend
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
