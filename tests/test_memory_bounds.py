@@ -13,6 +13,8 @@ import os
 
 import zstandard
 from helpers import batch_digest, corpus, write_docs
+from hypothesis import given
+from hypothesis import strategies as st
 
 import mixer
 from mixer.core.resources import OpenLimit
@@ -63,12 +65,13 @@ def test_a_suspended_reader_gives_the_same_lines_and_positions(tmp_path):
         if name == "a.zst":   # ZstdStream's input depends only on the output taken
             assert bounded == reference
         assert limit.open_count() == 0, name   # closed readers leave the limit
-    # a budget of decompressing again half what was read: suspensions past it are refused
-    budget = RebuildBudget(0.5)
+    # a budget of decompressing again half what was read (no position counts as cheap):
+    # suspensions past it are refused
+    budget = RebuildBudget(0.5, cheap=0)
     limit = OpenLimit(1)
     bounded = _read(tmp_path / "a.zst", jsonl._zstd, limit, 2, budget)
     assert bounded == _read(tmp_path / "a.zst", jsonl._zstd, OpenLimit(100), 0)
-    assert budget.refused and limit.suspended and budget.reserved <= 0.5 * budget.read
+    assert budget.refused and limit.suspended and budget.charged <= 0.5 * budget.read
 
 
 def test_many_compressed_sources_and_lanes_stay_under_the_limit(tmp_path, tokenizer_path,
@@ -86,6 +89,7 @@ def test_many_compressed_sources_and_lanes_stay_under_the_limit(tmp_path, tokeni
 
     def run(limit: int) -> tuple[list[str], dict, int]:
         monkeypatch.setattr(OPEN_DECOMPRESSORS, "limit", limit)
+        monkeypatch.setattr(OPEN_DECOMPRESSORS, "soft", limit)
         loader = mixer.build_loader(recipe)
         digests, most = [], 0
         for batch in loader:
@@ -103,6 +107,88 @@ def test_many_compressed_sources_and_lanes_stay_under_the_limit(tmp_path, tokeni
     bounded, bounded_state, most = run(3)
     assert most <= 3 and OPEN_DECOMPRESSORS.suspended > before + 20
     assert bounded == unbounded and bounded_state == state
+
+
+def test_many_small_compressed_sources_stay_at_the_soft_limit_for_the_whole_run(
+        tmp_path, tokenizer_path):
+    """With the default limits and budget: readers of small whole-file sources are cheap to
+    reopen, so however long the run, no more than `soft` stay open (the one being read
+    aside) and none is refused for the budget, and the batches are those of no limit."""
+    sources = []
+    for i in range(8):
+        fmt = "jsonl.zst" if i % 2 else "jsonl.gz"
+        path = write_docs(tmp_path / f"s{i}.{fmt}", corpus(1000 * i, 150, max_len=30, seed=i),
+                          fmt)
+        sources.append({"name": f"s{i}", "path": str(path), "weight": 1})
+    recipe = {"tokenizer": str(tokenizer_path), "seq_len": 64, "batch_size": 4, "lanes": 4,
+              "shuffle_window": 4, "sources": sources}   # 32 readers, a window every 4 docs
+
+    def run() -> tuple[list[str], int]:
+        loader = mixer.build_loader(recipe)
+        digests, most = [], 0
+        for batch in loader:
+            digests.append(batch_digest(batch))
+            most = max(most, OPEN_DECOMPRESSORS.open_count())
+            if len(digests) == 400:   # several epochs of every source
+                break
+        loader.close()
+        return digests, most
+
+    refused, suspended = REBUILD_BUDGET.refused, OPEN_DECOMPRESSORS.suspended
+    bounded, most = run()
+    assert most <= OPEN_DECOMPRESSORS.soft + 1
+    assert REBUILD_BUDGET.refused == refused
+    assert OPEN_DECOMPRESSORS.suspended > suspended + 200
+    soft, OPEN_DECOMPRESSORS.soft = OPEN_DECOMPRESSORS.soft, 10**6
+    limit, OPEN_DECOMPRESSORS.limit = OPEN_DECOMPRESSORS.limit, 10**6
+    try:
+        unbounded, most = run()
+    finally:
+        OPEN_DECOMPRESSORS.soft, OPEN_DECOMPRESSORS.limit = soft, limit
+    assert most > 16 and bounded == unbounded
+
+
+class _Resource:
+    """A fake `Suspendable`: cheap or not to take up again."""
+
+    def __init__(self, cheap: bool) -> None:
+        self.cheap = cheap
+        self.open = False
+
+    def suspend(self, cheap_only: bool = False) -> bool:
+        if cheap_only and not self.cheap:
+            return False
+        self.open = False
+        return True
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=12), st.integers(0, 6), st.integers(0, 6),
+       st.lists(st.integers(0, 11), max_size=80))
+def test_past_soft_only_cheap_resources_are_suspended_past_the_limit_any(cheap, soft, extra,
+                                                                         touches):
+    limit = OpenLimit(soft + extra, soft=soft)
+    items = [_Resource(c) for c in cheap]
+    for index in touches:
+        item = items[index % len(items)]
+        opening = not item.open
+        item.open = True
+        limit.touch(item)
+        opened = [i for i in items if i.open]
+        assert len(opened) == limit.open_count() <= max(limit.limit, 1)
+        if opening and len(opened) > soft:   # only the one just opened may be cheap
+            assert all(not i.cheap for i in opened if i is not item)
+
+
+def test_the_rebuild_budget_lets_cheap_suspensions_through_and_charges_deep_ones(caplog):
+    budget = RebuildBudget(0.5, cheap=1000)
+    assert budget.reserve(1000) and budget.reserve(1000)   # cheap: whatever was read
+    assert budget.charged == 0 and budget.reserved == 2000
+    with caplog.at_level("WARNING", logger="mixer.sources.formats.reopen"):
+        assert not budget.reserve(1001)   # deep, and nothing read yet
+        budget.add_read(5000)
+        assert budget.reserve(2000) and not budget.reserve(1001)   # 2,000 of 2,500
+    assert budget.charged == 2000 and budget.refused == 2
+    assert len([r for r in caplog.records if "open past the limit" in r.message]) == 1
 
 
 def test_freed_malloc_memory_goes_back_to_the_system_at_most_once_an_interval():

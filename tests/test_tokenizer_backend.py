@@ -217,11 +217,43 @@ def test_encoder_output_is_identical(recipe):
         plain = Encoder(dataclasses.replace(info, bos_id=bos))
         fast = Encoder(dataclasses.replace(info, bos_id=bos, backend="fastokens"))
         for a, b in zip(plain(texts), fast(texts)):
-            assert a.dtype == b.dtype == np.uint32 and a.tolist() == b.tolist()
+            # (a vocabulary under 65,536 ids: half the memory of uint32 while they wait)
+            assert a.dtype == b.dtype == np.uint16 and a.tolist() == b.tolist()
         assert plain.encode_raw(texts) == fast.encode_raw(texts)
     assert fast.token_id("<|endoftext|>") == plain.token_id("<|endoftext|>")
     ids = plain.encode_raw(texts[:5])[3]
     assert fast.decode(ids) == plain.decode(ids)
+
+
+@pytest.mark.parametrize("big", [65535, 65536, 2**32 - 1])
+@pytest.mark.parametrize("where", ["text", "eos", "bos"])
+def test_ids_past_uint16_are_never_wrapped(monkeypatch, big, where):
+    """An id that uint16 cannot hold (a larger vocabulary, or an added token past it), in
+    a text or as EOS/BOS, keeps every document of the call in uint32, with either backend."""
+    from mixer.tokenize.backends import FastokensBackend, HfBackend
+    texts = ["a b", "c", ""]
+    ids = [[5, big if where == "text" else 6], [7], []]
+    eos, bos = (big if where == "eos" else 2), (big if where == "bos" else 1)
+    expected = [[bos, *x, eos] for x in ids]
+
+    class Flat:
+        def encode_batch_flat(self, texts, add_special_tokens):
+            flat = [i for x in ids for i in x]
+            offsets = np.cumsum([0] + [len(x) for x in ids]).astype(np.uint64)
+            return np.array(flat, dtype=np.uint32).tobytes(), offsets.tobytes()
+
+    class Hf:
+        def get_vocab_size(self, with_added_tokens):
+            return 32000   # (wrong: ids past it must still not wrap)
+
+    fast = FastokensBackend(Flat())
+    hf = HfBackend(Hf())
+    monkeypatch.setattr(hf, "encode_batch", lambda texts: [list(x) for x in ids])
+    for backend in (fast, hf):
+        docs = backend.encode_docs(texts, bos, eos)
+        assert [d.tolist() for d in docs] == expected, backend.name
+        narrow = big < 65536
+        assert {d.dtype for d in docs} == {np.dtype(np.uint16 if narrow else np.uint32)}
 
 
 # -- refusals and fallbacks --------------------------------------------------------------------

@@ -50,8 +50,9 @@ class PerProcess(Generic[T]):
 class Suspendable(Protocol):
     """A resource that can give up what it holds while idle and take it up again later."""
 
-    def suspend(self) -> bool:
-        """Give up the held resources; False if it is in use now (then it stays open)."""
+    def suspend(self, cheap_only: bool = False) -> bool:
+        """Give up the held resources; False if it is in use now, or (`cheap_only`) if
+        taking them up again would cost much (then it stays open)."""
 
 
 class OpenLimit:
@@ -59,11 +60,14 @@ class OpenLimit:
 
     `touch(item)` marks an item open and most recently used; past the limit, the least
     recently used others are suspended until the limit holds (one in use stays open and is
-    passed over). Items are held weakly, so a dropped one needs no `forget`. A forked child
+    passed over). Past `soft` (when smaller), only those cheap to take up again are
+    (`suspend(cheap_only=True)`): few are kept open where that costs nothing, more where
+    it would. Items are held weakly, so a dropped one needs no `forget`. A forked child
     starts with none open (the parent's items are not the child's to suspend)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, soft: int | None = None) -> None:
         self.limit = limit
+        self.soft = limit if soft is None else soft
         self.suspended = 0   # suspensions in this process (a measure of the bound's cost)
         self._pid = os.getpid()
         self._open: OrderedDict[int, weakref.ref[Suspendable]] = OrderedDict()
@@ -83,16 +87,18 @@ class OpenLimit:
                 items.move_to_end(key)
                 return
             items[key] = weakref.ref(item, lambda _, key=key: self._gone(key))
+            if len(items) > min(self.soft, self.limit):
+                self._shrink(key, min(self.soft, self.limit), cheap_only=True)
             if len(items) > self.limit:
-                self._shrink(key)
+                self._shrink(key, self.limit, cheap_only=False)
 
-    def _shrink(self, keep: int) -> None:
+    def _shrink(self, keep: int, limit: int, cheap_only: bool) -> None:
         for key in [k for k in self._open if k != keep]:
-            if len(self._open) <= self.limit:
+            if len(self._open) <= limit:
                 return
             ref = self._open.get(key)   # (a collected item's callback may have removed it)
             other = ref() if ref is not None else None
-            if other is None or other.suspend():
+            if other is None or other.suspend(cheap_only):
                 self._open.pop(key, None)
                 self.suspended += other is not None
 

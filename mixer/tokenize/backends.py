@@ -1,7 +1,8 @@
 """The libraries that turn text into ids behind `Encoder`: `tokenizers` ("hf") and fastokens.
 
 Both implement `Backend`: ids without special tokens added, one list (or, for the encoder's
-hot path, one uint32 array with EOS and BOS already in place) per text. Which one a loader
+hot path, one array with EOS and BOS already in place: uint16 where every id of the call fits,
+else uint32) per text. Which one a loader
 uses is chosen once, by `verify.resolve_backend`, and carried in `TokenizerInfo.backend`, so
 forked and spawned workers use the same one without choosing again.
 """
@@ -32,7 +33,8 @@ class Backend(Protocol):
         ...
 
     def encode_docs(self, texts: list[str], bos: int | None, eos: int) -> list[np.ndarray]:
-        """Each text's ids as uint32, `eos` appended and `bos` (when not None) prepended."""
+        """Each text's ids, `eos` appended and `bos` (when not None) prepended: uint16 where
+        every id of the call fits, else uint32."""
         ...
 
     def token_to_id(self, token: str) -> int | None:
@@ -42,6 +44,14 @@ class Backend(Protocol):
         ...
 
 
+# Encoded documents wait in windows and packers (a stream's chunk, a row's cut tail) until
+# packers copy them into int64 rows: in uint16, which holds every id of a vocabulary of up
+# to 65,536, they take half the memory of uint32. An id that does not fit is never wrapped:
+# the call's documents stay uint32.
+NARROW = np.dtype(np.uint16)
+NARROW_IDS = 1 << 16
+
+
 class HfBackend:
     """The `tokenizers` library (a loaded `tokenizers.Tokenizer`)."""
 
@@ -49,20 +59,25 @@ class HfBackend:
 
     def __init__(self, tok: Any) -> None:
         self.tok = tok
+        # (a larger vocabulary would fail the narrow C array on most documents)
+        self._narrow = tok.get_vocab_size(with_added_tokens=True) <= NARROW_IDS
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [enc.ids for enc in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
 
     def encode_docs(self, texts: list[str], bos: int | None, eos: int) -> list[np.ndarray]:
-        out = []
-        for ids in self.encode_batch(texts):
+        lists = self.encode_batch(texts)
+        for ids in lists:
             ids.append(eos)
             if bos is not None:
                 ids.insert(0, bos)
-            # uint32 (packers copy tokens into int64 rows): half the memory of int64 while a
-            # chunk waits, and through a C array a third of np.array's time on a list of ints.
-            out.append(np.frombuffer(array.array("I", ids), dtype=np.uint32))
-        return out
+        if self._narrow:
+            try:   # (a C array raises OverflowError on an id that does not fit)
+                return [np.frombuffer(array.array("H", ids), dtype=NARROW) for ids in lists]
+            except OverflowError:
+                pass
+        # Through a C array: a third of np.array's time on a list of ints.
+        return [np.frombuffer(array.array("I", ids), dtype=np.uint32) for ids in lists]
 
     def token_to_id(self, token: str) -> int | None:
         return self.tok.token_to_id(token)
@@ -90,10 +105,12 @@ class FastokensBackend:
     def encode_docs(self, texts: list[str], bos: int | None, eos: int) -> list[np.ndarray]:
         ids, at = self._flat(texts)
         head = 0 if bos is None else 1
+        top = max(eos, -1 if bos is None else bos, int(ids.max()) if len(ids) else -1)
+        dtype = NARROW if top < NARROW_IDS else np.uint32
         out = []
         for i in range(len(texts)):
             n = at[i + 1] - at[i]
-            doc = np.empty(head + n + 1, dtype=np.uint32)
+            doc = np.empty(head + n + 1, dtype=dtype)
             if bos is not None:
                 doc[0] = bos
             doc[head:head + n] = ids[at[i]:at[i + 1]]

@@ -14,6 +14,7 @@ from it), for gzip it may differ within a read block (it only moves `metrics()["
 from __future__ import annotations
 
 import io
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -21,32 +22,44 @@ from typing import IO
 
 from mixer.core.resources import OpenLimit
 
-# Enough for a process reading a few whole compressed sources in each of its lanes (8 lanes
-# on 2 ranks, 2 such sources: 8 open); a suspended reader costs one decompression of the
-# file's start again, so the limit is a trade between memory and that CPU (docs/benchmarks.md).
-OPEN_DECOMPRESSORS = OpenLimit(8)
+log = logging.getLogger(__name__)
+
+# A suspended reader costs one decompression of the file's start again, so the limit is a
+# trade between memory and that CPU (docs/benchmarks.md): past 4 open, readers cheap to
+# reopen (near their file's start, `RebuildBudget.cheap`) are suspended; past 8, any. 8 is
+# enough for a process reading a few large whole compressed sources in each of its lanes
+# (8 lanes on 2 ranks, 2 such sources: 8 open, none reopened; at 4, 2 large sources read
+# 10-20 % slower); 4 keeps many small ones (30-100 sources) at ~2.5 MB x 4.
+OPEN_DECOMPRESSORS = OpenLimit(8, soft=4)
 _DISCARD = 1 << 20
 
 
 class RebuildBudget:
-    """How much decompressing again the suspensions of a process may cost: at most `ratio`
-    times what its readers have decompressed. A suspension reserves its reader's position
-    (what reading on will decompress again); one past the budget is refused and the reader
-    stays open, over the limit. Without it, readers deep in large files (a 1 GB shard) would
-    decompress gigabytes again for every window; with it, the extra CPU stays a fraction of
-    decompression's (itself a few % of the data path's) and memory is bounded where that
-    is cheap."""
+    """How much decompressing again the suspensions of a process may cost.
 
-    def __init__(self, ratio: float) -> None:
+    A suspension reserves its reader's position (what reading on will decompress again). One
+    at a position of at most `cheap` bytes is always allowed: reopening it costs a few ms
+    (~1 ms a decompressed MB for zstd, ~3 for gzip), so a refill of a shuffle window pays at
+    most that, however many readers there are; without it, a recipe of many small whole-file
+    sources would run out of budget and keep a decompressor open per (lane, source) after a
+    while (100 sources: 131 open, +330 MB, at 3,000 batches). Deeper ones share a budget of
+    at most `ratio` times what the process's readers have decompressed; past it a reader
+    stays open, over the limit: without it, readers deep in large files (a 1 GB shard) would
+    decompress gigabytes again for every window. The first refusal in a process is logged."""
+
+    def __init__(self, ratio: float, cheap: int = 8 << 20) -> None:
         self.ratio = ratio
+        self.cheap = cheap
         self._pid = os.getpid()
         self.read = 0       # decompressed bytes handed out by this process's readers
         self.reserved = 0   # positions of the readers suspended
+        self.charged = 0    # the part of `reserved` past `cheap` (against `ratio`)
         self.refused = 0
 
     def _own(self) -> None:
         if self._pid != os.getpid():   # a forked worker: the parent's counts are not its own
             self._pid, self.read, self.reserved, self.refused = os.getpid(), 0, 0, 0
+            self.charged = 0
 
     def add_read(self, size: int) -> None:
         """`size` more decompressed bytes handed out (under the reader's lock)."""
@@ -54,10 +67,19 @@ class RebuildBudget:
         self.read += size
 
     def reserve(self, position: int) -> bool:
+        """Whether a reader at `position` may be suspended (then its position is counted)."""
         self._own()
-        if self.reserved + position > self.ratio * self.read:
-            self.refused += 1
-            return False
+        if position > self.cheap:
+            if self.charged + position > self.ratio * self.read:
+                self.refused += 1
+                if self.refused == 1:
+                    log.warning("whole-file decompressors: keeping readers deep in large "
+                             "compressed files open past the limit of %d (~2.5 MB each): "
+                             "reopening one would decompress its file's start again. A token "
+                             "cache, or zstd written in frames and `mixer index`, avoids it",
+                             OPEN_DECOMPRESSORS.limit)
+                return False
+            self.charged += position
         self.reserved += position
         return True
 
@@ -116,12 +138,14 @@ class Reopenable(io.RawIOBase):
         with self._busy:   # (another thread's read may be suspending it meanwhile)
             return self._file.tell() if self._file is not None else self._file_position
 
-    def suspend(self) -> bool:
+    def suspend(self, cheap_only: bool = False) -> bool:
         if not self._busy.acquire(blocking=False):
             return False
         try:
             if self._file is None:
                 return True
+            if cheap_only and self._position > self._budget.cheap:
+                return False
             if not self._budget.reserve(self._position):
                 return False
             self._file_position = self._file.tell()
