@@ -27,8 +27,10 @@ and takes N batches while a thread samples the PSS of the process and all its ch
 Rows: lanes 8, 16, 32, 64 (3 sources); 3, 10, 30, 100 sources (8 lanes, or `--lanes`;
 source i reads one shard of prose, code and web in turn, shard i // 3 mod 16 of that kind,
 under its own name, weights equal: every row reads the three formats alike); run length
-1x, 3x, 10x (N, 3N, 10N batches; 8 lanes, or `--lanes`). "flat" compares each group's
-largest and smallest data-path figure.
+1x, 3x, 10x (N, 3N, 10N batches; 8 lanes, or `--lanes`); "run length at 100 sources", 1x and
+10x (a run of 300 batches ends before what grows with many sources over a long run shows:
+whole-file decompressors kept open once the budget on reopening them ran out, until
+2e47133). "flat" compares each group's largest and smallest data-path figure.
 PSS shares a library's pages among the processes that map them: run it alone (another
 process of the same venv lowers every figure by its share).
 """
@@ -49,6 +51,8 @@ from corpus import FIELDS, Corpus, build  # noqa: E402
 from peers import RANK, SOURCES, WORLD, mixer_recipe  # noqa: E402
 
 SAMPLE_S = 0.02
+LONG = "run length at 100 sources"
+GROUPS = ("lanes", "sources", "run length", LONG)
 
 
 def _tree_pss() -> int:
@@ -144,7 +148,7 @@ def child(args: argparse.Namespace) -> dict:
                         opts["backend"])
     if opts.get("open_limit"):
         from mixer.sources.formats.reopen import OPEN_DECOMPRESSORS
-        OPEN_DECOMPRESSORS.limit = opts["open_limit"]
+        OPEN_DECOMPRESSORS.limit = OPEN_DECOMPRESSORS.soft = opts["open_limit"]
     sampler = PeakSampler()
     cpu = _tree_cpu()
     loader = mixer.build_loader(recipe, rank=RANK, world_size=WORLD,
@@ -184,6 +188,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, dict, int]]:
              for n in (3, 10, 30, 100)]
     rows += [("run length", f"{k}x ({k * args.batches} batches)", base, k * args.batches)
              for k in (1, 3, 10)]
+    rows += [(LONG, f"{k}x ({k * args.batches} batches)", {**base, "sources": 100},
+              k * args.batches) for k in (1, 10)]
     return rows
 
 
@@ -206,7 +212,7 @@ def markdown(results: list[dict]) -> str:
 
 def flatness(results: list[dict], key: str = "data_mb") -> str:
     out = []
-    for group in ("lanes", "sources", "run length"):
+    for group in GROUPS:
         values = [r[key] for r in results if r["group"] == group and "error" not in r]
         if values:
             out.append(f"{group}: {min(values):.0f}–{max(values):.0f} MB "
@@ -224,11 +230,11 @@ def main() -> None:
     parser.add_argument("--lanes", type=int, default=8,
                         help="lanes of the sources and run-length rows (default 8)")
     parser.add_argument("--open-limit", type=int, default=0,
-                        help="whole-file decompressors open at once per process "
-                        "(default: mixer's)")
+                        help="whole-file decompressors open at once per process, "
+                        "cheap to reopen or not (default: mixer's, 4 and 8)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/mixer-peers"))
-    parser.add_argument("--groups", default="lanes,sources,run length",
-                        help="comma-separated subset of: lanes, sources, run length")
+    parser.add_argument("--groups", default=",".join(GROUPS),
+                        help=f"comma-separated subset of: {', '.join(GROUPS)}")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--corpus", help=argparse.SUPPRESS)
     parser.add_argument("--opts", default="{}", help=argparse.SUPPRESS)
