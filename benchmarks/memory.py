@@ -1,6 +1,6 @@
 """Memory of the data path: peak PSS of the process tree, over lanes, sources and run length.
 
-    python benchmarks/memory.py [--mb 210] [--batches 300] [--workdir /tmp/mixer-peers]
+    python benchmarks/memory.py [--mb 210] [--batches 300] [--repeat 3] [--workdir /tmp/mixer-peers]
 
 On the corpus of benchmarks/corpus.py (as benchmarks/peers.py: rank 0 of 2, 8 x 2048), each
 row runs in a fresh process: it imports mixer (PSS measured), then torch (measured again: the
@@ -178,6 +178,20 @@ def _spawn(corpus: Corpus, batches: int, opts: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _median_run(runs: list[dict]) -> dict:
+    """The run whose data-path peak is the median of `runs` (an error if any failed), with
+    the median of their medians and the range of their peaks."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return failed[0]
+    ordered = sorted(runs, key=lambda r: r["data_mb"])
+    middle = dict(ordered[(len(ordered) - 1) // 2])
+    medians = sorted(r["median_mb"] for r in runs)
+    middle["median_mb"] = medians[(len(medians) - 1) // 2]
+    middle["range"] = (ordered[0]["data_mb"], ordered[-1]["data_mb"])
+    return middle
+
+
 def plan(args: argparse.Namespace) -> list[tuple[str, str, dict, int]]:
     """(group, label, options, batches) of every row."""
     base = {"lanes": args.lanes, "sources": 3, "workers": args.workers,
@@ -201,7 +215,9 @@ def markdown(results: list[dict]) -> str:
         if "error" in r:
             lines.append(f"| {r['group']} | {r['row']} | {r['error']} |||||||||")
             continue
-        lines.append(f"| {r['group']} | {r['row']} | {r['data_mb']:.0f} MB | "
+        low, high = r.get("range", (r["data_mb"], r["data_mb"]))
+        spread = f" ({low:.0f}–{high:.0f})" if high > low else ""
+        lines.append(f"| {r['group']} | {r['row']} | {r['data_mb']:.0f} MB{spread} | "
                      f"{r['median_mb']:.0f} MB | "
                      f"{r['after_mixer_mb']:.0f} MB | {r['peak_mb']:.0f} MB | "
                      f"{r['base_mb']:.0f} MB | {r['torch_mb']:.0f} MB | {r['cpu_s']:.2f} | "
@@ -232,6 +248,9 @@ def main() -> None:
     parser.add_argument("--open-limit", type=int, default=0,
                         help="whole-file decompressors open at once per process, "
                         "cheap to reopen or not (default: mixer's, 4 and 8)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs of each row: the median peak is reported, the range beside "
+                        "it, and the median of the medians (a peak moves ±5-10 MB run to run)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/mixer-peers"))
     parser.add_argument("--groups", default=",".join(GROUPS),
                         help=f"comma-separated subset of: {', '.join(GROUPS)}")
@@ -249,8 +268,10 @@ def main() -> None:
         if group not in groups:
             continue
         print(f"measuring {label} ...", flush=True)
-        results.append({"group": group, "row": label, **_spawn(corpus, batches, opts)})
+        runs = [_spawn(corpus, batches, opts) for _ in range(args.repeat)]
+        results.append({"group": group, "row": label, **_median_run(runs)})
     print(f"\nrank {RANK} of {WORLD}, 8 x 2048, num_workers {args.workers}, "
+          f"median of {args.repeat} run(s) a row, "
           f"tokenizer_backend {args.backend}, open decompressors limit "
           f"{args.open_limit or 'default'}; {len(os.sched_getaffinity(0))} CPU(s)")
     print(markdown(results))
