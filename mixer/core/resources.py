@@ -71,11 +71,13 @@ class OpenLimit:
         self.suspended = 0   # suspensions in this process (a measure of the bound's cost)
         self._pid = os.getpid()
         self._open: OrderedDict[int, weakref.ref[Suspendable]] = OrderedDict()
-        self._lock = threading.Lock()
+        # Re-entrant: the garbage collector may close a dropped item (`forget`) on a thread
+        # that holds it, inside `_shrink`.
+        self._lock = threading.RLock()
 
     def _own(self) -> OrderedDict[int, weakref.ref[Suspendable]]:
         if self._pid != os.getpid():
-            self._pid, self._open, self._lock = os.getpid(), OrderedDict(), threading.Lock()
+            self._pid, self._open, self._lock = os.getpid(), OrderedDict(), threading.RLock()
             self.suspended = 0
         return self._open
 

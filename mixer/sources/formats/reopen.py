@@ -26,65 +26,67 @@ log = logging.getLogger(__name__)
 
 # A suspended reader costs one decompression of the file's start again, so the limit is a
 # trade between memory and that CPU (docs/benchmarks.md): past 4 open, readers cheap to
-# reopen (near their file's start, `RebuildBudget.cheap`) are suspended; past 8, any. 8 is
-# enough for a process reading a few large whole compressed sources in each of its lanes
-# (8 lanes on 2 ranks, 2 such sources: 8 open, none reopened; at 4, 2 large sources read
-# 10-20 % slower); 4 keeps many small ones (30-100 sources) at ~2.5 MB x 4.
+# reopen (near their file's start, `RebuildBudget.cheap`) are suspended; past 8, any; both
+# within `REBUILD_BUDGET`. 8 is enough for a process reading a few large whole compressed
+# sources in each of its lanes (8 lanes on 2 ranks, 2 such sources: 8 open, none reopened;
+# at 4, 2 large sources read 10-20 % slower); 4 keeps fewer open where reopening is cheap.
 OPEN_DECOMPRESSORS = OpenLimit(8, soft=4)
 _DISCARD = 1 << 20
 
 
 class RebuildBudget:
-    """How much decompressing again the suspensions of a process may cost.
+    """How much decompressing again the suspensions of a process may cost: at most `ratio`
+    times what its readers have decompressed. A suspension reserves its reader's position
+    (what reading on will decompress again); one past the budget is refused and the reader
+    stays open, over the limit (the first refusal in a process is logged). Without it,
+    readers deep in large files (a 1 GB shard) would decompress gigabytes again for every
+    window, and many small files read in small windows (100 sources: 80 KB windows) would be
+    decompressed again from their start for nearly every window. Suspensions that only keep
+    the open readers few (past `OpenLimit.soft`: `cheap_only`) may use `soft_share` of it,
+    and only for readers at most `cheap` bytes in, so that what is left of it enforces the
+    limit itself."""
 
-    A suspension reserves its reader's position (what reading on will decompress again). One
-    at a position of at most `cheap` bytes is always allowed: reopening it costs a few ms
-    (~1 ms a decompressed MB for zstd, ~3 for gzip), so a refill of a shuffle window pays at
-    most that, however many readers there are; without it, a recipe of many small whole-file
-    sources would run out of budget and keep a decompressor open per (lane, source) after a
-    while (100 sources: 131 open, +330 MB, at 3,000 batches). Deeper ones share a budget of
-    at most `ratio` times what the process's readers have decompressed; past it a reader
-    stays open, over the limit: without it, readers deep in large files (a 1 GB shard) would
-    decompress gigabytes again for every window. The first refusal in a process is logged."""
-
-    def __init__(self, ratio: float, cheap: int = 8 << 20) -> None:
+    def __init__(self, ratio: float, *, soft_share: float = 0.5, cheap: int = 8 << 20) -> None:
         self.ratio = ratio
+        self.soft_share = soft_share
         self.cheap = cheap
         self._pid = os.getpid()
         self.read = 0       # decompressed bytes handed out by this process's readers
         self.reserved = 0   # positions of the readers suspended
-        self.charged = 0    # the part of `reserved` past `cheap` (against `ratio`)
-        self.refused = 0
+        self.refused = 0    # suspensions past the limit refused
 
     def _own(self) -> None:
         if self._pid != os.getpid():   # a forked worker: the parent's counts are not its own
             self._pid, self.read, self.reserved, self.refused = os.getpid(), 0, 0, 0
-            self.charged = 0
 
     def add_read(self, size: int) -> None:
         """`size` more decompressed bytes handed out (under the reader's lock)."""
         self._own()
         self.read += size
 
-    def reserve(self, position: int) -> bool:
-        """Whether a reader at `position` may be suspended (then its position is counted)."""
+    def reserve(self, position: int, cheap_only: bool = False) -> bool:
+        """Whether a reader at `position` may be suspended (then its position is counted);
+        `cheap_only`: a suspension past the soft limit only."""
         self._own()
-        if position > self.cheap:
-            if self.charged + position > self.ratio * self.read:
-                self.refused += 1
-                if self.refused == 1:
-                    log.warning("whole-file decompressors: keeping readers deep in large "
-                             "compressed files open past the limit of %d (~2.5 MB each): "
-                             "reopening one would decompress its file's start again. A token "
-                             "cache, or zstd written in frames and `mixer index`, avoids it",
-                             OPEN_DECOMPRESSORS.limit)
+        if cheap_only:
+            if (position > self.cheap
+                    or self.reserved + position > self.soft_share * self.ratio * self.read):
                 return False
-            self.charged += position
+        elif self.reserved + position > self.ratio * self.read:
+            self.refused += 1
+            if self.refused == 1:
+                log.warning("whole-file decompressors: keeping readers open past the limit "
+                            "of %d (~2.5 MB each for zstd): reopening them would decompress "
+                            "their files' start again more than %gx what is read. A token "
+                            "cache, or zstd written in frames and `mixer index`, avoids it",
+                            OPEN_DECOMPRESSORS.limit, self.ratio)
+            return False
         self.reserved += position
         return True
 
 
-REBUILD_BUDGET = RebuildBudget(2.0)
+# (4x: 100 sources of 1-5 MB in 80 KB windows need 3.3x to stay at the limit)
+REBUILD_BUDGET = RebuildBudget(4.0)
 
 
 class Reopenable(io.RawIOBase):
@@ -144,9 +146,7 @@ class Reopenable(io.RawIOBase):
         try:
             if self._file is None:
                 return True
-            if cheap_only and self._position > self._budget.cheap:
-                return False
-            if not self._budget.reserve(self._position):
+            if not self._budget.reserve(self._position, cheap_only):
                 return False
             self._file_position = self._file.tell()
             self._release()
