@@ -205,10 +205,10 @@ class FreedMemory:
                 self._trim = None
         return self._trim
 
-    def maybe_release(self, now: bool = False) -> None:
-        """Trim, unless it was done less than `interval` seconds ago (`now`: whenever it
-        was) or is under way."""
-        if not now and time.monotonic() < self._next:
+    def maybe_release(self) -> None:
+        """Trim, unless it was done less than `interval` seconds ago (or is under way)."""
+        now = time.monotonic()
+        if now < self._next:
             return
         if self._pid != os.getpid():   # forked: the parent's lock may have been held
             self._pid, self._lock = os.getpid(), threading.Lock()

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from mixer.config.recipe import Recipe
 from mixer.core.errors import MixerError
-from mixer.core.resources import FREED_MEMORY
 from mixer.core.token_info import TokenizerInfo
 from mixer.images.select import layout_for
 from mixer.pipeline.batch import Batch, BatchLayout, Wire
@@ -109,15 +108,8 @@ class LaneDataset:
         self._prepared, self._prepared_by = prepared, os.getpid()
 
     def forget_prepared(self) -> None:
-        """Close and drop what `prepare` made, in the loader's process once the workers have
-        forked (each has its own copy), and give the memory back to the system."""
-        prepared, self._prepared = self._prepared, {}
-        if not prepared:
-            return
-        for _, lane, _ in prepared.values():
-            lane.close()   # (this process's copies of the files and decompressors)
-        del prepared, lane
-        FREED_MEMORY.maybe_release(now=True)
+        """Drop what `prepare` made (in the loader's process, once the workers forked)."""
+        self._prepared = {}
 
     def _batches(self, lanes: dict[int, Lane], worker: int, workers: int, send: Send | None,
                  encoder: Encoder, layout: BatchLayout, block: int
