@@ -7,8 +7,6 @@ many ranks and workers share the lanes out (see docs/architecture.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from mixer.cache.store import open_cache
 from mixer.config.recipe import Recipe
 from mixer.core.errors import StateError
@@ -55,16 +53,6 @@ class Lane:
                 mask_document_boundaries=recipe.mask_document_boundaries,
                 window=recipe.pack_window, caps=self.layout.budget()))
         self.load_state_dict(state)
-
-    def read_ahead(self, keep_going: Callable[[], bool]) -> int:
-        """Read each stream's next window now, in source order, while `keep_going()` (see
-        `SourceStream.read_ahead`); how many were read."""
-        read = 0
-        for stream in self.streams:
-            if not keep_going():
-                break
-            read += stream.read_ahead()
-        return read
 
     def close(self) -> None:
         """Close the streams' open readers and give up their unfinished cache entries."""

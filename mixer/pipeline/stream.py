@@ -50,7 +50,6 @@ class SourceStream:
         self.emptiness = Emptiness(self.reader, documents, settings.on_error)
         self.cursor = Cursor(table.name, lane, settings.epochs, documents is not None)
         self._win: Window | None = None
-        self._ahead: Window | None = None   # the next window, read before it was needed
         # Metrics a state saved inside a window holds for it, until that window is read again
         # (a resumed stream reads it when its next document is asked for): (progress,
         # skipped, skipped per reason).
@@ -117,37 +116,23 @@ class SourceStream:
 
     def load_state_dict(self, state: dict[str, int] | None) -> None:
         self.cursor.load_state_dict(state)
-        self._win = self._ahead = None
+        self._win = None
         self._saved = None
         self.reader.reset(self.cursor.resumed_window)
 
     def close(self) -> None:
         """Give up the cache entries being written and close the open reader (the stream can
         go on from its cursor; a new one can resume from its state)."""
-        self._ahead = None
         self.reader.close()
 
     # -- documents ---------------------------------------------------------------------------
-    def read_ahead(self) -> bool:
-        """Read now the window the next document will come from, where none is held (text
-        recipes): the very read `next_document` would make first, made early (a loader reads
-        its first windows while its tokenizer loads). The state and metrics do not see it
-        until the stream reaches it. Whether a window was read."""
-        if (self._win is not None or self._ahead is not None or self.cursor.done
-                or self.documents is not None):
-            return False
-        cursor = self.cursor
-        self._ahead = self.windows.read(cursor.epoch, cursor.window_index, cursor.start)
-        return True
-
     def next_document(self) -> Document | None:
         """The next document (EOS appended), or None when the stream has ended."""
         cursor = self.cursor
         while not cursor.done:
             if self._win is None:
-                self._win = self._ahead if self._ahead is not None else self.windows.read(
-                    cursor.epoch, cursor.window_index, cursor.start)
-                self._ahead = self._saved = None
+                self._win = self.windows.read(cursor.epoch, cursor.window_index, cursor.start)
+                self._saved = None
             win = self._win
             if cursor.pos >= len(win.items):
                 cursor.advance(win, self.emptiness.check)

@@ -6,7 +6,6 @@ Torch-free, so that a Ray actor never imports torch (seconds of its start); the 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +18,6 @@ from mixer.pipeline.lanes import Lane
 from mixer.pipeline.schedule import WeightPlan
 from mixer.sources import IO_STATS, SourceTable
 from mixer.tokenize import Encoder
-from mixer.tokenize.backends import preloading
 
 if TYPE_CHECKING:
     import torch
@@ -42,9 +40,6 @@ class LaneDataset:
         self.start = start
         self.rank = rank
         self.world_size = world_size
-        # (worker -> (lane index, lane, its reads)) made by `prepare` in process `_prepared_by`
-        self._prepared: dict[int, tuple[int, Lane, dict[str, int]]] = {}
-        self._prepared_by = -1
 
     def produce(self, worker: int, workers: int, send: Send | None
                 ) -> Iterator[tuple[Any, dict[str, Any]]]:
@@ -54,62 +49,15 @@ class LaneDataset:
         encoder = Encoder(self.tokenizer)
         layout = layout_for(self.recipe, self.tokenizer)
         IO_STATS.reset()  # count this iteration's reads (a worker's, not its parent's)
+        # One read-ahead budget per worker, shared by all its open streams.
+        streams = self.recipe.lanes // (workers * self.world_size) * len(self.recipe.sources)
+        block = min(max(self.recipe.read_ahead_bytes // max(streams, 1), 256 << 10), 16 << 20)
         lanes: dict[int, Lane] = {}
-        prepared = self._prepared if self._prepared_by != os.getpid() else None
-        if prepared is not None and worker in prepared:   # a worker forked after `prepare`
-            index, lane, io = prepared[worker]
-            lanes[index] = lane
-            IO_STATS.add(io)
         try:
-            yield from self._batches(lanes, worker, workers, send, encoder, layout,
-                                     self._block(workers))
+            yield from self._batches(lanes, worker, workers, send, encoder, layout, block)
         finally:   # (not left to the cycle collector: open files, temporary files)
             for lane in lanes.values():
                 lane.close()
-
-    def _block(self, workers: int) -> int:
-        """One read-ahead budget per worker, shared by all its open streams."""
-        streams = self.recipe.lanes // (workers * self.world_size) * len(self.recipe.sources)
-        return min(max(self.recipe.read_ahead_bytes // max(streams, 1), 256 << 10), 16 << 20)
-
-    def _lane(self, index: int, encoder: Encoder, layout: BatchLayout, block: int) -> Lane:
-        return Lane(index, self.recipe, self.tables, encoder, self.lane_states.get(index),
-                    block_size=block, layout=layout, plan=self.plan)
-
-    def _first_index(self, worker: int, workers: int) -> int:
-        """The lane of worker `worker`'s first batch."""
-        return (self.start + worker * self.world_size + self.rank) % self.recipe.lanes
-
-    def prepare(self, workers: int) -> None:
-        """In the loader's process, before DataLoader workers fork: build each worker's first
-        lane and read its streams' first windows while fastokens loads (the fork waits for
-        the load), so that a forked worker starts with them. Text recipes without a token
-        cache only (a cache writer's temporary files are a process's own); stops once the
-        load is done; a lane whose read fails is left for its worker to build and fail."""
-        if (self.recipe.images is not None or self.recipe.token_cache is not None
-                or not preloading()):
-            return
-        encoder = Encoder(self.tokenizer)
-        layout = layout_for(self.recipe, self.tokenizer)
-        block = self._block(workers)
-        prepared: dict[int, tuple[int, Lane, dict[str, int]]] = {}
-        for worker in range(workers):
-            if not preloading():
-                break
-            index = self._first_index(worker, workers)
-            before = IO_STATS.as_dict()
-            try:
-                lane = self._lane(index, encoder, layout, block)
-                lane.read_ahead(preloading)
-            except Exception:   # noqa: BLE001  (the worker meets it again, where it belongs)
-                break
-            after = IO_STATS.as_dict()
-            prepared[worker] = (index, lane, {k: after[k] - before[k] for k in after})
-        self._prepared, self._prepared_by = prepared, os.getpid()
-
-    def forget_prepared(self) -> None:
-        """Drop what `prepare` made (in the loader's process, once the workers forked)."""
-        self._prepared = {}
 
     def _batches(self, lanes: dict[int, Lane], worker: int, workers: int, send: Send | None,
                  encoder: Encoder, layout: BatchLayout, block: int
@@ -120,7 +68,10 @@ class LaneDataset:
             index = g % self.recipe.lanes
             lane = lanes.get(index)
             if lane is None:
-                lane = lanes[index] = self._built(index, encoder, layout, block, send)
+                lane = Lane(index, self.recipe, self.tables, encoder,
+                            self.lane_states.get(index), block_size=block, layout=layout,
+                            plan=self.plan)
+                lanes[index] = lane
             try:
                 batch = lane.next_batch(self.recipe.batch_size)
             except MixerError as exc:
@@ -137,20 +88,6 @@ class LaneDataset:
             # half the time); Ray actors send arrays through the object store.
             yield (batch if send is None else send(layout, batch)), meta
             step += workers
-
-    def _built(self, index: int, encoder: Encoder, layout: BatchLayout, block: int,
-               send: Send | None) -> Lane:
-        """A new lane; in the loader's own process while fastokens still loads, with its
-        streams' first windows read meanwhile (the first encoding waits for the load)."""
-        lane = self._lane(index, encoder, layout, block)
-        if send is not None or not preloading():
-            return lane
-        try:
-            lane.read_ahead(preloading)
-        except Exception:   # noqa: BLE001  (met again when the stream reads, where it belongs)
-            lane.close()
-            lane = self._lane(index, encoder, layout, block)
-        return lane
 
 
 def as_batch(layout: BatchLayout, data: Any, meta: dict) -> dict[str, torch.Tensor]:

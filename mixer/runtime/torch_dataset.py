@@ -58,7 +58,6 @@ class TorchLaneDataset(LaneDataset, IterableDataset):
 
 def worker_batches(dataset: TorchLaneDataset, layout: BatchLayout, num_workers: int) -> InOrder:
     """Start `num_workers` DataLoader workers (forked) on `dataset`; their batches in order."""
-    dataset.prepare(num_workers)   # (the workers' first windows, read while fastokens loads)
     finish_preloads()   # (a fork while a thread is inside fastokens could copy its locks held)
     dataset.group = batches_per_item(dataset.recipe, layout)
     dataset.ring = BatchRing.for_layout(layout, dataset.recipe.batch_size, num_workers,
@@ -67,7 +66,6 @@ def worker_batches(dataset: TorchLaneDataset, layout: BatchLayout, num_workers: 
                             prefetch_factor=PREFETCH, multiprocessing_context="fork",
                             worker_init_fn=workers.init_fn(), collate_fn=sent_as_is))
     workers.adopt(items._workers)  # stopped at exit even if never closed
-    dataset.forget_prepared()   # (the workers have their copies)
     if dataset.ring is not None:
         dataset.ring.keep_from_later_forks()
     return InOrder(items, num_workers)

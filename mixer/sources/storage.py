@@ -83,13 +83,6 @@ class IOStats:
     def reset(self) -> None:
         self.requests = self.retries = self.bytes = 0
 
-    def add(self, counts: dict[str, int]) -> None:
-        """Count reads made elsewhere (`as_dict`'s keys): a forked worker's lane read by its
-        parent before the fork."""
-        self.requests += counts["requests"]
-        self.retries += counts["retries"]
-        self.bytes += counts["bytes"]
-
 
 IO_STATS = IOStats()
 

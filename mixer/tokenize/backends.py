@@ -235,11 +235,6 @@ def preload_fastokens(file: str, digest: str) -> None:
     thread.start()
 
 
-def preloading() -> bool:
-    """Whether a `preload_fastokens` load is still under way in this process."""
-    return any(thread.is_alive() for thread in list(_fast_loading.values()))
-
-
 def finish_preloads(keep: bool = True) -> None:
     """Wait for the loads `preload_fastokens` started (a process forked while a thread is
     inside fastokens could inherit its locks held); `keep` False: drop what they loaded (the
