@@ -64,9 +64,9 @@ def test_a_suspended_reader_gives_the_same_lines_and_positions(tmp_path):
         limit = OpenLimit(1)
         bounded = _read(tmp_path / name, decompressor, limit, 2)
         assert limit.suspended > 20, name   # every turn suspended another reader
-        assert [line for line, _ in bounded] == [line for line, _ in reference], name
-        if name == "a.zst":   # ZstdStream's input depends only on the output taken
-            assert bounded == reference
+        # the same lines at the same compressed positions (ZstdStream's and GzipStream's
+        # input depends only on the output taken)
+        assert bounded == reference, name
         assert limit.open_count() == 0, name   # closed readers leave the limit
     # a budget of decompressing again half what was read: suspensions past it are refused
     budget = RebuildBudget(0.5)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import io
 import zlib
 from collections.abc import Callable, Iterator
@@ -14,6 +13,7 @@ import zstandard
 from mixer.core.errors import DataError
 from mixer.core.records import FileEntry, Record, Split
 from mixer.sources.formats import deep_json
+from mixer.sources.formats.gzip_stream import GzipStream
 from mixer.sources.formats.reopen import Reopenable
 from mixer.sources.formats.zstd_frames import ZstdStream
 
@@ -189,7 +189,7 @@ def _read_compressed(decompressor, *, storage, entry: FileEntry, source: str,
 
 
 def _gzip(raw: IO[bytes]) -> IO[bytes]:
-    return gzip.GzipFile(fileobj=raw, mode="rb")
+    return GzipStream(raw)
 
 
 def _zstd(raw: IO[bytes]) -> IO[bytes]:

@@ -6,9 +6,9 @@ source: a zstd decompressor holds its frame's window (2 MB at level 3, up to 128
 remote file its read block. `Reopenable` lets the process's `OPEN_DECOMPRESSORS` limit
 suspend the least recently read ones, as far as the process's `REBUILD_BUDGET` allows: a
 suspended stream closes its file and decompressor, and the next read opens them again and
-decompresses from the start to where it stopped. The bytes read are the same; for zstd the
-compressed position is the same too (`ZstdStream`'s input depends only on the output taken
-from it), for gzip it may differ within a read block (it only moves `metrics()["epochs"]`).
+decompresses from the start to where it stopped. The bytes read are the same, and so is the
+compressed position (`ZstdStream`'s and `GzipStream`'s input depends only on the output
+taken from them), which `metrics()["epochs"]` and the state's copy of it read.
 """
 
 from __future__ import annotations
