@@ -7,33 +7,41 @@ elsewhere in the file than one read in 16 KB pieces, and the `epochs` estimate (
 by the compressed position) moved with every suspension (`formats/reopen.py`). `GzipStream`
 makes each piece of output from the input left over or from one more `read_size` of the file,
 at most `max_output` bytes a piece, and only once the previous piece was all taken: the
-pieces, and the file position after any N bytes, are those of every other reader of the
-file. Members are read one after another (zero padding between them is skipped, as gzip
-does); errors are those of `gzip`: `EOFError` for a file that ends inside a member,
-`BadGzipFile` for one that is not gzip, `zlib.error` for corrupt data or a failed check.
+pieces, and the file position after any N bytes, are those of every other reader of the file.
+
+It reads what `gzip` reads, as `gzip` does: members one after another, zero padding after a
+member skipped (not before the first), header fields skipped (a header CRC and reserved flag
+bits ignored, as gzip does), each member's CRC-32 and length checked; and it fails where gzip
+fails, with gzip's errors: `EOFError` for a file that ends inside a member, `BadGzipFile` for
+one that is not gzip or whose check fails, `zlib.error` for corrupt deflate data.
 """
 
 from __future__ import annotations
 
 import gzip
 import io
+import struct
 import zlib
 from typing import IO
 
 _MAGIC = b"\x1f\x8b"
-_GZIP = 16 + zlib.MAX_WBITS   # zlib parses the gzip header and checks CRC-32 and size
+_FEXTRA, _FNAME, _FCOMMENT, _FHCRC = 4, 8, 16, 2
+_ENDED = "Compressed file ended before the end-of-stream marker was reached"
 
 
 class GzipStream(io.RawIOBase):
     """The decompressed bytes of every member of a gzip file (see the module docstring)."""
 
-    def __init__(self, raw: IO[bytes], *, read_size: int = 64 << 10,
-                 max_output: int = 256 << 10) -> None:
+    def __init__(self, raw: IO[bytes], *, read_size: int = 16 << 10,
+                 max_output: int = 64 << 10) -> None:
         self._raw = raw
         self._read_size = read_size
         self._max_output = max_output
-        self._obj: zlib._Decompress | None = None   # None between members
-        self._tail = b""      # input read and not decompressed yet
+        self._obj: zlib._Decompress | None = None   # the member's inflater; None between
+        self._crc = 0
+        self._size = 0        # the member's output so far
+        self._members = 0     # members begun
+        self._tail = b""      # input read and not used yet
         self._eof = False     # the file has ended
         self._out = b""
         self._at = 0          # bytes of `_out` already handed out
@@ -42,6 +50,8 @@ class GzipStream(io.RawIOBase):
         return True
 
     def readinto(self, buffer) -> int:  # type: ignore[override]
+        if not len(buffer):
+            return 0
         while self._at >= len(self._out):
             self._out, self._at = self._next_piece(), 0
             if not self._out:
@@ -58,6 +68,12 @@ class GzipStream(io.RawIOBase):
         self._tail += more
         return bool(more)
 
+    def _need(self, count: int) -> None:
+        """At least `count` bytes of input, or `EOFError` (inside a member)."""
+        while len(self._tail) < count:
+            if not self._read_more():
+                raise EOFError(_ENDED)
+
     def _next_piece(self) -> bytes:
         """The next piece of output; b"" at the end of the file's last member."""
         while True:
@@ -65,30 +81,67 @@ class GzipStream(io.RawIOBase):
                 return b""
             assert self._obj is not None
             if not self._tail and not self._read_more():
-                raise EOFError("Compressed file ended before the end-of-stream marker was "
-                               "reached")
+                raise EOFError(_ENDED)
             out = self._obj.decompress(self._tail, self._max_output)
             if self._obj.eof:
-                self._tail, self._obj = self._obj.unused_data, None
+                self._tail = self._obj.unused_data
+                self._end_member(out)
             else:
                 self._tail = self._obj.unconsumed_tail
+                self._crc = zlib.crc32(out, self._crc)
+                self._size += len(out)
             if out:
                 return out
 
     def _start_member(self) -> bool:
-        """Begin the next member; False where the file ends (after zero padding)."""
+        """Read the next member's header; False where the file ends (after zero padding)."""
         while True:
-            self._tail = self._tail.lstrip(b"\0")
-            if len(self._tail) >= len(_MAGIC):
+            if self._members:   # zero padding after a member (gzip skips it)
+                self._tail = self._tail.lstrip(b"\0")
+            if len(self._tail) >= len(_MAGIC) or not self._read_more():
                 break
-            if not self._read_more():
-                if self._tail:   # (gzip's verdict on a lone byte after a member)
-                    raise gzip.BadGzipFile(f"Not a gzipped file ({self._tail!r})")
+        if not self._tail:
+            if self._members:
                 return False
+            self._members = 1   # (an empty file: no member, nothing to read, as gzip)
+            return False
         if not self._tail.startswith(_MAGIC):
             raise gzip.BadGzipFile(f"Not a gzipped file ({self._tail[:2]!r})")
-        self._obj = zlib.decompressobj(_GZIP)
+        self._need(10)
+        method, flags = self._tail[2], self._tail[3]
+        if method != 8:
+            raise gzip.BadGzipFile("Unknown compression method")
+        at = 10
+        if flags & _FEXTRA:
+            self._need(at + 2)
+            at += 2 + struct.unpack("<H", self._tail[at:at + 2])[0]
+            self._need(at)
+        for flag in (_FNAME, _FCOMMENT):   # zero-terminated
+            if flags & flag:
+                while (end := self._tail.find(b"\0", at)) < 0:
+                    self._need(len(self._tail) + 1)
+                at = end + 1
+        if flags & _FHCRC:
+            at += 2
+        self._need(at)
+        self._tail = self._tail[at:]
+        self._obj = zlib.decompressobj(-zlib.MAX_WBITS)
+        self._crc, self._size = 0, 0
+        self._members += 1
         return True
+
+    def _end_member(self, out: bytes) -> None:
+        """The member's last output is `out`: check its CRC-32 and length (gzip's trailer)."""
+        self._crc = zlib.crc32(out, self._crc)
+        self._size += len(out)
+        self._need(8)
+        crc, size = struct.unpack("<II", self._tail[:8])
+        self._tail = self._tail[8:]
+        if crc != self._crc:
+            raise gzip.BadGzipFile(f"CRC check failed {hex(crc)} != {hex(self._crc)}")
+        if size != self._size & 0xFFFFFFFF:
+            raise gzip.BadGzipFile("Incorrect length of data produced")
+        self._obj = None
 
     def close(self) -> None:
         self._out = self._tail = b""
