@@ -116,3 +116,35 @@ def test_an_empty_file_is_empty_and_a_bomb_comes_a_piece_at_a_time():
     bomb = gzip.compress(bytes(64 << 20))   # ~64 KB that expand to 64 MB
     stream = GzipStream(io.BytesIO(bomb), max_output=1 << 20)
     assert stream.readinto(bytearray(64 << 20)) <= 1 << 20
+
+
+def test_a_name_of_any_length_is_skipped_in_bounded_memory():
+    import tracemalloc
+    body = gzip.compress(b"after the name\n")[10:]
+    data = _header(8) + b"A" * (8 << 20) + b"\0" + body
+    tracemalloc.start()
+    try:
+        got = _read(GzipStream(io.BytesIO(data)), [4096])[0]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == b"after the name\n" and peak < 512 << 10   # (the name: 8 MB)
+    with pytest.raises(EOFError):   # a name that never ends
+        _read(GzipStream(io.BytesIO(_header(8) + b"A" * 100_000)), [4096])
+
+
+def test_a_read_after_an_error_raises_it_again_and_holds_nothing_more():
+    data = _damaged()["bad check"] + gzip.compress(b"a good member\n")
+    stream = GzipStream(io.BytesIO(data))
+    errors = []
+    for _ in range(5):
+        with pytest.raises(gzip.BadGzipFile) as caught:
+            stream.readinto(bytearray(1 << 20))
+        errors.append(caught.value)
+    assert all(e is errors[0] for e in errors) and len(stream._tail) < 64 << 10
+
+
+@pytest.mark.parametrize("option", ["read_size", "max_output"])
+def test_sizes_must_be_positive(option):
+    with pytest.raises(ValueError):
+        GzipStream(io.BytesIO(b""), **{option: 0})

@@ -5,15 +5,18 @@ the caller asked for, so how far it has read the file after N bytes of output de
 sizes of the reads that got there: a reader reopened and skipped to N in 1 MB reads stood
 elsewhere in the file than one read in 16 KB pieces, and the `epochs` estimate (which divides
 by the compressed position) moved with every suspension (`formats/reopen.py`). `GzipStream`
-makes each piece of output from the input left over or from one more `read_size` of the file,
-at most `max_output` bytes a piece, and only once the previous piece was all taken: the
-pieces, and the file position after any N bytes, are those of every other reader of the file.
+makes each piece of output (at most `max_output` bytes) from the input left over or from one
+more `read_size` of the file, and makes it, with the reads it needs, only once the previous
+piece was all taken: the pieces, and the file position after any N bytes, are those of every
+other reader of the file.
 
 It reads what `gzip` reads, as `gzip` does: members one after another, zero padding after a
 member skipped (not before the first), header fields skipped (a header CRC and reserved flag
 bits ignored, as gzip does), each member's CRC-32 and length checked; and it fails where gzip
 fails, with gzip's errors: `EOFError` for a file that ends inside a member, `BadGzipFile` for
-one that is not gzip or whose check fails, `zlib.error` for corrupt deflate data.
+one that is not gzip or whose check fails, `zlib.error` for corrupt deflate data; a read after
+an error raises it again. Memory stays within a few pieces, whatever the file holds (a header
+name of a gigabyte is skipped a read at a time).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class GzipStream(io.RawIOBase):
 
     def __init__(self, raw: IO[bytes], *, read_size: int = 16 << 10,
                  max_output: int = 64 << 10) -> None:
+        if read_size < 1 or max_output < 1:
+            raise ValueError("read_size and max_output must be positive")
         self._raw = raw
         self._read_size = read_size
         self._max_output = max_output
@@ -45,6 +50,7 @@ class GzipStream(io.RawIOBase):
         self._eof = False     # the file has ended
         self._out = b""
         self._at = 0          # bytes of `_out` already handed out
+        self._error: BaseException | None = None   # raised again by every later read
 
     def readable(self) -> bool:
         return True
@@ -53,7 +59,13 @@ class GzipStream(io.RawIOBase):
         if not len(buffer):
             return 0
         while self._at >= len(self._out):
-            self._out, self._at = self._next_piece(), 0
+            if self._error is not None:
+                raise self._error
+            try:
+                self._out, self._at = self._next_piece(), 0
+            except (EOFError, OSError, zlib.error) as exc:
+                self._error = exc
+                raise
             if not self._out:
                 return 0
         size = min(len(buffer), len(self._out) - self._at)
@@ -100,10 +112,7 @@ class GzipStream(io.RawIOBase):
                 self._tail = self._tail.lstrip(b"\0")
             if len(self._tail) >= len(_MAGIC) or not self._read_more():
                 break
-        if not self._tail:
-            if self._members:
-                return False
-            self._members = 1   # (an empty file: no member, nothing to read, as gzip)
+        if not self._tail:   # (an empty file has no member and reads empty, as with gzip)
             return False
         if not self._tail.startswith(_MAGIC):
             raise gzip.BadGzipFile(f"Not a gzipped file ({self._tail[:2]!r})")
@@ -111,24 +120,30 @@ class GzipStream(io.RawIOBase):
         method, flags = self._tail[2], self._tail[3]
         if method != 8:
             raise gzip.BadGzipFile("Unknown compression method")
-        at = 10
-        if flags & _FEXTRA:
-            self._need(at + 2)
-            at += 2 + struct.unpack("<H", self._tail[at:at + 2])[0]
-            self._need(at)
-        for flag in (_FNAME, _FCOMMENT):   # zero-terminated
+        self._tail = self._tail[10:]
+        if flags & _FEXTRA:   # (at most 64 KB)
+            self._need(2)
+            size = 2 + struct.unpack("<H", self._tail[:2])[0]
+            self._need(size)
+            self._tail = self._tail[size:]
+        for flag in (_FNAME, _FCOMMENT):   # zero-terminated, of any length
             if flags & flag:
-                while (end := self._tail.find(b"\0", at)) < 0:
-                    self._need(len(self._tail) + 1)
-                at = end + 1
+                self._skip_past_nul()
         if flags & _FHCRC:
-            at += 2
-        self._need(at)
-        self._tail = self._tail[at:]
+            self._need(2)
+            self._tail = self._tail[2:]
         self._obj = zlib.decompressobj(-zlib.MAX_WBITS)
         self._crc, self._size = 0, 0
         self._members += 1
         return True
+
+    def _skip_past_nul(self) -> None:
+        """Drop the input up to and including the next zero byte, a read at a time."""
+        while (end := self._tail.find(b"\0")) < 0:
+            self._tail = b""
+            if not self._read_more():
+                raise EOFError(_ENDED)
+        self._tail = self._tail[end + 1:]
 
     def _end_member(self, out: bytes) -> None:
         """The member's last output is `out`: check its CRC-32 and length (gzip's trailer)."""
