@@ -93,8 +93,13 @@ class GzipStream(io.RawIOBase):
                 return b""
             assert self._obj is not None
             if not self._tail and not self._read_more():
-                raise EOFError(_ENDED)
-            out = self._obj.decompress(self._tail, self._max_output)
+                # The file ends inside the member: what zlib still holds (or its verdict on
+                # it) first, as gzip does, then the end.
+                out = self._obj.decompress(b"", self._max_output)
+                if not out and not self._obj.eof:
+                    raise EOFError(_ENDED)
+            else:
+                out = self._obj.decompress(self._tail, self._max_output)
             if self._obj.eof:
                 self._tail = self._obj.unused_data
                 self._end_member(out)
