@@ -22,23 +22,25 @@ name of a gigabyte is skipped a read at a time).
 from __future__ import annotations
 
 import gzip
-import io
 import struct
 import zlib
 from typing import IO
+
+from mixer.sources.formats.pieces import PieceReader
 
 _MAGIC = b"\x1f\x8b"
 _FEXTRA, _FNAME, _FCOMMENT, _FHCRC = 4, 8, 16, 2
 _ENDED = "Compressed file ended before the end-of-stream marker was reached"
 
 
-class GzipStream(io.RawIOBase):
+class GzipStream(PieceReader):
     """The decompressed bytes of every member of a gzip file (see the module docstring)."""
 
     def __init__(self, raw: IO[bytes], *, read_size: int = 16 << 10,
                  max_output: int = 64 << 10) -> None:
         if read_size < 1 or max_output < 1:
             raise ValueError("read_size and max_output must be positive")
+        super().__init__()
         self._raw = raw
         self._read_size = read_size
         self._max_output = max_output
@@ -48,30 +50,16 @@ class GzipStream(io.RawIOBase):
         self._members = 0     # members begun
         self._tail = b""      # input read and not used yet
         self._eof = False     # the file has ended
-        self._out = b""
-        self._at = 0          # bytes of `_out` already handed out
         self._error: BaseException | None = None   # raised again by every later read
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:  # type: ignore[override]
-        if not len(buffer):
-            return 0
-        while self._at >= len(self._out):
-            if self._error is not None:
-                raise self._error
-            try:
-                self._out, self._at = self._next_piece(), 0
-            except (EOFError, OSError, zlib.error) as exc:
-                self._error = exc
-                raise
-            if not self._out:
-                return 0
-        size = min(len(buffer), len(self._out) - self._at)
-        buffer[:size] = memoryview(self._out)[self._at:self._at + size]
-        self._at += size
-        return size
+    def _next_piece(self) -> bytes:
+        if self._error is not None:
+            raise self._error
+        try:
+            return self._make_piece()
+        except (EOFError, OSError, zlib.error) as exc:
+            self._error = exc
+            raise
 
     def _read_more(self) -> bool:
         """Append the next `read_size` of the file to the input; False at its end."""
@@ -86,7 +74,7 @@ class GzipStream(io.RawIOBase):
             if not self._read_more():
                 raise EOFError(_ENDED)
 
-    def _next_piece(self) -> bytes:
+    def _make_piece(self) -> bytes:
         """The next piece of output; b"" at the end of the file's last member."""
         while True:
             if self._obj is None and not self._start_member():
@@ -100,13 +88,13 @@ class GzipStream(io.RawIOBase):
                     raise EOFError(_ENDED)
             else:
                 out = self._obj.decompress(self._tail, self._max_output)
+            self._crc = zlib.crc32(out, self._crc)
+            self._size += len(out)
             if self._obj.eof:
                 self._tail = self._obj.unused_data
-                self._end_member(out)
+                self._end_member()
             else:
                 self._tail = self._obj.unconsumed_tail
-                self._crc = zlib.crc32(out, self._crc)
-                self._size += len(out)
             if out:
                 return out
 
@@ -150,10 +138,8 @@ class GzipStream(io.RawIOBase):
                 raise EOFError(_ENDED)
         self._tail = self._tail[end + 1:]
 
-    def _end_member(self, out: bytes) -> None:
-        """The member's last output is `out`: check its CRC-32 and length (gzip's trailer)."""
-        self._crc = zlib.crc32(out, self._crc)
-        self._size += len(out)
+    def _end_member(self) -> None:
+        """The member's output is all made: check its CRC-32 and length (gzip's trailer)."""
         self._need(8)
         crc, size = struct.unpack("<II", self._tail[:8])
         self._tail = self._tail[8:]

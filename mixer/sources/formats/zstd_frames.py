@@ -11,10 +11,11 @@ of a highly repetitive file (a "zstd bomb") into gigabytes at once.
 
 from __future__ import annotations
 
-import io
 from typing import IO
 
 import zstandard
+
+from mixer.sources.formats.pieces import PieceReader
 
 _MAGIC = 0xFD2FB528
 _SKIPPABLE = range(0x184D2A50, 0x184D2A60)
@@ -149,7 +150,7 @@ class _Pieces:
         return size if kind < 2 else BLOCK_MAX
 
 
-class ZstdStream(io.RawIOBase):
+class ZstdStream(PieceReader):
     """Decompresses every frame of a zstd file, one read making at most about `max_output`
     bytes (one block more at worst) however well the data compresses, and, unlike zstandard's
     stream_reader, raises on a file that ends inside a frame (a truncated or corrupt shard).
@@ -160,6 +161,7 @@ class ZstdStream(io.RawIOBase):
 
     def __init__(self, raw: IO[bytes], *, read_size: int = 64 << 10,
                  max_output: int = 256 << 10) -> None:
+        super().__init__()
         self._raw = raw
         self._read_size = read_size
         self._max_output = max_output
@@ -169,26 +171,18 @@ class ZstdStream(io.RawIOBase):
         self._in = b""            # compressed bytes read and not fed yet
         self._eof = False         # the raw stream has ended
         self._in_frame = False
-        self._out = b""
-        self._at = 0   # bytes of `_out` already handed out (no copy of the rest per read)
         self.consumed = 0         # compressed bytes fed (a compression ratio's divisor)
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:  # type: ignore[override]
-        while self._at >= len(self._out):
-            self._out, self._at = b"", 0
+    def _next_piece(self) -> bytes:
+        while True:
             chunk = self._next_input()
             if not chunk:
                 if self._in_frame:
                     raise zstandard.ZstdError("file ends inside a zstd frame (truncated)")
-                return 0
-            self._out = self._decompress(chunk)
-        size = min(len(buffer), len(self._out) - self._at)
-        buffer[:size] = memoryview(self._out)[self._at:self._at + size]
-        self._at += size
-        return size
+                return b""
+            out = self._decompress(chunk)
+            if out:
+                return out
 
     def _next_input(self) -> bytes:
         """The next input to feed: pieces of at most `max_output` bytes of output."""
