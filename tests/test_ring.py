@@ -71,6 +71,70 @@ def test_a_forked_worker_writes_where_the_parent_reads():
     assert not ring._flags.any()   # read: the slot is free again
 
 
+def _mapped(address: int) -> bool:
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            start, end = (int(part, 16) for part in line.split()[0].split("-"))
+            if start <= address < end:
+                return True
+    return False
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_DONTFORK"), reason="Linux only")
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_ring_dropped_in_a_later_fork_leaves_that_process_memory_alone(keep):
+    """A ring kept from later forks is not in a process forked afterwards, which may put its
+    own memory at that address (it did: thread stacks); dropping the ring object it inherited
+    must not unmap that memory (it did: the worker died of SIGSEGV). A ring a fork inherits is
+    that process's to drop."""
+    import ctypes
+    import gc
+    import mmap
+
+    ring = BatchRing(workers=2, slots=3, slot_bytes=64 * 1024)
+    address = ring._flags.ctypes.data   # (the mapping: flags, then slots)
+    size = ring._data.ctypes.data + ring._data.nbytes - address
+    if keep:
+        ring.keep_from_later_forks()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        verdict = "ok"
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                  ctypes.c_int, ctypes.c_int, ctypes.c_long]
+            if keep:
+                assert not _mapped(address), "the ring was inherited"
+                fixed_noreplace = 0x100000
+                mine = libc.mmap(address, size, mmap.PROT_READ | mmap.PROT_WRITE,
+                                 mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | fixed_noreplace, -1, 0)
+                assert mine == address, "could not map the canary"
+            else:
+                assert _mapped(address)
+            del ring
+            gc.collect()
+            if keep:
+                assert _mapped(address), "dropping the inherited ring unmapped the fork's memory"
+            else:
+                assert not _mapped(address), "an inherited ring was never unmapped"
+        except BaseException as exc:   # (reported to the parent: pytest does not run here)
+            verdict = repr(exc)
+        os.write(write_end, verdict.encode())
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    assert os.read(read_end, 4096).decode() == "ok"
+    assert _mapped(address)   # the parent's ring is untouched
+    ring._flags[:] = 1
+    del ring
+    import gc
+
+    gc.collect()
+    assert not _mapped(address)   # and unmapped when the parent drops it
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.integers(0, 2**31), st.integers(1, 6))
 def test_a_wire_written_in_place_holds_the_bytes_of_the_piped_one(seed, rows):

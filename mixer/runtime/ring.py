@@ -20,8 +20,11 @@ before, so a worker never waits on the ring.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
+import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -52,10 +55,9 @@ class BatchRing:
         self.slot_bytes = -(-slot_bytes // PAGE) * PAGE
         count = workers * slots
         flags_bytes = -(-count // PAGE) * PAGE
-        # MAP_SHARED | MAP_ANONYMOUS: pages are made on first write, shared with forked children.
-        self._memory = mmap.mmap(-1, flags_bytes + count * self.slot_bytes)
-        self._flags = np.frombuffer(self._memory, dtype=np.uint8, count=count)
-        self._data = np.frombuffer(self._memory, dtype=np.uint8, offset=flags_bytes)
+        self._memory = SharedPages(flags_bytes + count * self.slot_bytes)
+        self._flags = np.frombuffer(self._memory.view, dtype=np.uint8, count=count)
+        self._data = np.frombuffer(self._memory.view, dtype=np.uint8, offset=flags_bytes)
         self._next = [0] * workers   # (each worker's own copy after the fork)
 
     @classmethod
@@ -92,8 +94,7 @@ class BatchRing:
     def keep_from_later_forks(self) -> None:
         """Once the workers have forked: processes forked later (another loader's workers,
         a trainer's own) do not inherit the mapping, so closing this loader frees it."""
-        if hasattr(mmap, "MADV_DONTFORK"):   # (Linux)
-            self._memory.madvise(mmap.MADV_DONTFORK)
+        self._memory.keep_from_later_forks()
 
     def take(self, item: InRing, read: Callable[[Wire], T]) -> T:
         """In the loader's process: `read(wire)` of the slot's batch, then the slot is free
@@ -106,3 +107,70 @@ class BatchRing:
         finally:
             wire.data = b""
             self._flags[item.slot] = 0
+
+
+class SharedPages:
+    """`size` bytes of anonymous shared memory (MAP_SHARED | MAP_ANONYMOUS: pages are made on
+    first write, shared with forked children), unmapped once nothing views them — in each
+    process that has them, and only there.
+
+    Python's `mmap.mmap` unmaps its address when the object goes, in whichever process that
+    happens. Once the pages are kept from later forks (MADV_DONTFORK), a process forked later
+    still holds the Python object but not the mapping, and may have put its own memory at that
+    address (thread stacks, the interpreter's frames): dropping the inherited object there
+    unmapped that memory, and the process died of SIGSEGV.
+    """
+
+    def __init__(self, size: int) -> None:
+        if size <= 0:
+            raise ValueError(f"shared pages need a positive size, not {size}")
+        address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE,
+                             mmap.MAP_SHARED | mmap.MAP_ANONYMOUS, -1, 0)
+        if address in (None, _MAP_FAILED):
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"mmap of {size} shared bytes: {os.strerror(errno)}")
+        self.address = address
+        self.size = size
+        self._mapping = _Mapping(address, size, os.getpid())
+        _mappings.add(self._mapping)
+        pages = (ctypes.c_uint8 * size).from_address(address)
+        # Views (numpy arrays over `view`) keep `pages` alive; the last one gone unmaps them.
+        unmap = weakref.finalize(pages, self._mapping.unmap)
+        unmap.atexit = False   # the system frees them at exit; a thread may still read them
+        self.view = memoryview(pages).cast("B")
+
+    def keep_from_later_forks(self) -> None:
+        """Processes forked from now on do not inherit the pages (Linux; elsewhere a no-op)."""
+        advice = getattr(mmap, "MADV_DONTFORK", None)
+        if advice is not None and _libc.madvise(self.address, self.size, advice) == 0:
+            self._mapping.forked = False
+
+
+class _Mapping:
+    """Where the pages are, and which process has them mapped there (`owner`)."""
+
+    __slots__ = ("address", "size", "owner", "forked", "__weakref__")
+
+    def __init__(self, address: int, size: int, owner: int) -> None:
+        self.address, self.size, self.owner, self.forked = address, size, owner, True
+
+    def unmap(self) -> None:
+        if os.getpid() == self.owner:
+            _libc.munmap(self.address, self.size)
+
+
+def _after_fork_in_child() -> None:
+    for mapping in list(_mappings):
+        if mapping.forked:   # inherited: the child's own to unmap
+            mapping.owner = os.getpid()
+
+
+_mappings: weakref.WeakSet[_Mapping] = weakref.WeakSet()
+os.register_at_fork(after_in_child=_after_fork_in_child)
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MAP_FAILED = ctypes.c_void_p(-1).value

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import faulthandler
 import functools
 import os
 import signal
@@ -101,6 +102,15 @@ def worker_init(worker_id: int, *, parent: int, deathsig: bool,
     parent's `tokenizer_threads`; make batch pixels where they cross to the parent without a
     copy (`images.shared`)."""
     del worker_id
+    if faulthandler.is_enabled():
+        # torch replaced the inherited handler with one that prints no stack; enabling again
+        # while enabled would keep torch's. Then a crash in a worker says where it happened
+        # (`python -X faulthandler`, pytest).
+        faulthandler.disable()
+        try:
+            faulthandler.enable(all_threads=True)
+        except (AttributeError, ValueError, OSError, RuntimeError):
+            pass   # a stderr with no file descriptor
     # Ctrl-C reaches the whole process group; the owner decides when its workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if deathsig:
