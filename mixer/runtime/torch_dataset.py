@@ -62,9 +62,10 @@ def worker_batches(dataset: TorchLaneDataset, layout: BatchLayout, num_workers: 
     dataset.group = batches_per_item(dataset.recipe, layout)
     dataset.ring = BatchRing.for_layout(layout, dataset.recipe.batch_size, num_workers,
                                         (PREFETCH + 2) * dataset.group)
-    items = iter(DataLoader(dataset, batch_size=None, num_workers=num_workers,
-                            prefetch_factor=PREFETCH, multiprocessing_context="fork",
-                            worker_init_fn=workers.init_fn(), collate_fn=sent_as_is))
+    with workers.inherit_no_garbage():
+        items = iter(DataLoader(dataset, batch_size=None, num_workers=num_workers,
+                                prefetch_factor=PREFETCH, multiprocessing_context="fork",
+                                worker_init_fn=workers.init_fn(), collate_fn=sent_as_is))
     workers.adopt(items._workers)  # stopped at exit even if never closed
     if dataset.ring is not None:
         dataset.ring.keep_from_later_forks()

@@ -19,16 +19,18 @@ disposition) runs no Python code; the worker-side guards cover it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import faulthandler
 import functools
+import gc
 import os
 import signal
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.process import BaseProcess
 
 from torch.utils.data import get_worker_info
@@ -83,6 +85,24 @@ def _stop_at_exit(owner: int) -> None:
         # torch's SIGCHLD handler would report a SIGKILLed worker as a crash; we are exiting.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _stop(procs)
+
+
+@contextlib.contextmanager
+def inherit_no_garbage() -> Iterator[None]:
+    """Around forking workers: what this process holds then, garbage not yet collected
+    included, is out of the workers' collector's reach (`gc.freeze`). A worker that collected
+    its parent's garbage ran its finalizers there: an earlier loader's, say, whose resources
+    (a shared mapping, its workers' stop event) are not the worker's. Objects held are
+    inherited as before; the workers' collections also skip them (fewer pages copied).
+    Left alone where the application has frozen objects itself."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def init_fn() -> Callable[[int], None]:
