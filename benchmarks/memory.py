@@ -1,6 +1,7 @@
 """Memory of the data path: peak PSS of the process tree, over lanes, sources and run length.
 
-    python benchmarks/memory.py [--mb 210] [--batches 300] [--repeat 3] [--workdir /tmp/mixer-peers]
+    python benchmarks/memory.py [--mb 210] [--batches 900] [--repeat 3] [--workdir /tmp/mixer-peers]
+        [--groups lanes,sources,...] [--shuffle-budget-mb M] [--thread-text-mb T] [--open-limit K]
 
 On the corpus of benchmarks/corpus.py (as benchmarks/peers.py: rank 0 of 2, 8 x 2048), each
 row runs in a fresh process: it imports mixer (PSS measured), then torch (measured again: the
@@ -31,6 +32,14 @@ under its own name, weights equal: every row reads the three formats alike); run
 10x (a run of 300 batches ends before what grows with many sources over a long run shows:
 whole-file decompressors kept open once the budget on reopening them ran out, until
 2e47133). "flat" compares each group's largest and smallest data-path figure.
+
+N is 900 batches by default: every row then runs past the filling of its shuffle windows,
+which hold up to the recipe's `shuffle_budget_bytes` of text (64 MB over 8 lanes: 32 MB on
+this rank), a bound the recipe sets, reached once the rank has read about that much. A run
+of 300 batches reads ~20 MB of text and ends while the windows still fill, so its figures
+sit 25–35 MB under the steady state and a longer run looked like growth (run length 1x / 3x
+at 300: 119 / 142 MB; at 900: 136 / 135 MB, 9,000 batches 143 MB). `--shuffle-budget-mb`
+shows the bound move with the budget (16 MB: 91 / 103 / 112 MB at 300 / 900 / 3,000).
 PSS shares a library's pages among the processes that map them: run it alone (another
 process of the same venv lowers every figure by its share).
 """
@@ -149,6 +158,11 @@ def child(args: argparse.Namespace) -> dict:
     if opts.get("open_limit"):
         from mixer.sources.formats.reopen import OPEN_DECOMPRESSORS
         OPEN_DECOMPRESSORS.limit = OPEN_DECOMPRESSORS.soft = opts["open_limit"]
+    if opts.get("thread_text_mb"):
+        from mixer.tokenize import encoding
+        encoding.FASTOKENS_THREAD_TEXT = int(opts["thread_text_mb"] * (1 << 20))
+    if opts.get("shuffle_budget_mb"):
+        recipe["shuffle_budget_bytes"] = int(opts["shuffle_budget_mb"] * (1 << 20))
     sampler = PeakSampler()
     cpu = _tree_cpu()
     loader = mixer.build_loader(recipe, rank=RANK, world_size=WORLD,
@@ -195,7 +209,8 @@ def _median_run(runs: list[dict]) -> dict:
 def plan(args: argparse.Namespace) -> list[tuple[str, str, dict, int]]:
     """(group, label, options, batches) of every row."""
     base = {"lanes": args.lanes, "sources": 3, "workers": args.workers,
-            "backend": args.backend, "open_limit": args.open_limit}
+            "backend": args.backend, "open_limit": args.open_limit,
+            "thread_text_mb": args.thread_text_mb, "shuffle_budget_mb": args.shuffle_budget_mb}
     rows = [("lanes", f"{lanes} lanes", {**base, "lanes": lanes}, args.batches)
             for lanes in (8, 16, 32, 64)]
     rows += [("sources", f"{n} sources", {**base, "sources": n}, args.batches)
@@ -240,7 +255,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=210, help="corpus size, MB of text")
     parser.add_argument("--vocab", type=int, default=32768)
-    parser.add_argument("--batches", type=int, default=300, help="batches of the 1x run")
+    parser.add_argument("--batches", type=int, default=900,
+                        help="batches of the 1x run and of the lanes and sources rows")
     parser.add_argument("--workers", type=int, default=0, help="num_workers (default 0)")
     parser.add_argument("--backend", default="fastokens", help="tokenizer_backend")
     parser.add_argument("--lanes", type=int, default=8,
@@ -248,6 +264,11 @@ def main() -> None:
     parser.add_argument("--open-limit", type=int, default=0,
                         help="whole-file decompressors open at once per process, "
                         "cheap to reopen or not (default: mixer's, 4 and 8)")
+    parser.add_argument("--thread-text-mb", type=float, default=0,
+                        help="text a fastokens calling thread encodes before it is replaced "
+                        "(default: mixer's FASTOKENS_THREAD_TEXT)")
+    parser.add_argument("--shuffle-budget-mb", type=float, default=0,
+                        help="the recipe's shuffle_budget_bytes, in MB (default: mixer's)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs of each row: the median peak is reported, the range beside "
                         "it, and the median of the medians (a peak moves ±5-10 MB run to run)")
