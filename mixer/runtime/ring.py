@@ -142,8 +142,13 @@ class SharedPages:
     def keep_from_later_forks(self) -> None:
         """Processes forked from now on do not inherit the pages (Linux; elsewhere a no-op)."""
         advice = getattr(mmap, "MADV_DONTFORK", None)
-        if advice is not None and _libc.madvise(self.address, self.size, advice) == 0:
-            self._mapping.forked = False
+        if advice is None:
+            return
+        # Before the call (which releases the GIL): a child forked by another thread meanwhile
+        # then takes the pages for not its own — at worst it leaves its copy mapped.
+        self._mapping.forked = False
+        if _libc.madvise(self.address, self.size, advice) != 0:
+            self._mapping.forked = True
 
 
 class _Mapping:
