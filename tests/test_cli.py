@@ -68,3 +68,14 @@ def test_the_cli_and_import_mixer_start_without_torch():
                        cwd=str(Path(__file__).resolve().parent.parent))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "False", result.stdout
+
+
+def test_version_is_the_installed_distributions(capsys):
+    import importlib.metadata
+
+    import pytest
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"mixer {importlib.metadata.version('mixer')}"

@@ -92,6 +92,21 @@ def test_cli_validate_exit_codes(tmp_path, capsys, tokenizer_path):
     assert "tokenizer:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("backend", ["hf", "auto"])
+def test_cli_validate_warns_of_a_source_whose_files_are_not_there(tmp_path, capsys,
+                                                                   tokenizer_path, backend):
+    """A recipe can be checked before its data exists (exit 0), but never silently: every
+    backend's output names the source whose path matches no files."""
+    recipe = tmp_path / "later.yaml"
+    recipe.write_text(f"tokenizer: {tokenizer_path}\nseq_len: 4\nbatch_size: 1\n"
+                      f"tokenizer_backend: {backend}\n"
+                      "sources: [{name: later, path: nothere/*.jsonl, weight: 1}]\n")
+    assert main(["validate", str(recipe)]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: sources not read")
+    assert "'later'" in err and "nothere/*.jsonl" in err and "matches no files" in err
+
+
 # -- hardening: every bad recipe is a RecipeError from load_recipe, at once ---------------------
 
 GOOD_YAML = ("tokenizer: t.json\nseq_len: 8\nbatch_size: 2\n"

@@ -36,6 +36,7 @@ class SourceSize:
     splits: int = 1
     read_amplification: float = 1.0
     compressed_split_bytes: int = 0    # largest split with no access points (0: none)
+    lanes_without_documents: int = 0   # lanes that get none of it in an epoch (striped, few docs)
 
 
 def simulate(recipe: Recipe, sizes: dict[str, SourceSize], total: int) -> dict[str, Any]:
@@ -174,6 +175,12 @@ def plan(recipe: Recipe, tokens: int, *, world_size: int = 1, num_workers: int |
                             "weights renormalize from there")
         if size.tokens <= 0:
             warnings.append(f"source {src.name!r} has no tokens in its estimate (empty?)")
+        if size.lanes_without_documents:
+            warnings.append(f"source {src.name!r}: {size.lanes_without_documents} of "
+                            f"{recipe.lanes} lanes get none of its documents (fewer documents "
+                            "per split than the lanes sharing it), so it gets less than its "
+                            "weight and this plan overstates it: give it at least as many "
+                            "files as lanes")
     if sim["ends_at"] is not None:
         warnings.append(f"the stream ends at {sim['ends_at']:,.0f} tokens, before {tokens:,}: "
                         "no source with a positive weight is left")
@@ -204,4 +211,5 @@ def measure(recipe: Recipe) -> dict[str, SourceSize]:
         tokens=float(row["est_tokens"]), bytes=row["bytes"],
         documents=float(row["est_documents"]), splits=row["splits"],
         read_amplification=row["read_amplification"],
-        compressed_split_bytes=row["worst_resume_bytes"]) for row in rows}
+        compressed_split_bytes=row["worst_resume_bytes"],
+        lanes_without_documents=row["lanes_without_documents"]) for row in rows}

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
+from mixer import __version__
 from mixer.core.errors import MixerError
 from mixer.tools.cli import bench, cache, index, inspect, plan, preview, report, validate
 from mixer.tools.cli.args import Parser, UsageError
@@ -33,6 +34,7 @@ def build_parser() -> Parser:
     parser = Parser(
         prog="mixer", description="Deterministic, resumable data mixtures for language and "
         "vision-language model training.")
+    parser.add_argument("--version", action="version", version=f"mixer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)

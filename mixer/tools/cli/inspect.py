@@ -32,6 +32,11 @@ def run(args: argparse.Namespace) -> int:
         if row["read_amplification"] > 1:
             print(f"note: source {row['name']!r} has fewer splits than lanes; each byte is read "
                   f"{row['read_amplification']:.2g}x per epoch (re-shard it into more files)")
+        if row["lanes_without_documents"]:
+            print(f"warning: source {row['name']!r} has fewer documents per split than the "
+                  f"lanes sharing it: {row['lanes_without_documents']} of {report['lanes']} "
+                  "lanes get none of it, so it gets less than its weight (give it at least as "
+                  "many files as lanes)")
         if row["worst_resume_bytes"]:
             print(f"note: source {row['name']!r} has compressed splits; resuming "
                   f"inside one decompresses up to {row['worst_resume_bytes']:,} stored bytes")
