@@ -165,22 +165,7 @@ def plan(recipe: Recipe, tokens: int, *, world_size: int = 1, num_workers: int |
             "runs_out_at_tokens": None if out_at is None else round(out_at),
             "read_amplification": size.read_amplification,
             "resume_bytes_per_stream": resume_cost(recipe, size)}
-        if epochs is not None and epochs > REPEAT_WARNING:
-            warnings.append(f"source {src.name!r} repeats {epochs:.3g} times in {tokens:,} "
-                            f"tokens; beyond ~{REPEAT_WARNING:g} epochs repeated data adds "
-                            "little (data-constrained scaling): add data or lower its weight")
-        if out_at is not None and out_at < tokens:
-            warnings.append(f"source {src.name!r} (epochs: {src.epochs}) runs out at "
-                            f"{out_at:,.0f} tokens, before {tokens:,}; the other sources' "
-                            "weights renormalize from there")
-        if size.tokens <= 0:
-            warnings.append(f"source {src.name!r} has no tokens in its estimate (empty?)")
-        if size.lanes_without_documents:
-            warnings.append(f"source {src.name!r}: {size.lanes_without_documents} of "
-                            f"{recipe.lanes} lanes get none of its documents (fewer documents "
-                            "per split than the lanes sharing it), so it gets less than its "
-                            "weight and this plan overstates it: give it at least as many "
-                            "files as lanes")
+        warnings += _source_warnings(recipe, src, size, epochs, out_at, tokens)
     if sim["ends_at"] is not None:
         warnings.append(f"the stream ends at {sim['ends_at']:,.0f} tokens, before {tokens:,}: "
                         "no source with a positive weight is left")
@@ -200,6 +185,29 @@ def plan(recipe: Recipe, tokens: int, *, world_size: int = 1, num_workers: int |
             "resume": {"worst_bytes_per_rank": round(per_lane * recipe.lanes / world_size),
                        "worst_bytes_all_ranks": per_lane * recipe.lanes},
             "warnings": warnings}
+
+
+def _source_warnings(recipe: Recipe, src: Any, size: SourceSize, epochs: float | None,
+                     out_at: float | None, tokens: int) -> list[str]:
+    """What the plan warns of about one source."""
+    out: list[str] = []
+    if epochs is not None and epochs > REPEAT_WARNING:
+        out.append(f"source {src.name!r} repeats {epochs:.3g} times in {tokens:,} "
+                        f"tokens; beyond ~{REPEAT_WARNING:g} epochs repeated data adds "
+                        "little (data-constrained scaling): add data or lower its weight")
+    if out_at is not None and out_at < tokens:
+        out.append(f"source {src.name!r} (epochs: {src.epochs}) runs out at "
+                        f"{out_at:,.0f} tokens, before {tokens:,}; the other sources' "
+                        "weights renormalize from there")
+    if size.tokens <= 0:
+        out.append(f"source {src.name!r} has no tokens in its estimate (empty?)")
+    if size.lanes_without_documents:
+        out.append(f"source {src.name!r}: {size.lanes_without_documents} of "
+                        f"{recipe.lanes} lanes get none of its documents (fewer documents "
+                        "per split than the lanes sharing it), so it gets less than its "
+                        "weight and this plan overstates it: give it at least as many "
+                        "files as lanes")
+    return out
 
 
 def measure(recipe: Recipe) -> dict[str, SourceSize]:
