@@ -193,20 +193,20 @@ def _source_warnings(recipe: Recipe, src: Any, size: SourceSize, epochs: float |
     out: list[str] = []
     if epochs is not None and epochs > REPEAT_WARNING:
         out.append(f"source {src.name!r} repeats {epochs:.3g} times in {tokens:,} "
-                        f"tokens; beyond ~{REPEAT_WARNING:g} epochs repeated data adds "
-                        "little (data-constrained scaling): add data or lower its weight")
+                   f"tokens; beyond ~{REPEAT_WARNING:g} epochs repeated data adds "
+                   "little (data-constrained scaling): add data or lower its weight")
     if out_at is not None and out_at < tokens:
         out.append(f"source {src.name!r} (epochs: {src.epochs}) runs out at "
-                        f"{out_at:,.0f} tokens, before {tokens:,}; the other sources' "
-                        "weights renormalize from there")
+                   f"{out_at:,.0f} tokens, before {tokens:,}; the other sources' "
+                   "weights renormalize from there")
     if size.tokens <= 0:
         out.append(f"source {src.name!r} has no tokens in its estimate (empty?)")
     if size.lanes_without_documents:
         out.append(f"source {src.name!r}: {size.lanes_without_documents} of "
-                        f"{recipe.lanes} lanes get none of its documents (fewer documents "
-                        "per split than the lanes sharing it), so it gets less than its "
-                        "weight and this plan overstates it: give it at least as many "
-                        "files as lanes")
+                   f"{recipe.lanes} lanes get none of its documents (fewer documents "
+                   "per split than the lanes sharing it), so it gets less than its "
+                   "weight and this plan overstates it: give it at least as many "
+                   "files as lanes")
     return out
 
 
