@@ -87,3 +87,16 @@ def test_webdatasets_json_members_are_judged_alike_whatever_the_stack_depth():
         outcomes = {deep_call(frames, data) for frames in (0, 300, 800)}
         assert outcomes == ({"dict"} if depth + 1 <= deep_json.MAX_NESTING else
                             {"nested too deeply to parse (over 1024 arrays or objects)"})
+
+
+def test_a_malformed_record_is_placed_in_the_record_not_in_lines_of_its_own():
+    """json counts "line 2 column 1" inside the value it parses: next to the file's byte
+    offset that read as the file's line 2. The place is a character of the record."""
+    for line, place in [(b"{broken\n", 1), (b'{"text": "a"} x\n', 14), (b"[1,\n", 4)]:
+        try:
+            jsonl._parse(line, "text")
+        except jsonl._BadLine as exc:
+            assert str(exc).endswith(f"at character {place} of the record"), str(exc)
+            assert " line " not in str(exc) and "column" not in str(exc)
+        else:
+            raise AssertionError(line)

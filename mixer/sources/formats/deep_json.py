@@ -35,6 +35,14 @@ def nesting(text: str) -> int:
     return deepest
 
 
+def problem(exc: ValueError, what: str) -> str:
+    """What is wrong, placed in `what` ("the record"): json's own "line 2 column 1" counts
+    lines inside the value, which read as the file's lines next to the file's offset."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at character {exc.pos} of {what}"
+    return str(exc)
+
+
 def loads(data: str | bytes) -> Any:
     """`json.loads(data)`, except that a record nested deeper than MAX_NESTING raises
     `TooDeep`, whatever the depth of the caller's stack."""

@@ -83,7 +83,8 @@ def _parse_with_json(line: bytes, text_field: str) -> str:
     try:
         obj = deep_json.loads(decoded)   # (records nested over 1,024 levels: malformed)
     except ValueError as exc:
-        raise _BadLine(f"malformed JSON: {exc}", "malformed") from None
+        raise _BadLine(f"malformed JSON: {deep_json.problem(exc, 'the record')}",
+                       "malformed") from None
     except RecursionError:
         raise _BadLine("malformed JSON: nested too deeply to parse", "malformed") from None
     if not isinstance(obj, dict):

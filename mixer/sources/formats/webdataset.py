@@ -90,7 +90,8 @@ def _from_json(sample: _Sample, field: str, max_bytes: int) -> str | None:
     try:
         obj = deep_json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
-        sample.fail(f"malformed JSON: {exc}", name, offset, "malformed")
+        sample.fail(f"malformed JSON: {deep_json.problem(exc, 'the member')}", name, offset,
+                    "malformed")
         return None
     except RecursionError:
         sample.fail("malformed JSON: nested too deeply to parse", name, offset, "malformed")
