@@ -6,7 +6,6 @@ recipe can be checked before its data exists. `mixer inspect` and the loader ref
 from __future__ import annotations
 
 import argparse
-import sys
 
 from mixer.tools.cli.common import backend_line, load
 
@@ -24,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     print(backend)
     if unlisted is not None:
         print(f"warning: sources not read ({unlisted}); `mixer inspect` and the loader need "
-              "them", file=sys.stderr)
+              "them")
     return 0
 
 
