@@ -93,20 +93,33 @@ def test_cli_validate_exit_codes(tmp_path, capsys, tokenizer_path):
 
 
 @pytest.mark.parametrize("backend", ["hf", "auto"])
-def test_cli_validate_warns_of_a_source_whose_files_are_not_there(tmp_path, capsys,
-                                                                   tokenizer_path, backend):
+def test_cli_validate_warns_of_each_source_whose_files_are_not_there(tmp_path, capsys,
+                                                                    tokenizer_path, backend):
     """A recipe can be checked before its data exists (exit 0), but never silently: every
-    backend's output names the source whose path matches no files."""
+    backend's output names each source whose path matches no files."""
     recipe = tmp_path / "later.yaml"
     recipe.write_text(f"tokenizer: {tokenizer_path}\nseq_len: 4\nbatch_size: 1\n"
                       f"tokenizer_backend: {backend}\n"
-                      "sources: [{name: later, path: nothere/*.jsonl, weight: 1}]\n")
+                      "sources: [{name: later, path: nothere/*.jsonl, weight: 1},\n"
+                      "          {name: also, path: gone/*.parquet, weight: 1}]\n")
     assert main(["validate", str(recipe)]) == 0
     out = capsys.readouterr()
     assert out.err == ""   # (exit 0 with nothing on stderr, as every command that succeeds)
-    (warning,) = [line for line in out.out.splitlines() if line.startswith("warning:")]
-    assert warning.startswith("warning: sources not read")
-    assert "'later'" in warning and "nothere/*.jsonl" in warning and "matches no files" in warning
+    warnings = [line for line in out.out.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2
+    assert "'later'" in warnings[0] and "nothere/*.jsonl" in warnings[0]
+    assert "'also'" in warnings[1] and "gone/*.parquet" in warnings[1]
+    assert all("matches no files" in w for w in warnings)
+
+
+def test_cli_validate_refuses_a_file_that_is_there_but_empty(tmp_path, capsys, tokenizer_path):
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"tokenizer: {tokenizer_path}\nseq_len: 4\nbatch_size: 1\n"
+                      f"sources: [{{name: e, path: {tmp_path / 'empty.jsonl'}, weight: 1}}]\n")
+    assert main(["validate", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "empty shard" in err and "empty.jsonl" in err
 
 
 # -- hardening: every bad recipe is a RecipeError from load_recipe, at once ---------------------

@@ -32,6 +32,8 @@ class SourceTable:
     def fingerprint(self) -> list[list]:
         return [f.fingerprint() for f in self.files]
 
+NO_FILES = "path matches no files"   # (a source whose files are not there, yet or at all)
+
 
 def _fixed_prefix(path: str) -> str:
     cut = min((i for i, ch in enumerate(path) if ch in "*?["), default=len(path))
@@ -56,7 +58,7 @@ def _expand(recipe: Recipe, src: SourceConfig, skipped: list[str]) -> list[FileE
                             reason="unreadable") from None
         files = sorted((p, info) for p, info in found.items() if info.get("type") != "directory")
         if not files:
-            err = DataError("path matches no files", source=src.name, file=pattern,
+            err = DataError(NO_FILES, source=src.name, file=pattern,
                             reason="unreadable")
             if src.on_error == "raise":
                 raise err

@@ -60,15 +60,23 @@ class Format:
         return f"{self.offset_unit} {offset}"
 
     def docs_per_byte(self, storage: Storage, entry: FileEntry, split: Split, docs: int,
-                      end_offset: int | None) -> float:
+                      end_offset: int | None, ratio: float | None = None) -> float:
         """Documents per stored byte, estimated from `docs` documents read from the start of
-        `split` up to `end_offset` (None: the whole split was read)."""
+        `split` up to `end_offset` (None: the whole split was read). A compressed file read
+        in part is scaled by `ratio` (decompressed bytes per stored byte; measured on the
+        file's head when None); a group of zstd frames knows its own."""
         if self.compression is None:
             span = (split.end if end_offset is None else end_offset) - split.start
             return docs / max(span, 1)
-        if end_offset is None:   # the whole compressed file was read
-            return docs / max(entry.size, 1)
-        return docs / max(end_offset, 1) * self.compression_ratio(storage, entry)
+        frames = split.dend >= 0   # (offsets are decompressed bytes from the file's start)
+        if end_offset is None:   # the whole split was read
+            return docs / max(split.end - split.start if frames else entry.size, 1)
+        if frames:
+            ratio = (split.dend - split.dstart) / max(split.end - split.start, 1)
+            return docs / max(end_offset - split.dstart, 1) * ratio
+        if ratio is None:
+            ratio = self.compression_ratio(storage, entry)
+        return docs / max(end_offset, 1) * ratio
 
     def compression_ratio(self, storage: Storage, entry: FileEntry,
                           probe: int = 1 << 20) -> float:

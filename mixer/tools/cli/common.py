@@ -12,20 +12,26 @@ def load(path: str) -> Any:
     return load_recipe(path)
 
 
-def backend_line(recipe: Any, info: Any) -> tuple[str, str | None]:
+def backend_line(recipe: Any, info: Any) -> tuple[str, list[Any]]:
     """`tokenizer backend: ...` as build_loader would choose it (and caching the verdict
-    where build_loader looks for it), and why the sources could not be listed (None where
-    they could). Sources that cannot be listed (files not there yet) leave the stress text
-    alone to check, which the line says."""
+    where build_loader looks for it), and the `DataError` of every source that could not be
+    listed (none where all could). Sources that cannot be listed (files not there yet) leave
+    the stress text alone to check, which the line says."""
     from mixer.cache.store import tokenizer_info_dir
     from mixer.core.errors import DataError
+    from mixer.sources import list_source
     from mixer.sources.manifest import list_sources
     from mixer.tokenize import resolve_backend
 
+    problems: list[DataError] = []
     try:
-        tables, problem = list_sources(recipe), None
-    except DataError as exc:
-        tables, problem = None, str(exc)
+        tables = list_sources(recipe)
+    except DataError:
+        tables = None
+        for src in recipe.sources:   # (each source's problem, not only the first)
+            try:
+                list_source(recipe, src)
+            except DataError as exc:
+                problems.append(exc)
     choice = resolve_backend(recipe, info, tables, info_cache=tokenizer_info_dir(recipe))
-    why = f"; sources not read: {problem}" if problem is not None and choice.verdict else ""
-    return f"tokenizer backend: {choice.describe()}{why}", problem
+    return f"tokenizer backend: {choice.describe()}", problems

@@ -71,8 +71,8 @@ def _print_cache(recipe: Any, rows: list[dict[str, Any]]) -> None:
 
 def _print_images(report: dict[str, Any]) -> None:
     """The image table of `inspect` under an image layout."""
-    print(f"\nimages under the {report['layout']} layout (sampled from each source's first "
-          "split; sizes from image headers,\nnothing decoded; image tokens are placeholder "
+    print(f"\nimages under the {report['layout']} layout (sampled from up to 8 splits of each "
+          "source; sizes from image headers,\nnothing decoded; image tokens are placeholder "
           "tokens; ~tokens above include them):")
     print(format_table(report["sources"], [
         ("name", "source"), ("sampled_documents", "sampled docs"),

@@ -1,7 +1,8 @@
 """`mixer validate`: check a recipe and its tokenizer.
 
-Sources whose files cannot be listed (not there yet, say) are a warning, not an error: a
-recipe can be checked before its data exists. `mixer inspect` and the loader refuse them."""
+A source whose path matches no files is a warning, not an error: a recipe can be checked
+before its data exists (`mixer inspect` and the loader refuse it). A file that is there but
+cannot be used (empty, unreadable) is an error, as in `inspect`."""
 
 from __future__ import annotations
 
@@ -17,13 +18,18 @@ def run(args: argparse.Namespace) -> int:
     recipe = load(args.recipe)
     info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
     layout_for(recipe, info)   # an image layout checks that the tokenizer has its tokens
-    backend, unlisted = backend_line(recipe, info)
+    from mixer.sources.listing import NO_FILES
+
+    backend, problems = backend_line(recipe, info)
+    for problem in problems:
+        if problem.message != NO_FILES:
+            raise problem
     print(f"ok: {len(recipe.sources)} source(s), seq_len {recipe.seq_len}, "
           f"batch_size {recipe.batch_size}, lanes {recipe.lanes}")
     print(backend)
-    if unlisted is not None:
-        print(f"warning: sources not read ({unlisted}); `mixer inspect` and the loader need "
-              "them")
+    for problem in problems:
+        print(f"warning: source {problem.source!r}: {problem.file!r} matches no files (not "
+              "there yet?); `mixer inspect` and the loader need them")
     return 0
 
 
