@@ -137,15 +137,14 @@ def summarize(samples: list[SplitSample], layout: BatchLayout, encoder: Encoder,
     return out
 
 
-def lanes_without_documents(recipe: Recipe, table: SourceTable, samples: list[SplitSample],
-                            name: str) -> int:
+def lanes_without_documents(recipe: Recipe, table: SourceTable,
+                            samples: list[SplitSample]) -> int:
     """Lanes that get none of a striped source's documents in any epoch. With fewer splits
     than lanes, lane l reads the split dealt to position l mod n (a different split each
     epoch) and keeps its records whose index mod m is l div n (m: the lanes at that
     position); when no split has a document at such an index, the lane never gives the
     source a token, and its realized share falls short of its weight. Splits read whole
     are judged by their documents, others by their record count (else taken to hold some)."""
-    del name   # (the deal's order does not change which splits a position meets)
     splits, lanes = table.splits, recipe.lanes
     n = len(splits)
     if n == 0 or n >= lanes:
