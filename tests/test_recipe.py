@@ -92,15 +92,17 @@ def test_cli_validate_exit_codes(tmp_path, capsys, tokenizer_path):
     assert "tokenizer:" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("backend", ["hf", "auto"])
+@pytest.mark.parametrize(("backend", "on_error"), [("hf", "raise"), ("auto", "skip")])
 def test_cli_validate_warns_of_each_source_whose_files_are_not_there(tmp_path, capsys,
-                                                                    tokenizer_path, backend):
+                                                                    tokenizer_path, backend,
+                                                                    on_error):
     """A recipe can be checked before its data exists (exit 0), but never silently: every
     backend's output names each source whose path matches no files."""
     recipe = tmp_path / "later.yaml"
     recipe.write_text(f"tokenizer: {tokenizer_path}\nseq_len: 4\nbatch_size: 1\n"
                       f"tokenizer_backend: {backend}\n"
-                      "sources: [{name: later, path: nothere/*.jsonl, weight: 1},\n"
+                      f"sources: [{{name: later, path: nothere/*.jsonl, weight: 1, "
+                      f"on_error: {on_error}}},\n"
                       "          {name: also, path: gone/*.parquet, weight: 1}]\n")
     assert main(["validate", str(recipe)]) == 0
     out = capsys.readouterr()

@@ -151,7 +151,9 @@ def list_source(recipe: Recipe, src: SourceConfig, *, deep: bool = False) -> Sou
     skipped: list[str] = []
     files: list[FileEntry] = []
     splits: list[Split] = []
+    found = 0
     for entry in _expand(recipe, src, skipped):
+        found += 1
         try:
             if entry.size == 0:
                 raise DataError("empty shard (0 bytes)", source=src.name, file=entry.url,
@@ -174,7 +176,7 @@ def list_source(recipe: Recipe, src: SourceConfig, *, deep: bool = False) -> Sou
             continue
         files.append(entry)
         splits.extend(entry_splits)
-    if not files:
-        raise DataError("no readable files", source=src.name, file=", ".join(src.globs),
-                        reason="unreadable")
+    if not files:   # (with on_error: skip; every path matching nothing is still NO_FILES)
+        raise DataError("no readable files" if found else NO_FILES, source=src.name,
+                        file=", ".join(src.globs), reason="unreadable")
     return SourceTable(src.name, files, splits, skipped)
