@@ -20,7 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = textwrap.dedent("""
     import ctypes
     import io
+    import resource
     import sys
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))   # (the crash below writes no core file)
     from torch.utils.data import DataLoader, IterableDataset
     from mixer.runtime import workers
 
