@@ -29,17 +29,20 @@ def _size(split: Split) -> int:
     return split.records if split.records >= 0 else max(split.end - split.start, 1)
 
 
+def stripe(lane: int, lanes: int, splits: int) -> tuple[int, int]:
+    """(stride, phase) of `lane` where `splits` < `lanes`: the lane reads the split dealt to
+    position lane mod splits, shared by `stride` lanes, and keeps its records whose index
+    mod stride is the phase, lane div splits."""
+    return len(range(lane % splits, lanes, splits)), lane // splits
+
+
 @lru_cache(maxsize=64)
 def _deal(splits: tuple[Split, ...], seed: int, source: str, epoch: int,
           lanes: int) -> tuple[tuple[SliceItem, ...], ...]:
     order = permutation(len(splits), derive_key(seed, "splits", source, epoch))
     if len(splits) < lanes:
-        out = []
-        for lane in range(lanes):
-            position = lane % len(splits)
-            stride = len(range(position, lanes, len(splits)))
-            out.append((SliceItem(order[position], stride, lane // len(splits)),))
-        return tuple(out)
+        return tuple((SliceItem(order[lane % len(splits)], *stripe(lane, lanes, len(splits))),)
+                     for lane in range(lanes))
     assigned: list[list[SliceItem]] = [[] for _ in range(lanes)]
     heap = [(0, lane) for lane in range(lanes)]
     for index in order:

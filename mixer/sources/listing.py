@@ -32,6 +32,7 @@ class SourceTable:
     def fingerprint(self) -> list[list]:
         return [f.fingerprint() for f in self.files]
 
+
 NO_FILES = "path matches no files"   # (a source whose files are not there, yet or at all)
 
 
@@ -151,9 +152,8 @@ def list_source(recipe: Recipe, src: SourceConfig, *, deep: bool = False) -> Sou
     skipped: list[str] = []
     files: list[FileEntry] = []
     splits: list[Split] = []
-    found = 0
-    for entry in _expand(recipe, src, skipped):
-        found += 1
+    found = _expand(recipe, src, skipped)
+    for entry in found:
         try:
             if entry.size == 0:
                 raise DataError("empty shard (0 bytes)", source=src.name, file=entry.url,

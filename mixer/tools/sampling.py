@@ -19,6 +19,7 @@ from typing import Any
 from mixer.config.recipe import Recipe
 from mixer.core.document import Document
 from mixer.pipeline.batch import BatchLayout
+from mixer.pipeline.slices import stripe
 from mixer.sources import FORMATS, SourceTable, Storage, read_split
 from mixer.tokenize import Encoder
 
@@ -119,7 +120,7 @@ def summarize(samples: list[SplitSample], layout: BatchLayout, encoder: Encoder,
         elif builder is None:
             sums.append({"tokens": sum(len(t) for t in encoder(s.texts))})
         else:
-            sums.append(_build(layout, encoder, source, s.texts, s.images, s.files))
+            sums.append(_build(builder, s.texts, s.images, s.files))
     weights = [s.holds / s.count for s in read]
     if not any(weights):   # (nothing says how the splits compare: each document alike)
         weights = [1.0] * len(read)
@@ -157,22 +158,15 @@ def lanes_without_documents(recipe: Recipe, table: SourceTable,
         records = splits[split].records
         return records < 0 or phase < records
 
-    starved = 0
-    for lane in range(lanes):
-        position, phase = lane % n, lane // n
-        stride = len(range(position, lanes, n))
-        if not any(gives(split, stride, phase) for split in range(n)):
-            starved += 1
-    return starved
+    return sum(not any(gives(split, *stripe(lane, lanes, n)) for split in range(n))
+               for lane in range(lanes))
 
 
-def _build(layout: BatchLayout, encoder: Encoder, source: str, texts: list[str],
-           images: list, files: list[str]) -> dict[str, float]:
+def _build(builder: Any, texts: list[str], images: list, files: list[str]) -> dict[str, float]:
     """Sequence tokens, images and image tokens (the placeholders, as `preview` shows them:
     qwen2_vl's `<|vision_start|>`/`<|vision_end|>` count only as sequence tokens) of sampled
-    records under an image layout, and how many became no document (oversize, or bad)."""
-    builder = layout.document_builder(encoder, source)
-    assert builder is not None
+    records under an image layout's document `builder`, and how many became no document
+    (oversize, or bad)."""
     out = {"tokens": 0, "images": 0, "image_tokens": 0, "videos": 0, "video_frames": 0,
            "video_tokens": 0, "oversize": 0, "rejected": 0}
     for at in range(0, len(texts), _CHUNK):

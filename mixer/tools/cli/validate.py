@@ -13,13 +13,12 @@ from mixer.tools.cli.common import backend_line, load
 
 def run(args: argparse.Namespace) -> int:
     from mixer.images.select import layout_for
+    from mixer.sources.listing import NO_FILES
     from mixer.tokenize import resolve_tokenizer
 
     recipe = load(args.recipe)
     info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
     layout_for(recipe, info)   # an image layout checks that the tokenizer has its tokens
-    from mixer.sources.listing import NO_FILES
-
     backend, problems = backend_line(recipe, info)
     for problem in problems:
         if problem.message != NO_FILES:
