@@ -39,8 +39,14 @@ def loader_run(folder: str, cache: str | None, workers: int) -> dict:
         for batch in loader:
             tokens += int((batch["source_ids"] >= 0).sum())
     elapsed = time.perf_counter() - start
-    return {"tokens": tokens, "seconds": elapsed, "cpu_s": time.process_time() - cpu,
-            "rss_mb": peak_rss_mb(), "hits": CACHE_STATS.hits, "misses": CACHE_STATS.misses}
+    return {
+        "tokens": tokens,
+        "seconds": elapsed,
+        "cpu_s": time.process_time() - cpu,
+        "rss_mb": peak_rss_mb(),
+        "hits": CACHE_STATS.hits,
+        "misses": CACHE_STATS.misses,
+    }
 
 
 def fill_run(folder: str, cache: str, workers: int) -> dict:
@@ -51,14 +57,21 @@ def fill_run(folder: str, cache: str, workers: int) -> dict:
     recipe = load_recipe({**recipe_for(Path(folder)), "token_cache": cache})
     start, cpu = time.perf_counter(), time.process_time()
     counts = fill_cache(recipe, tables=list_sources(recipe), workers=workers, progress=False)
-    return {"tokens": 0, "seconds": time.perf_counter() - start,
-            "cpu_s": time.process_time() - cpu, "rss_mb": peak_rss_mb(),
-            "hits": 0, "misses": counts["written"]}
+    return {
+        "tokens": 0,
+        "seconds": time.perf_counter() - start,
+        "cpu_s": time.process_time() - cpu,
+        "rss_mb": peak_rss_mb(),
+        "hits": 0,
+        "misses": counts["written"],
+    }
 
 
 def _child(kind: str, *args) -> dict:
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import json, "
-            f"cache as c; print(json.dumps(c.{kind}(*{args!r})))")
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import json, "
+        f"cache as c; print(json.dumps(c.{kind}(*{args!r})))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -72,23 +85,42 @@ def main() -> None:
         write_corpus(Path(tmp) / "data", args.copies)
         data, cache = str(Path(tmp) / "data"), str(Path(tmp) / "cache")
         size = sum(p.stat().st_size for p in Path(data).glob("*/*.jsonl"))
-        rows = [{"run": "no cache", **_child("loader_run", data, None, args.workers)},
-                {"run": "cold (writes)", **_child("loader_run", data, cache, args.workers)},
-                {"run": "warm", **_child("loader_run", data, cache, args.workers)},
-                {"run": "warm again", **_child("loader_run", data, cache, args.workers)}]
+        rows = [
+            {"run": "no cache", **_child("loader_run", data, None, args.workers)},
+            {"run": "cold (writes)", **_child("loader_run", data, cache, args.workers)},
+            {"run": "warm", **_child("loader_run", data, cache, args.workers)},
+            {"run": "warm again", **_child("loader_run", data, cache, args.workers)},
+        ]
         cached = sum(p.stat().st_size for p in Path(cache).glob("*/*"))
         shutil.rmtree(cache)
-        rows.append({"run": "mixer cache --workers 2 (fill)",
-                     **_child("fill_run", data, cache, 2)})
+        rows.append({"run": "mixer cache --workers 2 (fill)", **_child("fill_run", data, cache, 2)})
     for row in rows:
         row["tokens_per_s"] = row["tokens"] / row["seconds"] if row["tokens"] else None
         row["tokens_per_cpu_s"] = row["tokens"] / row["cpu_s"] if row["tokens"] else None
-    print(f"corpus: {size / 1e6:.1f} MB of jsonl, {rows[0]['tokens']:,} tokens; cache "
-          f"{cached / 1e6:.1f} MB; {cpu_count()} CPU(s); loader num_workers={args.workers}")
-    print(table(rows, ["run", "tokens", "seconds", "tokens_per_s", "cpu_s", "tokens_per_cpu_s",
-                       "hits", "misses", "rss_mb"]))
-    print(f"load average {os.getloadavg()[0]:.1f} on {cpu_count()} CPU(s): on a shared machine "
-          "seconds include waiting; cpu_s is this process's CPU time (all its threads)")
+    print(
+        f"corpus: {size / 1e6:.1f} MB of jsonl, {rows[0]['tokens']:,} tokens; cache "
+        f"{cached / 1e6:.1f} MB; {cpu_count()} CPU(s); loader num_workers={args.workers}"
+    )
+    print(
+        table(
+            rows,
+            [
+                "run",
+                "tokens",
+                "seconds",
+                "tokens_per_s",
+                "cpu_s",
+                "tokens_per_cpu_s",
+                "hits",
+                "misses",
+                "rss_mb",
+            ],
+        )
+    )
+    print(
+        f"load average {os.getloadavg()[0]:.1f} on {cpu_count()} CPU(s): on a shared machine "
+        "seconds include waiting; cpu_s is this process's CPU time (all its threads)"
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,10 @@ def sample_texts() -> dict[str, list[str]]:
     code = []
     for path in sorted((SAMPLE / "code").glob("*.parquet")):
         code += pq.read_table(path, columns=["content"]).column(0).to_pylist()
-    changelog = [json.loads(line)["text"]
-                 for line in (SAMPLE / "changelog" / "changelog.jsonl").read_text().splitlines()]
+    changelog = [
+        json.loads(line)["text"]
+        for line in (SAMPLE / "changelog" / "changelog.jsonl").read_text().splitlines()
+    ]
     return {"prose": prose, "code": code, "changelog": changelog}
 
 
@@ -46,14 +48,20 @@ def write_corpus(folder: Path, copies: int, files_per_source: int = 4) -> dict[s
 
 
 def recipe_for(folder: Path, **overrides) -> dict:
-    recipe = {"seed": 1, "tokenizer": str(TOKENIZER), "seq_len": 2048, "batch_size": 8,
-              "lanes": 8, "shuffle_window": 1024, "split_bytes": 1 << 20,
-              "sources": [{"name": "prose", "path": str(folder / "prose" / "*.jsonl"),
-                           "weight": 0.5},
-                          {"name": "code", "path": str(folder / "code" / "*.jsonl"),
-                           "weight": 0.3},
-                          {"name": "changelog", "path": str(folder / "changelog" / "*.jsonl"),
-                           "weight": 0.2}]}
+    recipe = {
+        "seed": 1,
+        "tokenizer": str(TOKENIZER),
+        "seq_len": 2048,
+        "batch_size": 8,
+        "lanes": 8,
+        "shuffle_window": 1024,
+        "split_bytes": 1 << 20,
+        "sources": [
+            {"name": "prose", "path": str(folder / "prose" / "*.jsonl"), "weight": 0.5},
+            {"name": "code", "path": str(folder / "code" / "*.jsonl"), "weight": 0.3},
+            {"name": "changelog", "path": str(folder / "changelog" / "*.jsonl"), "weight": 0.2},
+        ],
+    }
     recipe.update(overrides)
     return recipe
 

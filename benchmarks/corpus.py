@@ -37,12 +37,13 @@ WEIGHTS = {"prose": 0.5, "code": 0.3, "web": 0.2}
 FILES = {"prose": "{:02d}.jsonl.zst", "code": "{:02d}.parquet", "web": "{:02d}.jsonl"}
 FIELDS = {"prose": "text", "code": "content", "web": "text"}
 EOS = "<|endoftext|>"
-MAX_DOC_BYTES = 64 << 10      # longer files are cut into documents at line boundaries
+MAX_DOC_BYTES = 64 << 10  # longer files are cut into documents at line boundaries
 MIN_DOC_BYTES = 200
 VENV = Path(sys.prefix)
 SITE = sorted(VENV.glob("lib/python3*/site-packages"))
-STDLIB = sorted(Path("/usr/lib").glob("python3*")) + sorted(Path(sys.base_prefix).glob(
-    "lib/python3*"))
+STDLIB = sorted(Path("/usr/lib").glob("python3*")) + sorted(
+    Path(sys.base_prefix).glob("lib/python3*")
+)
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,11 @@ def _docstrings(text: str) -> str | None:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError):
         return None
-    docs = [ast.get_docstring(node) for node in ast.walk(tree) if isinstance(
-        node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    docs = [
+        ast.get_docstring(node)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
     return "\n\n".join(d for d in docs if d and len(d) > 80) or None
 
 
@@ -121,8 +125,12 @@ def _prose() -> Iterator[str]:
         if text is not None:
             yield _man_text(text)
     docs = [Path("/usr/share/doc"), Path("/usr/share/common-licenses")]
-    for path in _walk(docs, lambda n: not n.endswith((".html", ".htm", ".html.gz", ".png",
-                                                       ".svg", ".js", ".css", ".jpg"))):
+    for path in _walk(
+        docs,
+        lambda n: (
+            not n.endswith((".html", ".htm", ".html.gz", ".png", ".svg", ".js", ".css", ".jpg"))
+        ),
+    ):
         text = _read(path)
         if text is not None:
             yield text
@@ -139,18 +147,21 @@ def _prose() -> Iterator[str]:
 
 
 def _code() -> Iterator[str]:
-    for path in _walk(STDLIB + SITE + [Path("/usr/include")],
-                      lambda n: n.endswith((".py", ".c", ".h"))):
+    for path in _walk(
+        STDLIB + SITE + [Path("/usr/include")], lambda n: n.endswith((".py", ".c", ".h"))
+    ):
         text = _read(path)
         if text is not None:
             yield text
 
 
 def _web() -> Iterator[str]:
-    web = lambda n: (n.endswith((".html", ".htm", ".md", ".rst", ".html.gz", ".md.gz"))
-                     or n.startswith("README") or n == "METADATA")
-    for path in _walk([Path("/usr/share/doc"), Path("/usr/share"), Path("/usr/lib")] + SITE,
-                      web):
+    web = lambda n: (
+        n.endswith((".html", ".htm", ".md", ".rst", ".html.gz", ".md.gz"))
+        or n.startswith("README")
+        or n == "METADATA"
+    )
+    for path in _walk([Path("/usr/share/doc"), Path("/usr/share"), Path("/usr/lib")] + SITE, web):
         text = _read(path)
         if text is not None:
             yield text
@@ -204,8 +215,7 @@ def _write(folder: Path, source: str, docs: list[str]) -> None:
         path.write_bytes(lines)
 
 
-def train_tokenizer(docs: dict[str, list[str]], path: Path, vocab: int,
-                    sample_bytes: int) -> None:
+def train_tokenizer(docs: dict[str, list[str]], path: Path, vocab: int, sample_bytes: int) -> None:
     """A byte-level BPE with `<|endoftext|>`, trained on an evenly spread sample."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -215,14 +225,23 @@ def train_tokenizer(docs: dict[str, list[str]], path: Path, vocab: int,
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=[EOS], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=[EOS],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(sample, trainer)
     tok.save(str(path))
 
 
-def build(workdir: Path, mb: float = 210, vocab: int = 32768, train_mb: float = 32,
-          log: Callable[[str], None] = print) -> Corpus:
+def build(
+    workdir: Path,
+    mb: float = 210,
+    vocab: int = 32768,
+    train_mb: float = 32,
+    log: Callable[[str], None] = print,
+) -> Corpus:
     """Build (or find in `workdir`) the corpus of `mb` megabytes and its tokenizer."""
     corpus = Corpus(workdir / f"corpus-{mb:g}mb-v{vocab}", mb)
     if (corpus.folder / "corpus.json").exists():
@@ -234,9 +253,11 @@ def build(workdir: Path, mb: float = 210, vocab: int = 32768, train_mb: float = 
         docs[source] = documents(source, int(mb * weight * 1e6))
         _write(corpus.folder, source, docs[source])
         size = sum(len(d.encode()) for d in docs[source])
-        stats["sources"][source] = {"documents": len(docs[source]), "text_bytes": size,
-                                    "file_bytes": sum(p.stat().st_size
-                                                      for p in corpus.files(source))}
+        stats["sources"][source] = {
+            "documents": len(docs[source]),
+            "text_bytes": size,
+            "file_bytes": sum(p.stat().st_size for p in corpus.files(source)),
+        }
         log(f"corpus: {source}: {len(docs[source]):,} documents, {size / 1e6:.1f} MB of text")
     train_tokenizer(docs, corpus.tokenizer, vocab, int(min(train_mb, mb) * 1e6))
     (corpus.folder / "corpus.json").write_text(json.dumps(stats, indent=1))

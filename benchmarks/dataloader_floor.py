@@ -24,11 +24,21 @@ from mixer.pipeline.batch import Batch, BatchLayout, Wire
 from mixer.runtime.ring import BatchRing, InRing
 
 LAYOUT = BatchLayout(seq_len=2048, pad_id=0)
-STATE = {"v": 2, "sources": {name: {"tokens": 1, "mix": 2, "deficit": 3, "documents": 4,
-                                    "skipped": 0, "epochs": 0.1,
-                                    "packer": {"stream": dict.fromkeys("abcdefgh", 1),
-                                               "offset": 0, "exhausted": 0}}
-                             for name in ("prose", "code", "web")}}
+STATE = {
+    "v": 2,
+    "sources": {
+        name: {
+            "tokens": 1,
+            "mix": 2,
+            "deficit": 3,
+            "documents": 4,
+            "skipped": 0,
+            "epochs": 0.1,
+            "packer": {"stream": dict.fromkeys("abcdefgh", 1), "offset": 0, "exhausted": 0},
+        }
+        for name in ("prose", "code", "web")
+    },
+}
 META = {"g": 0, "lane": 0, "padding": False, "state": STATE, "worker": 0, "io": {}}
 
 
@@ -41,7 +51,7 @@ class _Same(IterableDataset):
         worker = get_worker_info().id
         while True:
             data, meta = self.item
-            if self.ring is not None:   # as mixer's workers do: the batch written into a slot
+            if self.ring is not None:  # as mixer's workers do: the batch written into a slot
                 data = self.ring.send(worker, LAYOUT, data)
             yield data, meta
 
@@ -53,8 +63,16 @@ def _as_is(item: Any) -> Any:
 def main_cpu_per_item(item: Any, items: int, workers: int, ring: bool = False) -> float:
     """µs of the main process's CPU per item received (after 50 items of warm-up)."""
     slots = BatchRing.for_layout(LAYOUT, 8, workers, 4) if ring else None
-    it = iter(DataLoader(_Same(item, slots), batch_size=None, num_workers=workers,
-                         prefetch_factor=2, multiprocessing_context="fork", collate_fn=_as_is))
+    it = iter(
+        DataLoader(
+            _Same(item, slots),
+            batch_size=None,
+            num_workers=workers,
+            prefetch_factor=2,
+            multiprocessing_context="fork",
+            collate_fn=_as_is,
+        )
+    )
     in_ring = 0
 
     def receive() -> None:
@@ -87,9 +105,11 @@ def main() -> None:
     tiny = main_cpu_per_item((0, META), args.items, args.workers)
     batch = main_cpu_per_item((wire, META), args.items, args.workers)
     ring = main_cpu_per_item((Batch(arrays, False), META), args.items, args.workers, ring=True)
-    print(f"main process CPU per item, {args.workers} workers: tiny item {tiny:.0f} µs; "
-          f"text batch ({len(wire.data) >> 10} KB) through the pipe {batch:.0f} µs, "
-          f"through the shared-memory ring {ring:.0f} µs")
+    print(
+        f"main process CPU per item, {args.workers} workers: tiny item {tiny:.0f} µs; "
+        f"text batch ({len(wire.data) >> 10} KB) through the pipe {batch:.0f} µs, "
+        f"through the shared-memory ring {ring:.0f} µs"
+    )
 
 
 if __name__ == "__main__":

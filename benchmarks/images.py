@@ -43,15 +43,31 @@ from mixer.images.processing import processing_for  # noqa: E402
 from mixer.tools.tables import format_table  # noqa: E402
 
 # (width, height) of typical web and photo images; drawn uniformly.
-SIZES = [(640, 480), (480, 640), (1024, 768), (500, 375), (1280, 720), (800, 1200),
-         (256, 256), (1920, 1080), (333, 500), (1600, 1200), (720, 720), (300, 200)]
+SIZES = [
+    (640, 480),
+    (480, 640),
+    (1024, 768),
+    (500, 375),
+    (1280, 720),
+    (800, 1200),
+    (256, 256),
+    (1920, 1080),
+    (333, 500),
+    (1600, 1200),
+    (720, 720),
+    (300, 200),
+]
 
 
 def photo(rng: np.random.Generator, width: int, height: int) -> Image.Image:
     """A photo-like RGB image: gradients, a few filled shapes, grain."""
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    base = [rng.uniform(0, 255) + rng.uniform(-1, 1) * 120 * x / width
-            + rng.uniform(-1, 1) * 120 * y / height for _ in range(3)]
+    base = [
+        rng.uniform(0, 255)
+        + rng.uniform(-1, 1) * 120 * x / width
+        + rng.uniform(-1, 1) * 120 * y / height
+        for _ in range(3)
+    ]
     img = Image.fromarray(np.clip(np.stack(base, -1), 0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(img)
     for _ in range(8):
@@ -83,17 +99,22 @@ def transformers_processor(settings: ImageSettings):
         from transformers import Qwen2VLImageProcessorPil
 
         return Qwen2VLImageProcessorPil(
-            patch_size=settings.patch_size, merge_size=settings.merge_size,
+            patch_size=settings.patch_size,
+            merge_size=settings.merge_size,
             temporal_patch_size=settings.temporal_patch_size,
             size={"shortest_edge": settings.min_pixels, "longest_edge": settings.max_pixels},
-            image_mean=list(settings.image_mean), image_std=list(settings.image_std))
+            image_mean=list(settings.image_mean),
+            image_std=list(settings.image_std),
+        )
     from transformers import CLIPImageProcessorPil
 
     side = settings.image_size
-    return CLIPImageProcessorPil(size={"shortest_edge": side},
-                                 crop_size={"height": side, "width": side},
-                                 image_mean=list(settings.image_mean),
-                                 image_std=list(settings.image_std))
+    return CLIPImageProcessorPil(
+        size={"shortest_edge": side},
+        crop_size={"height": side, "width": side},
+        image_mean=list(settings.image_mean),
+        image_std=list(settings.image_std),
+    )
 
 
 def best_rates(items: list, fns: dict[str, Callable], repeat: int) -> dict[str, float]:
@@ -115,9 +136,14 @@ def mixer_from_bytes(settings: ImageSettings) -> Callable[[bytes], object]:
     processing = processing_for(settings)
 
     def one(data: bytes) -> object:
-        return LazyImage.probe(EncodedImage(data, "000000.jpg", 0), processing, extra_tokens=0,
-                               source="bench", file="bench.tar",
-                               max_source_pixels=settings.max_source_pixels).pixels()
+        return LazyImage.probe(
+            EncodedImage(data, "000000.jpg", 0),
+            processing,
+            extra_tokens=0,
+            source="bench",
+            file="bench.tar",
+            max_source_pixels=settings.max_source_pixels,
+        ).pixels()
 
     return one
 
@@ -150,13 +176,23 @@ def throughput_rows(layout: str, jpegs: list[bytes], repeat: int) -> list[dict]:
     settings = settings_for(layout)
     rows = []
     for label, items, ours, theirs in [
-            ("JPEG bytes", jpegs, mixer_from_bytes, processor_from_bytes),
-            ("decoded RGB", decoded(jpegs), mixer_decoded, processor_decoded)]:
-        rates = best_rates(items, {"mixer": ours(settings), "transformers": theirs(settings)},
-                           repeat)
+        ("JPEG bytes", jpegs, mixer_from_bytes, processor_from_bytes),
+        ("decoded RGB", decoded(jpegs), mixer_decoded, processor_decoded),
+    ]:
+        rates = best_rates(
+            items, {"mixer": ours(settings), "transformers": theirs(settings)}, repeat
+        )
         for path, rate in rates.items():
-            rows.append({"layout": layout, "input": label, "path": path, "rate": rate,
-                         "ms": 1000 / rate, "speedup": rate / rates["transformers"]})
+            rows.append(
+                {
+                    "layout": layout,
+                    "input": label,
+                    "path": path,
+                    "rate": rate,
+                    "ms": 1000 / rate,
+                    "speedup": rate / rates["transformers"],
+                }
+            )
     return rows
 
 
@@ -165,12 +201,18 @@ MEASUREMENTS: dict[str, Callable[[list[bytes], int], list[dict]]] = {
     "llava": lambda jpegs, repeat: throughput_rows("llava", jpegs, repeat),
 }
 
-COLUMNS = [("layout", "layout"), ("input", "input"), ("path", "path"),
-           ("rate", "images/s per core"), ("ms", "CPU ms/image"),
-           ("speedup", "vs transformers")]
+COLUMNS = [
+    ("layout", "layout"),
+    ("input", "input"),
+    ("path", "path"),
+    ("rate", "images/s per core"),
+    ("ms", "CPU ms/image"),
+    ("speedup", "vs transformers"),
+]
 
 
 # -- batch latency on a skewed mix ---------------------------------------------------------------
+
 
 def clipart(rng: np.random.Generator, side: int) -> bytes:
     """A small transparent PNG icon: a few translucent ellipses."""
@@ -221,8 +263,9 @@ def skewed_recipe(tmp: Path, args: argparse.Namespace) -> dict:
     """A qwen2_vl recipe over `skewed_corpus` in `tmp`, with a word-level tokenizer."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    root = skewed_corpus(tmp / "shards", samples=args.samples, big_share=args.big_share,
-                         seed=args.seed)
+    root = skewed_corpus(
+        tmp / "shards", samples=args.samples, big_share=args.big_share, seed=args.seed
+    )
     vocab = {"<|endoftext|>": 0, "<pad>": 1, **{f"w{i}": i + 2 for i in range(500)}}
     for token in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"):
         vocab[token] = len(vocab)
@@ -230,9 +273,14 @@ def skewed_recipe(tmp: Path, args: argparse.Namespace) -> dict:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(list(vocab)[:2] + list(vocab)[-3:])
     tok.save(str(tmp / "tokenizer.json"))
-    return {"tokenizer": str(tmp / "tokenizer.json"), "seq_len": args.seq_len,
-            "batch_size": args.batch_size, "lanes": 8, "images": {"layout": "qwen2_vl"},
-            "sources": [{"name": "skewed", "path": str(root / "*.tar"), "weight": 1}]}
+    return {
+        "tokenizer": str(tmp / "tokenizer.json"),
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
+        "lanes": 8,
+        "images": {"layout": "qwen2_vl"},
+        "sources": [{"name": "skewed", "path": str(root / "*.tar"), "weight": 1}],
+    }
 
 
 def _tree_cpu() -> float:
@@ -244,8 +292,9 @@ def _tree_cpu() -> float:
     return sum(sum(p.cpu_times()[:2]) for p in procs)
 
 
-def _gaps(recipe: dict, workers: int, args: argparse.Namespace
-          ) -> tuple[float, list[float], int, float]:
+def _gaps(
+    recipe: dict, workers: int, args: argparse.Namespace
+) -> tuple[float, list[float], int, float]:
     """First batch time, the times between the timed batches (loader flat out), images, and
     CPU seconds per timed batch of the whole process tree (a busy machine slows the gaps, far
     less the CPU)."""
@@ -281,10 +330,17 @@ def latency_rows(args: argparse.Namespace) -> list[dict]:
         for workers in (0, 2):
             first, gaps, images, _ = _gaps(recipe, workers, args)
             ms = np.array(gaps) * 1000
-            rows.append({"workers": workers, "first": first * 1000,
-                         "p50": np.percentile(ms, 50), "p99": np.percentile(ms, 99),
-                         "max": ms.max(), "ratio": np.percentile(ms, 99) / np.percentile(ms, 50),
-                         "images": images / (ms.sum() / 1000)})
+            rows.append(
+                {
+                    "workers": workers,
+                    "first": first * 1000,
+                    "p50": np.percentile(ms, 50),
+                    "p99": np.percentile(ms, 99),
+                    "max": ms.max(),
+                    "ratio": np.percentile(ms, 99) / np.percentile(ms, 50),
+                    "images": images / (ms.sum() / 1000),
+                }
+            )
     return rows
 
 
@@ -321,25 +377,44 @@ def trainer_wait_rows(args: argparse.Namespace) -> list[dict]:
             wall = time.perf_counter() - start
             loader.close()
             ms = np.array(waits) * 1000
-            rows.append({"busy": busy, "mean": mean * 1000, "cpu": cpu * 1000,
-                         "step": step_s * 1000,
-                         "share": 100 * sum(waits) / wall, "p50": np.percentile(ms, 50),
-                         "p99": np.percentile(ms, 99), "max": ms.max(),
-                         "worst": ", ".join(f"{int(ms[i])}@{i}"
-                                            for i in np.argsort(ms)[::-1][:3])})
+            rows.append(
+                {
+                    "busy": busy,
+                    "mean": mean * 1000,
+                    "cpu": cpu * 1000,
+                    "step": step_s * 1000,
+                    "share": 100 * sum(waits) / wall,
+                    "p50": np.percentile(ms, 50),
+                    "p99": np.percentile(ms, 99),
+                    "max": ms.max(),
+                    "worst": ", ".join(f"{int(ms[i])}@{i}" for i in np.argsort(ms)[::-1][:3]),
+                }
+            )
     return rows
 
 
-TRAINER_COLUMNS = [("busy", "loader busy (mean/step)"), ("mean", "mean batch ms (flat out)"),
-                   ("cpu", "CPU ms/batch (all processes)"),
-                   ("step", "step ms"), ("share", "wait % of wall"), ("p50", "wait p50 ms"),
-                   ("p99", "wait p99 ms"), ("max", "wait max ms"),
-                   ("worst", "worst waits (ms@step)")]
+TRAINER_COLUMNS = [
+    ("busy", "loader busy (mean/step)"),
+    ("mean", "mean batch ms (flat out)"),
+    ("cpu", "CPU ms/batch (all processes)"),
+    ("step", "step ms"),
+    ("share", "wait % of wall"),
+    ("p50", "wait p50 ms"),
+    ("p99", "wait p99 ms"),
+    ("max", "wait max ms"),
+    ("worst", "worst waits (ms@step)"),
+]
 
 
-LATENCY_COLUMNS = [("workers", "num_workers"), ("first", "first batch ms"), ("p50", "p50 ms"),
-                   ("p99", "p99 ms"), ("max", "max ms"), ("ratio", "p99/p50"),
-                   ("images", "images/s")]
+LATENCY_COLUMNS = [
+    ("workers", "num_workers"),
+    ("first", "first batch ms"),
+    ("p50", "p50 ms"),
+    ("p99", "p99 ms"),
+    ("max", "max ms"),
+    ("ratio", "p99/p50"),
+    ("images", "images/s"),
+]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -347,21 +422,36 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--images", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", choices=sorted(MEASUREMENTS) + ["latency", "trainer"],
-                        action="append",
-                        help="run only these measurements (repeatable)")
+    parser.add_argument(
+        "--only",
+        choices=sorted(MEASUREMENTS) + ["latency", "trainer"],
+        action="append",
+        help="run only these measurements (repeatable)",
+    )
     parser.add_argument("--samples", type=int, default=2000, help="latency: samples")
-    parser.add_argument("--big-share", type=float, default=0.01,
-                        help="latency: share of 4K photos among the samples")
+    parser.add_argument(
+        "--big-share",
+        type=float,
+        default=0.01,
+        help="latency: share of 4K photos among the samples",
+    )
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--batches", type=int, default=150, help="latency: batches timed")
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--busy", type=lambda v: [float(b) for b in v.split(",")],
-                        default=[0.7, 0.9], help="trainer: loader busy shares (mean/step)")
-    parser.add_argument("--pixel-budget-mb", type=int, default=None,
-                        help="latency: pixels each process may hold ahead of need "
-                        "(mixer.images.handle.set_pixel_budget; default 256)")
+    parser.add_argument(
+        "--busy",
+        type=lambda v: [float(b) for b in v.split(",")],
+        default=[0.7, 0.9],
+        help="trainer: loader busy shares (mean/step)",
+    )
+    parser.add_argument(
+        "--pixel-budget-mb",
+        type=int,
+        default=None,
+        help="latency: pixels each process may hold ahead of need "
+        "(mixer.images.handle.set_pixel_budget; default 256)",
+    )
     args = parser.parse_args(argv)
     if args.pixel_budget_mb is not None:
         from mixer.images.handle import set_pixel_budget
@@ -375,8 +465,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     jpegs = make_jpegs(args.images, args.seed)
     megapixels = sum(np.prod(Image.open(io.BytesIO(d)).size) for d in jpegs) / len(jpegs) / 1e6
-    print(f"{len(jpegs)} JPEGs, {megapixels:.2f} Mpx and "
-          f"{sum(map(len, jpegs)) / len(jpegs) / 1024:.0f} KiB on average\n")
+    print(
+        f"{len(jpegs)} JPEGs, {megapixels:.2f} Mpx and "
+        f"{sum(map(len, jpegs)) / len(jpegs) / 1024:.0f} KiB on average\n"
+    )
     rows = []
     for name in args.only or list(MEASUREMENTS):
         if name in MEASUREMENTS:

@@ -99,8 +99,10 @@ def _suspended() -> str | None:
         from mixer.sources.formats.reopen import OPEN_DECOMPRESSORS, REBUILD_BUDGET
     except ImportError:
         return None
-    return (f"{OPEN_DECOMPRESSORS.suspended} ({REBUILD_BUDGET.reserved / 1e6:.0f} of "
-            f"{REBUILD_BUDGET.read / 1e6:.0f} MB)")
+    return (
+        f"{OPEN_DECOMPRESSORS.suspended} ({REBUILD_BUDGET.reserved / 1e6:.0f} of "
+        f"{REBUILD_BUDGET.read / 1e6:.0f} MB)"
+    )
 
 
 class PeakSampler:
@@ -137,11 +139,14 @@ def recipe_for(corpus: Corpus, lanes: int, sources: int, backend: str) -> dict:
         # Source i reads one shard of kind i mod 3 (prose, code, web in turn), so that every
         # row reads the three formats alike and differs from the others in its count only.
         kinds = [[(s, path) for path in corpus.files(s)] for s in SOURCES]
-        shards = [kinds[i % len(kinds)][(i // len(kinds)) % len(kinds[i % len(kinds)])]
-                  for i in range(sources)]
+        shards = [
+            kinds[i % len(kinds)][(i // len(kinds)) % len(kinds[i % len(kinds)])]
+            for i in range(sources)
+        ]
         recipe["sources"] = [
             {"name": f"s{i:03d}", "path": str(path), "text_field": FIELDS[kind], "weight": 1.0}
-            for i, (kind, path) in enumerate(shards)]
+            for i, (kind, path) in enumerate(shards)
+        ]
     return recipe
 
 
@@ -153,20 +158,22 @@ def child(args: argparse.Namespace) -> dict:
     import torch  # noqa: F401
 
     after_torch = _tree_pss()
-    recipe = recipe_for(Corpus(Path(args.corpus), 0), opts["lanes"], opts["sources"],
-                        opts["backend"])
+    recipe = recipe_for(
+        Corpus(Path(args.corpus), 0), opts["lanes"], opts["sources"], opts["backend"]
+    )
     if opts.get("open_limit"):
         from mixer.sources.formats.reopen import OPEN_DECOMPRESSORS
+
         OPEN_DECOMPRESSORS.limit = OPEN_DECOMPRESSORS.soft = opts["open_limit"]
     if opts.get("thread_text_mb"):
         from mixer.tokenize import encoding
+
         encoding.FASTOKENS_THREAD_TEXT = int(opts["thread_text_mb"] * (1 << 20))
     if opts.get("shuffle_budget_mb"):
         recipe["shuffle_budget_bytes"] = int(opts["shuffle_budget_mb"] * (1 << 20))
     sampler = PeakSampler()
     cpu = _tree_cpu()
-    loader = mixer.build_loader(recipe, rank=RANK, world_size=WORLD,
-                                num_workers=opts["workers"])
+    loader = mixer.build_loader(recipe, rank=RANK, world_size=WORLD, num_workers=opts["workers"])
     taken = 0
     for _ in loader:
         taken += 1
@@ -175,16 +182,32 @@ def child(args: argparse.Namespace) -> dict:
     cpu = _tree_cpu() - cpu
     peak = sampler.stop()
     loader.close()
-    return {"base_mb": base / 1e6, "torch_mb": (after_torch - base) / 1e6,
-            "peak_mb": peak / 1e6, "data_mb": (peak - after_torch) / 1e6,
-            "median_mb": (sampler.median - after_torch) / 1e6,
-            "after_mixer_mb": (peak - base) / 1e6, "batches": taken, "cpu_s": cpu,
-            "suspended": _suspended(), "backend": loader.tokenizer.backend}
+    return {
+        "base_mb": base / 1e6,
+        "torch_mb": (after_torch - base) / 1e6,
+        "peak_mb": peak / 1e6,
+        "data_mb": (peak - after_torch) / 1e6,
+        "median_mb": (sampler.median - after_torch) / 1e6,
+        "after_mixer_mb": (peak - base) / 1e6,
+        "batches": taken,
+        "cpu_s": cpu,
+        "suspended": _suspended(),
+        "backend": loader.tokenizer.backend,
+    }
 
 
 def _spawn(corpus: Corpus, batches: int, opts: dict) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--corpus", str(corpus.folder), "--batches",
-           str(batches), "--opts", json.dumps(opts)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--corpus",
+        str(corpus.folder),
+        "--batches",
+        str(batches),
+        "--opts",
+        json.dumps(opts),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         tail = out.stderr.strip().splitlines()[-1:] or ["(no output)"]
@@ -208,36 +231,53 @@ def _median_run(runs: list[dict]) -> dict:
 
 def plan(args: argparse.Namespace) -> list[tuple[str, str, dict, int]]:
     """(group, label, options, batches) of every row."""
-    base = {"lanes": args.lanes, "sources": 3, "workers": args.workers,
-            "backend": args.backend, "open_limit": args.open_limit,
-            "thread_text_mb": args.thread_text_mb, "shuffle_budget_mb": args.shuffle_budget_mb}
-    rows = [("lanes", f"{lanes} lanes", {**base, "lanes": lanes}, args.batches)
-            for lanes in (8, 16, 32, 64)]
-    rows += [("sources", f"{n} sources", {**base, "sources": n}, args.batches)
-             for n in (3, 10, 30, 100)]
-    rows += [("run length", f"{k}x ({k * args.batches} batches)", base, k * args.batches)
-             for k in (1, 3, 10)]
-    rows += [(LONG, f"{k}x ({k * args.batches} batches)", {**base, "sources": 100},
-              k * args.batches) for k in (1, 10)]
+    base = {
+        "lanes": args.lanes,
+        "sources": 3,
+        "workers": args.workers,
+        "backend": args.backend,
+        "open_limit": args.open_limit,
+        "thread_text_mb": args.thread_text_mb,
+        "shuffle_budget_mb": args.shuffle_budget_mb,
+    }
+    rows = [
+        ("lanes", f"{lanes} lanes", {**base, "lanes": lanes}, args.batches)
+        for lanes in (8, 16, 32, 64)
+    ]
+    rows += [
+        ("sources", f"{n} sources", {**base, "sources": n}, args.batches) for n in (3, 10, 30, 100)
+    ]
+    rows += [
+        ("run length", f"{k}x ({k * args.batches} batches)", base, k * args.batches)
+        for k in (1, 3, 10)
+    ]
+    rows += [
+        (LONG, f"{k}x ({k * args.batches} batches)", {**base, "sources": 100}, k * args.batches)
+        for k in (1, 10)
+    ]
     return rows
 
 
 def markdown(results: list[dict]) -> str:
-    lines = ["| group | row | data path (peak − import torch, mixer) | median | after mixer | "
-             "peak PSS | import mixer | + torch | CPU s | suspended | backend |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| group | row | data path (peak − import torch, mixer) | median | after mixer | "
+        "peak PSS | import mixer | + torch | CPU s | suspended | backend |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['group']} | {r['row']} | {r['error']} |||||||||")
             continue
         low, high = r.get("range", (r["data_mb"], r["data_mb"]))
         spread = f" ({low:.0f}–{high:.0f})" if high > low else ""
-        lines.append(f"| {r['group']} | {r['row']} | {r['data_mb']:.0f} MB{spread} | "
-                     f"{r['median_mb']:.0f} MB | "
-                     f"{r['after_mixer_mb']:.0f} MB | {r['peak_mb']:.0f} MB | "
-                     f"{r['base_mb']:.0f} MB | {r['torch_mb']:.0f} MB | {r['cpu_s']:.2f} | "
-                     f"{'–' if r['suspended'] is None else r['suspended']} | "
-                     f"{r['backend']} |")
+        lines.append(
+            f"| {r['group']} | {r['row']} | {r['data_mb']:.0f} MB{spread} | "
+            f"{r['median_mb']:.0f} MB | "
+            f"{r['after_mixer_mb']:.0f} MB | {r['peak_mb']:.0f} MB | "
+            f"{r['base_mb']:.0f} MB | {r['torch_mb']:.0f} MB | {r['cpu_s']:.2f} | "
+            f"{'–' if r['suspended'] is None else r['suspended']} | "
+            f"{r['backend']} |"
+        )
     return "\n".join(lines)
 
 
@@ -246,8 +286,10 @@ def flatness(results: list[dict], key: str = "data_mb") -> str:
     for group in GROUPS:
         values = [r[key] for r in results if r["group"] == group and "error" not in r]
         if values:
-            out.append(f"{group}: {min(values):.0f}–{max(values):.0f} MB "
-                       f"(+{100 * (max(values) / min(values) - 1):.0f} %)")
+            out.append(
+                f"{group}: {min(values):.0f}–{max(values):.0f} MB "
+                f"(+{100 * (max(values) / min(values) - 1):.0f} %)"
+            )
     return ("flat? " if key == "data_mb" else "medians: ") + "; ".join(out)
 
 
@@ -255,26 +297,48 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=210, help="corpus size, MB of text")
     parser.add_argument("--vocab", type=int, default=32768)
-    parser.add_argument("--batches", type=int, default=900,
-                        help="batches of the 1x run and of the lanes and sources rows")
+    parser.add_argument(
+        "--batches",
+        type=int,
+        default=900,
+        help="batches of the 1x run and of the lanes and sources rows",
+    )
     parser.add_argument("--workers", type=int, default=0, help="num_workers (default 0)")
     parser.add_argument("--backend", default="fastokens", help="tokenizer_backend")
-    parser.add_argument("--lanes", type=int, default=8,
-                        help="lanes of the sources and run-length rows (default 8)")
-    parser.add_argument("--open-limit", type=int, default=0,
-                        help="whole-file decompressors open at once per process, "
-                        "cheap to reopen or not (default: mixer's, 4 and 8)")
-    parser.add_argument("--thread-text-mb", type=float, default=0,
-                        help="text a fastokens calling thread encodes before it is replaced "
-                        "(default: mixer's FASTOKENS_THREAD_TEXT)")
-    parser.add_argument("--shuffle-budget-mb", type=float, default=0,
-                        help="the recipe's shuffle_budget_bytes, in MB (default: mixer's)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="runs of each row: the median peak is reported, the range beside "
-                        "it, and the median of the medians (a peak moves ±5-10 MB run to run)")
+    parser.add_argument(
+        "--lanes", type=int, default=8, help="lanes of the sources and run-length rows (default 8)"
+    )
+    parser.add_argument(
+        "--open-limit",
+        type=int,
+        default=0,
+        help="whole-file decompressors open at once per process, "
+        "cheap to reopen or not (default: mixer's, 4 and 8)",
+    )
+    parser.add_argument(
+        "--thread-text-mb",
+        type=float,
+        default=0,
+        help="text a fastokens calling thread encodes before it is replaced "
+        "(default: mixer's FASTOKENS_THREAD_TEXT)",
+    )
+    parser.add_argument(
+        "--shuffle-budget-mb",
+        type=float,
+        default=0,
+        help="the recipe's shuffle_budget_bytes, in MB (default: mixer's)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each row: the median peak is reported, the range beside "
+        "it, and the median of the medians (a peak moves ±5-10 MB run to run)",
+    )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/mixer-peers"))
-    parser.add_argument("--groups", default=",".join(GROUPS),
-                        help=f"comma-separated subset of: {', '.join(GROUPS)}")
+    parser.add_argument(
+        "--groups", default=",".join(GROUPS), help=f"comma-separated subset of: {', '.join(GROUPS)}"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--corpus", help=argparse.SUPPRESS)
     parser.add_argument("--opts", default="{}", help=argparse.SUPPRESS)
@@ -291,10 +355,12 @@ def main() -> None:
         print(f"measuring {label} ...", flush=True)
         runs = [_spawn(corpus, batches, opts) for _ in range(args.repeat)]
         results.append({"group": group, "row": label, **_median_run(runs)})
-    print(f"\nrank {RANK} of {WORLD}, 8 x 2048, num_workers {args.workers}, "
-          f"median of {args.repeat} run(s) a row, "
-          f"tokenizer_backend {args.backend}, open decompressors limit "
-          f"{args.open_limit or 'default'}; {len(os.sched_getaffinity(0))} CPU(s)")
+    print(
+        f"\nrank {RANK} of {WORLD}, 8 x 2048, num_workers {args.workers}, "
+        f"median of {args.repeat} run(s) a row, "
+        f"tokenizer_backend {args.backend}, open decompressors limit "
+        f"{args.open_limit or 'default'}; {len(os.sched_getaffinity(0))} CPU(s)"
+    )
     print(markdown(results))
     print(flatness(results))
     print(flatness(results, "median_mb"))

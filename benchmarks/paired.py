@@ -50,8 +50,13 @@ def thread_cpu() -> collections.Counter:
         except FileNotFoundError:
             continue
         name = names.get(int(tid))
-        role = ("main" if int(tid) == os.getpid() else
-                "tokenizer pool" if name is None else re.sub(r"_\d+$", "", name))
+        role = (
+            "main"
+            if int(tid) == os.getpid()
+            else "tokenizer pool"
+            if name is None
+            else re.sub(r"_\d+$", "", name)
+        )
         out[role] += (int(fields[11]) + int(fields[12])) / TICK
     return out
 
@@ -109,14 +114,14 @@ def mixer_texts(recipe: dict, batches: int) -> list[str]:
         given.append(list(texts))
         return original(self, texts)
 
-    Encoder.__call__ = recording   # type: ignore[method-assign]
+    Encoder.__call__ = recording  # type: ignore[method-assign]
     try:
         loader = mixer.build_loader(recipe, rank=0, world_size=2, num_workers=0)
         for _ in zip(range(batches), loader):
             pass
         loader.close()
     finally:
-        Encoder.__call__ = original   # type: ignore[method-assign]
+        Encoder.__call__ = original  # type: ignore[method-assign]
     texts = [text for call in given for text in call]
     if not texts:
         raise SystemExit("mixer encoded no text")
@@ -146,7 +151,7 @@ def main() -> None:
         next(batches)
     texts = mixer_texts(recipe, WARMUP_BATCHES + args.rounds * args.phase)
     encode = encoder(corpus)
-    let_mixer_finish(0)   # the recording loader's encoding threads
+    let_mixer_finish(0)  # the recording loader's encoding threads
     let_mixer_finish(args.workers)
 
     sides = {side: [0, 0.0, collections.Counter()] for side in ("mixer", "tokenizer alone")}
@@ -156,7 +161,7 @@ def main() -> None:
         got = 0
         for _ in range(args.phase):
             batch = next(batches)
-            got += int((batch["source_ids"] >= 0).sum())   # not padding
+            got += int((batch["source_ids"] >= 0).sum())  # not padding
         mixer_s = let_mixer_finish(args.workers) - start
         cpu = thread_cpu() - before
         cpu["workers"] += children_cpu() - workers_before
@@ -165,32 +170,40 @@ def main() -> None:
         sides["mixer"][2] += cpu
 
         before, start, done = thread_cpu(), time.perf_counter(), 0
-        while done < got:   # a small corpus's texts come round again
-            done += sum(map(len, encode(texts[at:at + TOKENIZE_CHUNK])))
+        while done < got:  # a small corpus's texts come round again
+            done += sum(map(len, encode(texts[at : at + TOKENIZE_CHUNK])))
             at = at + TOKENIZE_CHUNK if at + TOKENIZE_CHUNK < len(texts) else 0
         bound_s = time.perf_counter() - start
         sides["tokenizer alone"][0] += done
         sides["tokenizer alone"][1] += bound_s
         sides["tokenizer alone"][2] += thread_cpu() - before
         ratio = (got / mixer_s) / (done / bound_s)
-        rows.append(f"| {round_ + 1} | {got / mixer_s:,.0f} | {done / bound_s:,.0f} "
-                    f"| {ratio:.3f} |")
+        rows.append(
+            f"| {round_ + 1} | {got / mixer_s:,.0f} | {done / bound_s:,.0f} | {ratio:.3f} |"
+        )
     loader.close()
 
-    print(f"mixer num_workers={args.workers}, tokenizer_backend {args.backend}, {args.rounds} "
-          f"rounds of {args.phase} batches\n")
+    print(
+        f"mixer num_workers={args.workers}, tokenizer_backend {args.backend}, {args.rounds} "
+        f"rounds of {args.phase} batches\n"
+    )
     print("| round | mixer tokens/s | tokenizer alone | ratio |\n|---|---|---|---|")
     print("\n".join(rows))
     rate = {side: tokens / seconds for side, (tokens, seconds, _) in sides.items()}
-    print(f"\n**all rounds: mixer {rate['mixer']:,.0f}, tokenizer alone "
-          f"{rate['tokenizer alone']:,.0f} tokens/s, ratio "
-          f"{rate['mixer'] / rate['tokenizer alone']:.3f}**\n")
+    print(
+        f"\n**all rounds: mixer {rate['mixer']:,.0f}, tokenizer alone "
+        f"{rate['tokenizer alone']:,.0f} tokens/s, ratio "
+        f"{rate['mixer'] / rate['tokenizer alone']:.3f}**\n"
+    )
     print("| side | cores busy | CPU µs a token, by thread |\n|---|---|---|")
     for side, (tokens, seconds, cpu) in sides.items():
-        parts = ", ".join(f"{role} {value / tokens * 1e6:.3f}" for role, value in cpu.most_common()
-                          if value > 0)
-        print(f"| {side} | {sum(cpu.values()) / seconds:.2f} | "
-              f"{sum(cpu.values()) / tokens * 1e6:.3f} ({parts}) |")
+        parts = ", ".join(
+            f"{role} {value / tokens * 1e6:.3f}" for role, value in cpu.most_common() if value > 0
+        )
+        print(
+            f"| {side} | {sum(cpu.values()) / seconds:.2f} | "
+            f"{sum(cpu.values()) / tokens * 1e6:.3f} ({parts}) |"
+        )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ SOURCES = list(WEIGHTS)
 TOKENIZE_CHUNK = 64
 
 
-def read_documents(corpus: Corpus, source: str, rank: int = 0,
-                   world_size: int = 1) -> Iterator[str]:
+def read_documents(
+    corpus: Corpus, source: str, rank: int = 0, world_size: int = 1
+) -> Iterator[str]:
     """The texts of one source's shards for this rank, in file order."""
     for path in corpus.files(source)[rank::world_size]:
         if path.name.endswith(".parquet"):
@@ -55,8 +56,8 @@ def encoder(corpus: Corpus) -> Callable[[list[str]], list[list[int]]]:
     eos = tok.token_to_id("<|endoftext|>")
 
     def encode(texts: list[str]) -> list[list[int]]:
-        return [enc.ids + [eos] for enc in tok.encode_batch_fast(texts,
-                                                                 add_special_tokens=False)]
+        return [enc.ids + [eos] for enc in tok.encode_batch_fast(texts, add_special_tokens=False)]
+
     return encode
 
 
@@ -75,8 +76,16 @@ class Loader:
 class Generator(Loader):
     """Files in order, tokenized in chunks of 64, concat-packed per source, weighted choice."""
 
-    def __init__(self, corpus: Corpus, *, rank: int, world_size: int, seed: int,
-                 batch_size: int, seq_len: int) -> None:
+    def __init__(
+        self,
+        corpus: Corpus,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        batch_size: int,
+        seq_len: int,
+    ) -> None:
         self.corpus, self.rank, self.world_size = corpus, rank, world_size
         self.seed, self.batch_size, self.seq_len = seed, batch_size, seq_len
 
@@ -88,8 +97,8 @@ class Generator(Loader):
                 for ids in encode(chunk):
                     buf.extend(ids)
                 while len(buf) >= self.seq_len:
-                    yield buf[:self.seq_len]
-                    del buf[:self.seq_len]
+                    yield buf[: self.seq_len]
+                    del buf[: self.seq_len]
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         encode = encoder(self.corpus)
@@ -106,8 +115,17 @@ class Generator(Loader):
 class HFStreaming(Loader):
     """`datasets` streaming: interleave tokenized documents by probability, pack in order."""
 
-    def __init__(self, corpus: Corpus, *, rank: int, world_size: int, seed: int,
-                 batch_size: int, seq_len: int, resume: Any = None) -> None:
+    def __init__(
+        self,
+        corpus: Corpus,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        batch_size: int,
+        seq_len: int,
+        resume: Any = None,
+    ) -> None:
         from datasets import interleave_datasets, load_dataset
         from datasets.distributed import split_dataset_by_node
 
@@ -119,12 +137,22 @@ class HFStreaming(Loader):
             ds = load_dataset(kind, data_files=files, split="train", streaming=True)
             ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
             field = FIELDS[source]
-            ds = ds.map(lambda b, i=index, f=field: {"ids": (ids := encode(b[f])),
-                                                     "source": [i] * len(ids)},
-                        batched=True, batch_size=TOKENIZE_CHUNK, remove_columns=[field])
+            ds = ds.map(
+                lambda b, i=index, f=field: {
+                    "ids": (ids := encode(b[f])),
+                    "source": [i] * len(ids),
+                },
+                batched=True,
+                batch_size=TOKENIZE_CHUNK,
+                remove_columns=[field],
+            )
             parts.append(ds)
-        self.dataset = interleave_datasets(parts, probabilities=[WEIGHTS[s] for s in SOURCES],
-                                           seed=seed, stopping_strategy="all_exhausted")
+        self.dataset = interleave_datasets(
+            parts,
+            probabilities=[WEIGHTS[s] for s in SOURCES],
+            seed=seed,
+            stopping_strategy="all_exhausted",
+        )
         self.batch_size, self.seq_len = batch_size, seq_len
         self._ids: list[int] = []
         self._src: list[int] = []
@@ -144,8 +172,11 @@ class HFStreaming(Loader):
                 yield ids, src
 
     def state(self) -> Any:
-        return {"dataset": self.dataset.state_dict(), "ids": list(self._ids),
-                "src": list(self._src)}
+        return {
+            "dataset": self.dataset.state_dict(),
+            "ids": list(self._ids),
+            "src": list(self._src),
+        }
 
 
 # -- torchdata.nodes ---------------------------------------------------------------------------
@@ -166,12 +197,13 @@ def _row_packer(base: type) -> type:
         def next(self) -> tuple[int, list[int]]:
             while len(self._buf) < self.seq_len:
                 self._buf.extend(next(self.source))
-            row = self._buf[:self.seq_len]
-            del self._buf[:self.seq_len]
+            row = self._buf[: self.seq_len]
+            del self._buf[: self.seq_len]
             return self.index, row
 
         def get_state(self) -> dict:
             return {"source": self.source.state_dict(), "buf": list(self._buf)}
+
     return RowPacker
 
 
@@ -188,8 +220,17 @@ class _Documents:
 class TorchdataNodes(Loader):
     """torchdata.nodes: per-source read, tokenize, pack; a weighted sampler picks rows."""
 
-    def __init__(self, corpus: Corpus, *, rank: int, world_size: int, seed: int,
-                 batch_size: int, seq_len: int, resume: Any = None) -> None:
+    def __init__(
+        self,
+        corpus: Corpus,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        batch_size: int,
+        seq_len: int,
+        resume: Any = None,
+    ) -> None:
         from torchdata import nodes
 
         encode = encoder(corpus)
@@ -201,8 +242,13 @@ class TorchdataNodes(Loader):
             node = nodes.Unbatcher(nodes.Mapper(node, encode))
             rows[source] = packer(node, index, seq_len)
         mixed = nodes.MultiNodeWeightedSampler(
-            rows, dict(WEIGHTS), stop_criteria=nodes.StopCriteria.CYCLE_FOREVER,
-            rank=rank, world_size=world_size, seed=seed)
+            rows,
+            dict(WEIGHTS),
+            stop_criteria=nodes.StopCriteria.CYCLE_FOREVER,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+        )
         self.loader = nodes.Loader(nodes.Batcher(mixed, batch_size=batch_size))
         self.seq_len = seq_len
         if resume is not None:
@@ -218,5 +264,8 @@ class TorchdataNodes(Loader):
         return self.loader.state_dict()
 
 
-PEERS: dict[str, type[Loader]] = {"generator": Generator, "hf": HFStreaming,
-                                  "torchdata": TorchdataNodes}
+PEERS: dict[str, type[Loader]] = {
+    "generator": Generator,
+    "hf": HFStreaming,
+    "torchdata": TorchdataNodes,
+}

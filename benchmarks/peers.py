@@ -58,10 +58,12 @@ from peer_loaders import PEERS, SOURCES, TOKENIZE_CHUNK, encoder, read_documents
 # `import mixer` imports neither torch nor a tokenizer library: its loader does, on first use,
 # and with PYTHONDONTWRITEBYTECODE set, as on the machine of docs/benchmarks.md, importing it
 # compiles its modules: ~0.09 s that a first batch would count).
-IMPORTS = {"mixer": ["mixer", "torch", "tokenizers", "fastokens", "mixer.runtime.loader"],
-           "generator": ["tokenizers"],
-           "hf": ["datasets", "torch"],
-           "torchdata": ["torchdata.nodes"]}
+IMPORTS = {
+    "mixer": ["mixer", "torch", "tokenizers", "fastokens", "mixer.runtime.loader"],
+    "generator": ["tokenizers"],
+    "hf": ["datasets", "torch"],
+    "torchdata": ["torchdata.nodes"],
+}
 SEED, BATCH_SIZE, SEQ_LEN, LANES, RANK, WORLD = 1234, 8, 2048, 8, 0, 2
 
 
@@ -79,10 +81,16 @@ def has_backend_key() -> bool:
 
 def mixer_recipe(corpus: Corpus, cache: str | None = None, backend: str = "hf") -> dict:
     recipe: dict[str, Any] = {
-        "seed": SEED, "tokenizer": str(corpus.tokenizer), "seq_len": SEQ_LEN,
-        "batch_size": BATCH_SIZE, "lanes": LANES,
-        "sources": [{"name": s, "path": corpus.glob(s), "text_field": FIELDS[s],
-                     "weight": WEIGHTS[s]} for s in SOURCES]}
+        "seed": SEED,
+        "tokenizer": str(corpus.tokenizer),
+        "seq_len": SEQ_LEN,
+        "batch_size": BATCH_SIZE,
+        "lanes": LANES,
+        "sources": [
+            {"name": s, "path": corpus.glob(s), "text_field": FIELDS[s], "weight": WEIGHTS[s]}
+            for s in SOURCES
+        ],
+    }
     if cache is not None:
         recipe["token_cache"] = cache
     if has_backend_key():
@@ -100,12 +108,14 @@ def _peak_rss_mb() -> float:
 
 
 class _MixerLoader:
-    def __init__(self, corpus: Corpus, workers: int, cache: str | None, resume: Any,
-                 backend: str = "hf") -> None:
+    def __init__(
+        self, corpus: Corpus, workers: int, cache: str | None, resume: Any, backend: str = "hf"
+    ) -> None:
         import mixer
 
-        self.loader = mixer.build_loader(mixer_recipe(corpus, cache, backend), rank=RANK,
-                                         world_size=WORLD, num_workers=workers)
+        self.loader = mixer.build_loader(
+            mixer_recipe(corpus, cache, backend), rank=RANK, world_size=WORLD, num_workers=workers
+        )
         if resume is not None:
             self.loader.load_state_dict(resume)
 
@@ -122,20 +132,32 @@ class _MixerLoader:
 
 def _make(kind: str, corpus: Corpus, opts: dict, resume: Any) -> Any:
     if kind == "mixer":
-        return _MixerLoader(corpus, opts["workers"], opts.get("cache"), resume,
-                            opts.get("backend", "hf"))
+        return _MixerLoader(
+            corpus, opts["workers"], opts.get("cache"), resume, opts.get("backend", "hf")
+        )
     cls = PEERS[kind]
-    args = {"rank": RANK, "world_size": WORLD, "seed": SEED, "batch_size": BATCH_SIZE,
-            "seq_len": SEQ_LEN}
+    args = {
+        "rank": RANK,
+        "world_size": WORLD,
+        "seed": SEED,
+        "batch_size": BATCH_SIZE,
+        "seq_len": SEQ_LEN,
+    }
     return cls(corpus, **args) if resume is None else cls(corpus, **args, resume=resume)
 
 
-def run_loader(kind: str, corpus: Corpus, batches: int, opts: dict,
-               state_out: str | None = None, resume_from: str | None = None) -> dict:
+def run_loader(
+    kind: str,
+    corpus: Corpus,
+    batches: int,
+    opts: dict,
+    state_out: str | None = None,
+    resume_from: str | None = None,
+) -> dict:
     """Iterate `batches` batches; save the state after half of them to `state_out`."""
     resume = pickle.loads(Path(resume_from).read_bytes()) if resume_from else None
     for module in IMPORTS[kind]:
-        if importlib.util.find_spec(module) is not None:   # (fastokens: where it has wheels)
+        if importlib.util.find_spec(module) is not None:  # (fastokens: where it has wheels)
             importlib.import_module(module)
     start = time.perf_counter()
     loader = _make(kind, corpus, opts, resume)
@@ -167,14 +189,23 @@ def run_loader(kind: str, corpus: Corpus, batches: int, opts: dict,
     elapsed = time.perf_counter() - start
     if hasattr(loader, "close"):
         loader.close()
-    return {"tokens": tokens, "seconds": elapsed, "first_batch_s": first, "saved": saved,
-            "shares": shares.tolist(), "rss_mb": _peak_rss_mb(), "first_digest": first_digest,
-            "after_save_digest": after_save, "stream_digest": f"{stream:08x}"}
+    return {
+        "tokens": tokens,
+        "seconds": elapsed,
+        "first_batch_s": first,
+        "saved": saved,
+        "shares": shares.tolist(),
+        "rss_mb": _peak_rss_mb(),
+        "first_digest": first_digest,
+        "after_save_digest": after_save,
+        "stream_digest": f"{stream:08x}",
+    }
 
 
 def _digest(ids: np.ndarray) -> str:
-    return hashlib.blake2b(np.ascontiguousarray(ids, dtype=np.int64).tobytes(),
-                           digest_size=8).hexdigest()
+    return hashlib.blake2b(
+        np.ascontiguousarray(ids, dtype=np.int64).tobytes(), digest_size=8
+    ).hexdigest()
 
 
 def fastokens_encoder(corpus: Corpus) -> Any:
@@ -188,7 +219,8 @@ def fastokens_encoder(corpus: Corpus) -> Any:
     def encode(texts: list[str]) -> list[np.ndarray]:
         flat, offsets = tok.encode_batch_flat(texts, add_special_tokens=False)
         ids, at = np.frombuffer(flat, np.uint32), np.frombuffer(offsets, np.uint64).tolist()
-        return [np.append(ids[at[i]:at[i + 1]], np.uint32(eos)) for i in range(len(texts))]
+        return [np.append(ids[at[i] : at[i + 1]], np.uint32(eos)) for i in range(len(texts))]
+
     return encode
 
 
@@ -199,7 +231,7 @@ def tokenizer_alone(corpus: Corpus, batches: int, backend: str = "hf") -> dict:
     docs = {s: read_documents(corpus, s, RANK, WORLD) for s in SOURCES}
     texts: list[str] = []
     size = 0
-    while size < 6 * target and docs:   # ~4 bytes per token; read more than needed
+    while size < 6 * target and docs:  # ~4 bytes per token; read more than needed
         source = rng.choices(list(docs), [WEIGHTS[s] for s in docs])[0]
         text = next(docs[source], None)
         if text is None:
@@ -211,12 +243,18 @@ def tokenizer_alone(corpus: Corpus, batches: int, backend: str = "hf") -> dict:
     start = time.perf_counter()
     tokens = 0
     for i in range(0, len(texts), TOKENIZE_CHUNK):
-        tokens += sum(len(ids) for ids in encode(texts[i:i + TOKENIZE_CHUNK]))
+        tokens += sum(len(ids) for ids in encode(texts[i : i + TOKENIZE_CHUNK]))
         if tokens >= target:
             break
     elapsed = time.perf_counter() - start
-    return {"tokens": tokens, "seconds": elapsed, "first_batch_s": None, "saved": False,
-            "shares": None, "rss_mb": _peak_rss_mb()}
+    return {
+        "tokens": tokens,
+        "seconds": elapsed,
+        "first_batch_s": None,
+        "saved": False,
+        "shares": None,
+        "rss_mb": _peak_rss_mb(),
+    }
 
 
 def _child_main(args: argparse.Namespace) -> None:
@@ -225,16 +263,24 @@ def _child_main(args: argparse.Namespace) -> None:
     if args.child == "tokenizer":
         out = tokenizer_alone(corpus, args.batches, opts.get("backend", "hf"))
     else:
-        out = run_loader(args.child, corpus, args.batches, opts, args.state_out,
-                         args.resume_from)
+        out = run_loader(args.child, corpus, args.batches, opts, args.state_out, args.resume_from)
     print(json.dumps(out))
 
 
 # -- parent: run every row, print the table ------------------------------------------------------
-def _spawn(kind: str, corpus: Corpus, batches: int, opts: dict, threads: int,
-           **paths: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", kind, "--corpus", str(corpus.folder),
-           "--batches", str(batches), "--opts", json.dumps(opts)]
+def _spawn(kind: str, corpus: Corpus, batches: int, opts: dict, threads: int, **paths: str) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        kind,
+        "--corpus",
+        str(corpus.folder),
+        "--batches",
+        str(batches),
+        "--opts",
+        json.dumps(opts),
+    ]
     for key, value in paths.items():
         cmd += [f"--{key.replace('_', '-')}", value]
     env = {**os.environ, "RAYON_NUM_THREADS": str(threads)}
@@ -262,21 +308,36 @@ def plan_rows(args: argparse.Namespace) -> list[tuple[str, str, dict, str | None
     rows: list[tuple[str, str, dict, str | None]] = [
         ("tokenizer alone", "tokenizer", {}, None),
         ("fastokens alone", "tokenizer", {"backend": "fastokens"}, missing("fastokens")),
-        ("hand-written generator", "generator", {}, None)]
+        ("hand-written generator", "generator", {}, None),
+    ]
     cache = str(args.workdir / "token-cache")
     for workers in args.workers:
-        rows.append((f"mixer num_workers={workers}" + (", cache cold" if has_token_cache()
-                                                       else ""),
-                     "mixer", {"workers": workers, "cache": cache if has_token_cache() else None,
-                               "cold": True}, None))
-        rows.append((f"mixer num_workers={workers}, cache warm", "mixer",
-                     {"workers": workers, "cache": cache, "fill": True},
-                     None if has_token_cache() else "no `token_cache` recipe key in this mixer"))
+        rows.append(
+            (
+                f"mixer num_workers={workers}" + (", cache cold" if has_token_cache() else ""),
+                "mixer",
+                {"workers": workers, "cache": cache if has_token_cache() else None, "cold": True},
+                None,
+            )
+        )
+        rows.append(
+            (
+                f"mixer num_workers={workers}, cache warm",
+                "mixer",
+                {"workers": workers, "cache": cache, "fill": True},
+                None if has_token_cache() else "no `token_cache` recipe key in this mixer",
+            )
+        )
     for workers in args.workers:
         no_key = None if has_backend_key() else "no `tokenizer_backend` recipe key in this mixer"
-        rows.append((f"mixer, fastokens backend, num_workers={workers}", "mixer",
-                     {"workers": workers, "backend": "fastokens"},
-                     missing("fastokens") or no_key))
+        rows.append(
+            (
+                f"mixer, fastokens backend, num_workers={workers}",
+                "mixer",
+                {"workers": workers, "backend": "fastokens"},
+                missing("fastokens") or no_key,
+            )
+        )
     rows.append(("HF datasets streaming", "hf", {}, missing("datasets")))
     rows.append(("torchdata.nodes", "torchdata", {}, missing("torchdata")))
     wanted = set(args.loaders.split(",")) if args.loaders else None
@@ -318,20 +379,31 @@ def measure(args: argparse.Namespace, corpus: Corpus, log: Any = print) -> list[
             speed = res["tokens"] / res["seconds"]
             if label == "tokenizer alone":
                 bound = speed
-            results.append({"loader": label, "tokens_per_s": speed,
-                            "ratio": speed / bound if bound else None,
-                            "first": res["first_batch_s"],
-                            "resume": resumed, "exact": exact,
-                            "rss_mb": res["rss_mb"], "shares": _shares(res["shares"]),
-                            "tokens": res["tokens"], "stream": res.get("stream_digest")})
+            results.append(
+                {
+                    "loader": label,
+                    "tokens_per_s": speed,
+                    "ratio": speed / bound if bound else None,
+                    "first": res["first_batch_s"],
+                    "resume": resumed,
+                    "exact": exact,
+                    "rss_mb": res["rss_mb"],
+                    "shares": _shares(res["shares"]),
+                    "tokens": res["tokens"],
+                    "stream": res.get("stream_digest"),
+                }
+            )
     return results
 
 
 def markdown(results: list[dict]) -> str:
     """The results as a markdown table."""
     sec = lambda v: "–" if v is None else f"{v:.2f} s"
-    lines = ["| loader | tokens/s | ratio | first batch | resume, first batch | peak memory | "
-             "token shares (%) | stream digest |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| loader | tokens/s | ratio | first batch | resume, first batch | peak memory | "
+        "token shares (%) | stream digest |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         if "note" in r:
             lines.append(f"| {r['loader']} | – | – | – | – | – | {r['note']} | – |")
@@ -340,9 +412,11 @@ def markdown(results: list[dict]) -> str:
         resume = sec(r["resume"])
         if r["exact"] is not None:
             resume += " (same batch)" if r["exact"] else " (different batch)"
-        lines.append(f"| {r['loader']} | {r['tokens_per_s']:,.0f} | {ratio} | {sec(r['first'])} "
-                     f"| {resume} | {r['rss_mb']:,.0f} MB | {r['shares']} | "
-                     f"{r.get('stream') or '–'} |")
+        lines.append(
+            f"| {r['loader']} | {r['tokens_per_s']:,.0f} | {ratio} | {sec(r['first'])} "
+            f"| {resume} | {r['rss_mb']:,.0f} MB | {r['shares']} | "
+            f"{r.get('stream') or '–'} |"
+        )
     return "\n".join(lines)
 
 
@@ -366,12 +440,24 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32768, help="BPE vocabulary size")
     parser.add_argument("--batches", type=int, default=800, help="batches per loader")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/mixer-peers"))
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                        help="tokenizer threads of every loader (RAYON_NUM_THREADS)")
-    parser.add_argument("--loaders", default=None, help="comma-separated subset of: "
-                        "generator,mixer,hf,torchdata (the tokenizer rows always run)")
-    parser.add_argument("--workers", type=lambda v: [int(w) for w in v.split(",")],
-                        default=[0, 2], help="mixer num_workers values (default 0,2)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="tokenizer threads of every loader (RAYON_NUM_THREADS)",
+    )
+    parser.add_argument(
+        "--loaders",
+        default=None,
+        help="comma-separated subset of: "
+        "generator,mixer,hf,torchdata (the tokenizer rows always run)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=lambda v: [int(w) for w in v.split(",")],
+        default=[0, 2],
+        help="mixer num_workers values (default 0,2)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--corpus", help=argparse.SUPPRESS)
     parser.add_argument("--opts", default="{}", help=argparse.SUPPRESS)
@@ -386,10 +472,12 @@ def main() -> None:
     text = sum(s["text_bytes"] for s in stats.values())
     results = measure(args, corpus)
     docs = ", ".join(f"{name} {s['documents']:,} docs" for name, s in stats.items())
-    print(f"\ncorpus: {text / 1e6:.0f} MB of text ({docs}); "
-          f"rank {RANK} of {WORLD}, {args.batches} batches of {BATCH_SIZE} x {SEQ_LEN}, "
-          f"lanes {LANES}; {args.threads} tokenizer thread(s), "
-          f"{len(os.sched_getaffinity(0))} CPU(s)")
+    print(
+        f"\ncorpus: {text / 1e6:.0f} MB of text ({docs}); "
+        f"rank {RANK} of {WORLD}, {args.batches} batches of {BATCH_SIZE} x {SEQ_LEN}, "
+        f"lanes {LANES}; {args.threads} tokenizer thread(s), "
+        f"{len(os.sched_getaffinity(0))} CPU(s)"
+    )
     print(markdown(results))
     print(same_streams(results))
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, format_table, recipe_for, write_corpus  # noqa: E402
 
 WARMUP = 5
-KINDS = {"dataloader": None, "ray": 2, "ray in_flight=8": 8}   # kind → in_flight
+KINDS = {"dataloader": None, "ray": 2, "ray in_flight=8": 8}  # kind → in_flight
 
 
 def cpu_by_group() -> dict[str, float]:
@@ -50,8 +50,13 @@ def cpu_by_group() -> dict[str, float]:
             times, name = proc.cpu_times(), proc.name()
         except psutil.NoSuchProcess:
             continue
-        role = ("driver" if proc.pid == me.pid else
-                "workers" if name.startswith(("pt_data_worker", "ray::LaneActor")) else "ray")
+        role = (
+            "driver"
+            if proc.pid == me.pid
+            else "workers"
+            if name.startswith(("pt_data_worker", "ray::LaneActor"))
+            else "ray"
+        )
         out[role] += times.user + times.system
     return out
 
@@ -66,8 +71,13 @@ def _options(kind: str, procs: int, start_cluster: bool) -> dict:
     import ray
 
     if start_cluster:
-        ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
-                 num_cpus=procs, log_to_driver=False)
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            num_cpus=procs,
+            log_to_driver=False,
+        )
     else:
         ray.init(log_to_driver=False)
     return {"workers": mixer.RayWorkers(actors=procs, in_flight=KINDS[kind])}
@@ -92,8 +102,13 @@ def _steady(loader, batches: Iterator, count: int) -> dict:
         images += len(batch["image_grid_thw"]) if "image_grid_thw" in batch else 0
         wire += sum(batch[s.key].numel() * np.dtype(s.wire).itemsize for s in loader.layout.specs)
     seconds, after = time.perf_counter() - start, cpu_by_group()
-    return {"tokens": tokens, "images": images, "seconds": seconds, "wire": wire / tokens,
-            "cpu": {role: after[role] - before[role] for role in after}}
+    return {
+        "tokens": tokens,
+        "images": images,
+        "seconds": seconds,
+        "wire": wire / tokens,
+        "cpu": {role: after[role] - before[role] for role in after},
+    }
 
 
 def run(recipe: dict | str, kind: str, procs: int, count: int) -> dict:
@@ -116,11 +131,20 @@ def run(recipe: dict | str, kind: str, procs: int, count: int) -> dict:
             import ray
 
             env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-        resume = _subprocess(f"import ray_workers as b; print(json.dumps(b.resume({recipe!r}, "
-                             f"{kind!r}, {procs}, {state.name!r})))", env)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # the driver's own
-    return {**result, "first": first, "resume": resume, "rss": rss, "store": store,
-            "backend": loader.backend.info.backend}
+        resume = _subprocess(
+            f"import ray_workers as b; print(json.dumps(b.resume({recipe!r}, "
+            f"{kind!r}, {procs}, {state.name!r})))",
+            env,
+        )
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the driver's own
+    return {
+        **result,
+        "first": first,
+        "resume": resume,
+        "rss": rss,
+        "store": store,
+        "backend": loader.backend.info.backend,
+    }
 
 
 def resume(recipe: dict | str, kind: str, procs: int, state: str) -> float:
@@ -141,20 +165,36 @@ def _row(workload: str, kind: str, procs: int, r: dict, base: dict | None) -> di
     cpu, unit = r["cpu"], (r["images"] / 1e3 if workload == "image" else r["tokens"] / 1e6)
     who = "DataLoader workers" if kind == "dataloader" else kind.replace("ray", "Ray actors")
     ratio = tps / (base["tokens"] / base["seconds"]) if base else 1.0
-    return {"run": f"{workload}: {procs} {who}", "tps": f"{tps / 1e6:.2f}M",
-            "ratio": f"{ratio:.2f}",
-            "ips": f"{r['images'] / r['seconds']:.0f}" if r["images"] else "-",
-            "first": f"{r['first']:.2f}", "resume": f"{r['resume']:.2f}",
-            "rss": f"{r['rss']:.0f}", "store": f"{r['store']:.0f}", "wire": f"{r['wire']:.1f}",
-            "work": f"{cpu['workers'] / unit:.2f}", "driver": f"{cpu['driver'] / unit:.2f}",
-            "ray": f"{cpu['ray'] / unit:.2f}"}
+    return {
+        "run": f"{workload}: {procs} {who}",
+        "tps": f"{tps / 1e6:.2f}M",
+        "ratio": f"{ratio:.2f}",
+        "ips": f"{r['images'] / r['seconds']:.0f}" if r["images"] else "-",
+        "first": f"{r['first']:.2f}",
+        "resume": f"{r['resume']:.2f}",
+        "rss": f"{r['rss']:.0f}",
+        "store": f"{r['store']:.0f}",
+        "wire": f"{r['wire']:.1f}",
+        "work": f"{cpu['workers'] / unit:.2f}",
+        "driver": f"{cpu['driver'] / unit:.2f}",
+        "ray": f"{cpu['ray'] / unit:.2f}",
+    }
 
 
 def _subprocess(code: str, env: dict | None = None) -> Any:
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **(env or {})}   # 127.0.0.1
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **(env or {})}  # 127.0.0.1
     prefix = f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-    out = subprocess.run([sys.executable, "-c", prefix + code], capture_output=True, text=True,
-                         env=env, check=True).stdout.strip().splitlines()[-1]
+    out = (
+        subprocess.run(
+            [sys.executable, "-c", prefix + code],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     return json.loads(out)
 
 
@@ -162,24 +202,41 @@ def compare(args: argparse.Namespace, folder: str) -> None:
     text = recipe_for(Path(folder), tokenizer_backend=args.backend)
     image = str(ROOT / "recipes" / "multimodal_demo.yaml")
     rows = []
-    for workload, recipe, batches in (("text", text, args.batches),
-                                      ("image", image, args.image_batches)):
+    for workload, recipe, batches in (
+        ("text", text, args.batches),
+        ("image", image, args.image_batches),
+    ):
         if args.only not in (None, workload):
             continue
         base = None
         for kind in KINDS:
-            code = ("import ray_workers as b; "
-                    f"print(json.dumps(b.run({recipe!r}, {kind!r}, {args.procs}, {batches})))")
+            code = (
+                "import ray_workers as b; "
+                f"print(json.dumps(b.run({recipe!r}, {kind!r}, {args.procs}, {batches})))"
+            )
             result = _subprocess(code)
             rows.append(_row(workload, kind, args.procs, result, base))
             base = base or result
         print(f"{workload}: tokenizer backend {result['backend']}", flush=True)
-    print(format_table(rows, [
-        ("run", "run"), ("tps", "tokens/s"), ("ratio", "vs DataLoader"), ("ips", "images/s"),
-        ("first", "first batch s"), ("resume", "resume first batch s"),
-        ("rss", "driver peak RSS MB"), ("store", "of it object store"), ("wire", "wire B/token"),
-        ("work", "workers' CPU s/M tokens | ms/image"), ("driver", "driver's"),
-        ("ray", "Ray daemons'")]))
+    print(
+        format_table(
+            rows,
+            [
+                ("run", "run"),
+                ("tps", "tokens/s"),
+                ("ratio", "vs DataLoader"),
+                ("ips", "images/s"),
+                ("first", "first batch s"),
+                ("resume", "resume first batch s"),
+                ("rss", "driver peak RSS MB"),
+                ("store", "of it object store"),
+                ("wire", "wire B/token"),
+                ("work", "workers' CPU s/M tokens | ms/image"),
+                ("driver", "driver's"),
+                ("ray", "Ray daemons'"),
+            ],
+        )
+    )
 
 
 def overhead(batches: int = 600) -> dict:
@@ -188,13 +245,22 @@ def overhead(batches: int = 600) -> dict:
     import numpy as np
     import ray
 
-    ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
-             num_cpus=2, log_to_driver=False)
-    shapes = {"input_ids": np.int32, "labels": np.int32, "position_ids": np.int32,
-              "source_ids": np.int32}
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        num_cpus=2,
+        log_to_driver=False,
+    )
+    shapes = {
+        "input_ids": np.int32,
+        "labels": np.int32,
+        "position_ids": np.int32,
+        "source_ids": np.int32,
+    }
 
     @ray.remote
-    class LaneActor:   # (named as mixer's, so that cpu_by_group counts it as a worker)
+    class LaneActor:  # (named as mixer's, so that cpu_by_group counts it as a worker)
         def __init__(self) -> None:
             self.batch = ({k: np.ones((8, 2048), t) for k, t in shapes.items()}, {"g": 0})
 
@@ -222,17 +288,30 @@ def main() -> None:
     parser.add_argument("--image-batches", type=int, default=120)
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--only", choices=["text", "image"])
-    parser.add_argument("--backend", choices=["auto", "hf", "fastokens"], default="auto",
-                        help="the text recipe's tokenizer_backend")
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "hf", "fastokens"],
+        default="auto",
+        help="the text recipe's tokenizer_backend",
+    )
     parser.add_argument("--overhead", action="store_true")
     args = parser.parse_args()
     if args.overhead:
         result = _subprocess("import ray_workers as b; print(json.dumps(b.overhead()))")
-        print(format_table([{"group": f"{g} batch(es) per call", **{k: f"{v:.2f}" for k, v in
-                                                                   r.items()}}
-                            for g, r in result.items()],
-                           [("group", "objects"), ("driver", "driver CPU ms/batch"),
-                            ("workers", "actor CPU ms/batch"), ("ray", "Ray daemons ms/batch")]))
+        print(
+            format_table(
+                [
+                    {"group": f"{g} batch(es) per call", **{k: f"{v:.2f}" for k, v in r.items()}}
+                    for g, r in result.items()
+                ],
+                [
+                    ("group", "objects"),
+                    ("driver", "driver CPU ms/batch"),
+                    ("workers", "actor CPU ms/batch"),
+                    ("ray", "Ray daemons ms/batch"),
+                ],
+            )
+        )
         return
     with tempfile.TemporaryDirectory() as folder:
         write_corpus(Path(folder), args.copies)

@@ -35,11 +35,19 @@ OPTIONS = {"key": "bench", "secret": "bench", "client_kwargs": {"region_name": "
 
 def start_moto() -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
-    client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
-                          aws_access_key_id="bench", aws_secret_access_key="bench")
+    client = boto3.client(
+        "s3",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+    )
     for _ in range(100):
         try:
             client.list_buckets()
@@ -65,8 +73,14 @@ def run(recipe: dict, workers: int) -> dict:
             tokens += int((batch["source_ids"] >= 0).sum())
         io = loader.metrics()["io"]
     elapsed = time.perf_counter() - start
-    return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
-            "first_batch_s": first, "requests": io["requests"], "retries": io["retries"]}
+    return {
+        "tokens": tokens,
+        "seconds": elapsed,
+        "tokens_per_s": tokens / elapsed,
+        "first_batch_s": first,
+        "requests": io["requests"],
+        "retries": io["retries"],
+    }
 
 
 def throughput(client, url: str, folder: Path, copies: int) -> list[dict]:
@@ -78,16 +92,22 @@ def throughput(client, url: str, folder: Path, copies: int) -> list[dict]:
     remote = recipe_for(Path("through"))
     for r in (local, remote):
         r["sources"] = [{**s, "epochs": 1} for s in r["sources"]]
-    remote["sources"] = [{**s, "path": "s3://" + s["path"],
-                          "storage_options": {**OPTIONS, "endpoint_url": url}}
-                         for s in remote["sources"]]
+    remote["sources"] = [
+        {**s, "path": "s3://" + s["path"], "storage_options": {**OPTIONS, "endpoint_url": url}}
+        for s in remote["sources"]
+    ]
     rows = []
     for workers in (0, 2):
         base = run(local, workers)
         s3 = run(remote, workers)
         rows.append({"run": f"local, workers={workers}", **base, "vs_local": 1.0})
-        rows.append({"run": f"s3, workers={workers}", **s3,
-                     "vs_local": s3["tokens_per_s"] / base["tokens_per_s"]})
+        rows.append(
+            {
+                "run": f"s3, workers={workers}",
+                **s3,
+                "vs_local": s3["tokens_per_s"] / base["tokens_per_s"],
+            }
+        )
     return rows
 
 
@@ -95,25 +115,41 @@ def startup(client, url: str, folder: Path, objects: int) -> list[dict]:
     client.create_bucket(Bucket="many")
 
     def put(i: int) -> None:
-        client.put_object(Bucket="many", Key=f"shards/{i:06d}.jsonl",
-                          Body=json.dumps({"text": f"document number {i}"}) + "\n")
+        client.put_object(
+            Bucket="many",
+            Key=f"shards/{i:06d}.jsonl",
+            Body=json.dumps({"text": f"document number {i}"}) + "\n",
+        )
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(put, range(objects)))
-    recipe = {"tokenizer": str(TOKENIZER), "seq_len": 64, "batch_size": 4, "lanes": 8,
-              "manifest": str(folder / "many.manifest.json"),
-              "sources": [{"name": "many", "path": "s3://many/shards/*.jsonl", "weight": 1,
-                           "storage_options": {**OPTIONS, "endpoint_url": url}}]}
+    recipe = {
+        "tokenizer": str(TOKENIZER),
+        "seq_len": 64,
+        "batch_size": 4,
+        "lanes": 8,
+        "manifest": str(folder / "many.manifest.json"),
+        "sources": [
+            {
+                "name": "many",
+                "path": "s3://many/shards/*.jsonl",
+                "weight": 1,
+                "storage_options": {**OPTIONS, "endpoint_url": url},
+            }
+        ],
+    }
     rows = []
     start = time.perf_counter()
     mixer.build_loader(recipe)
-    rows.append({"start-up": f"{objects:,} objects, listing", "seconds":
-                 time.perf_counter() - start})
+    rows.append(
+        {"start-up": f"{objects:,} objects, listing", "seconds": time.perf_counter() - start}
+    )
     write_manifest(mixer.load_recipe(recipe), folder / "many.manifest.json")
     start = time.perf_counter()
     loader = mixer.build_loader(recipe)
-    rows.append({"start-up": f"{objects:,} objects, manifest", "seconds":
-                 time.perf_counter() - start})
+    rows.append(
+        {"start-up": f"{objects:,} objects, manifest", "seconds": time.perf_counter() - start}
+    )
     start = time.perf_counter()
     next(iter(loader))
     rows.append({"start-up": "... then first batch", "seconds": time.perf_counter() - start})
@@ -125,24 +161,44 @@ def memory(client, url: str, big_mb: int) -> list[dict]:
     rng = random.Random(0)
     lines, size, i = [], 0, 0
     while size < big_mb << 20:
-        line = json.dumps({"text": f"document {i} " * 20,
-                           "pad": base64.b64encode(rng.randbytes(3000)).decode()}) + "\n"
+        line = (
+            json.dumps(
+                {
+                    "text": f"document {i} " * 20,
+                    "pad": base64.b64encode(rng.randbytes(3000)).decode(),
+                }
+            )
+            + "\n"
+        )
         lines.append(line)
         size += len(line)
         i += 1
     client.put_object(Bucket="big", Key="big.jsonl", Body="".join(lines).encode())
     del lines
-    recipe = {"tokenizer": str(TOKENIZER), "seq_len": 512, "batch_size": 8, "lanes": 1,
-              "sources": [{"name": "big", "path": "s3://big/big.jsonl", "weight": 1,
-                           "epochs": 1, "storage_options": {**OPTIONS, "endpoint_url": url}}]}
+    recipe = {
+        "tokenizer": str(TOKENIZER),
+        "seq_len": 512,
+        "batch_size": 8,
+        "lanes": 1,
+        "sources": [
+            {
+                "name": "big",
+                "path": "s3://big/big.jsonl",
+                "weight": 1,
+                "epochs": 1,
+                "storage_options": {**OPTIONS, "endpoint_url": url},
+            }
+        ],
+    }
     rows, seen = [], 0
     with mixer.build_loader(recipe) as loader:
         for n, _ in enumerate(loader):
             seen += 1
             if n % 200 == 0:
                 io = loader.metrics()["io"]
-                rows.append({"batch": n, "MB read": round(io["bytes"] / 1e6, 1),
-                             "rss_mb": rss_mb()})
+                rows.append(
+                    {"batch": n, "MB read": round(io["bytes"] / 1e6, 1), "rss_mb": rss_mb()}
+                )
     io = loader.metrics()["io"]
     rows.append({"batch": seen, "MB read": round(io["bytes"] / 1e6, 1), "rss_mb": rss_mb()})
     return rows
@@ -155,19 +211,37 @@ def main() -> None:
     parser.add_argument("--big-mb", type=int, default=100)
     args = parser.parse_args()
     proc, url = start_moto()
-    client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
-                          aws_access_key_id="bench", aws_secret_access_key="bench")
+    client = boto3.client(
+        "s3",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+    )
     try:
         with tempfile.TemporaryDirectory() as tmp:
             print("throughput, same shards on local disk and loopback S3 (moto):")
-            print(table(throughput(client, url, Path(tmp), args.copies),
-                        ["run", "tokens", "seconds", "tokens_per_s", "vs_local",
-                         "first_batch_s", "requests", "retries"]))
+            print(
+                table(
+                    throughput(client, url, Path(tmp), args.copies),
+                    [
+                        "run",
+                        "tokens",
+                        "seconds",
+                        "tokens_per_s",
+                        "vs_local",
+                        "first_batch_s",
+                        "requests",
+                        "retries",
+                    ],
+                )
+            )
             print(f"\nstart-up over {args.objects:,} small objects:")
-            print(table(startup(client, url, Path(tmp), args.objects),
-                        ["start-up", "seconds"]))
-            print(f"\nresident memory while streaming one {args.big_mb} MB object "
-                  "(read-ahead budget 64 MB):")
+            print(table(startup(client, url, Path(tmp), args.objects), ["start-up", "seconds"]))
+            print(
+                f"\nresident memory while streaming one {args.big_mb} MB object "
+                "(read-ahead budget 64 MB):"
+            )
             print(table(memory(client, url, args.big_mb), ["batch", "MB read", "rss_mb"]))
     finally:
         proc.terminate()

@@ -59,8 +59,11 @@ def write_shards(folder: Path, shards: int) -> dict[str, bytes]:
         files[f"prose/{i:03d}.jsonl"] = text
         files[f"web/{i:03d}.jsonl.zst"] = zstandard.ZstdCompressor().compress(text)
         sink = pa.BufferOutputStream()
-        pq.write_table(pa.table({"content": [json.loads(x)["text"] for x in lines]}), sink,
-                       row_group_size=DOCS_PER_SHARD // 2)
+        pq.write_table(
+            pa.table({"content": [json.loads(x)["text"] for x in lines]}),
+            sink,
+            row_group_size=DOCS_PER_SHARD // 2,
+        )
         files[f"code/{i:03d}.parquet"] = sink.getvalue().to_pybytes()
     for key, data in files.items():
         (folder / key).parent.mkdir(parents=True, exist_ok=True)
@@ -70,13 +73,26 @@ def write_shards(folder: Path, shards: int) -> dict[str, bytes]:
 
 def recipe_for(base: str, tokenizer: Path, lanes: int, options: dict | None = None) -> dict:
     extra = {"storage_options": options} if options else {}
-    return {"seed": 1, "tokenizer": str(tokenizer), "seq_len": 32, "batch_size": 2,
-            "lanes": lanes, "shuffle_window": 4, "split_bytes": 1 << 20,
-            "sources": [{"name": "prose", "path": f"{base}/prose/*.jsonl", "weight": 0.5, **extra},
-                        {"name": "code", "path": f"{base}/code/*.parquet", "weight": 0.3,
-                         "text_field": "content", **extra},
-                        {"name": "web", "path": f"{base}/web/*.jsonl.zst", "weight": 0.2,
-                         **extra}]}
+    return {
+        "seed": 1,
+        "tokenizer": str(tokenizer),
+        "seq_len": 32,
+        "batch_size": 2,
+        "lanes": lanes,
+        "shuffle_window": 4,
+        "split_bytes": 1 << 20,
+        "sources": [
+            {"name": "prose", "path": f"{base}/prose/*.jsonl", "weight": 0.5, **extra},
+            {
+                "name": "code",
+                "path": f"{base}/code/*.parquet",
+                "weight": 0.3,
+                "text_field": "content",
+                **extra,
+            },
+            {"name": "web", "path": f"{base}/web/*.jsonl.zst", "weight": 0.2, **extra},
+        ],
+    }
 
 
 def fresh_filesystems() -> None:
@@ -98,17 +114,25 @@ def requests(recipe: dict, worlds: list[int], sample: int) -> list[dict]:
         ranks = sorted({round(i * (world - 1) / max(sample - 1, 1)) for i in range(sample)})
         for rank in ranks:
             fresh_filesystems()
-            loader = Loader(r, tables=tables, tokenizer=tok, rank=rank, world_size=world,
-                            num_workers=0)
+            loader = Loader(
+                r, tables=tables, tokenizer=tok, rank=rank, world_size=world, num_workers=0
+            )
             next(iter(loader))
             firsts.append(loader.metrics()["io"]["requests"])
             loader.close()
         per_rank = statistics.mean(firsts)
-        rows.append({"W": world, "lanes": r.lanes, "listing": listing,
-                     "every rank lists": listing * world, "list once": listing,
-                     "first batch / rank": f"{per_rank:.1f} (max {max(firsts)})",
-                     "first batches, all ranks": round(per_rank * world),
-                     "total, list once": round(listing + per_rank * world)})
+        rows.append(
+            {
+                "W": world,
+                "lanes": r.lanes,
+                "listing": listing,
+                "every rank lists": listing * world,
+                "list once": listing,
+                "first batch / rank": f"{per_rank:.1f} (max {max(firsts)})",
+                "first batches, all ranks": round(per_rank * world),
+                "total, list once": round(listing + per_rank * world),
+            }
+        )
     return rows
 
 
@@ -122,8 +146,10 @@ def states(recipe: dict, worlds: list[int]) -> list[dict]:
         tables = list_sources(r)
         listed = time.perf_counter() - start
         start = time.perf_counter()
-        loaders = [Loader(r, tables=tables, tokenizer=tok, rank=rank, world_size=world,
-                          num_workers=0) for rank in range(world)]
+        loaders = [
+            Loader(r, tables=tables, tokenizer=tok, rank=rank, world_size=world, num_workers=0)
+            for rank in range(world)
+        ]
         built = time.perf_counter() - start
         start = time.perf_counter()
         packed = []
@@ -137,18 +163,28 @@ def states(recipe: dict, worlds: list[int]) -> list[dict]:
         start = time.perf_counter()
         merged = mixer.merge_states(packed)
         merge_s = time.perf_counter() - start
-        target = Loader(r, tables=tables, tokenizer=tok, rank=0, world_size=max(world // 2, 1),
-                        num_workers=0)
+        target = Loader(
+            r, tables=tables, tokenizer=tok, rank=0, world_size=max(world // 2, 1), num_workers=0
+        )
         start = time.perf_counter()
         target.load_state_dict(merged)
         load_s = time.perf_counter() - start
         rank_bytes = [len(p["json"]) for p in packed]
         long_run = pack(long_run_payload(unpack(merged)))
-        rows.append({"W": world, "lanes": r.lanes, "listing s": listed,
-                     "build W loaders s": built, "batches s": ran,
-                     "rank state B": max(rank_bytes), "merged state B": len(merged["json"]),
-                     "merge_states s": merge_s, "load merged s": load_s,
-                     "long-run merged B": len(long_run["json"])})
+        rows.append(
+            {
+                "W": world,
+                "lanes": r.lanes,
+                "listing s": listed,
+                "build W loaders s": built,
+                "batches s": ran,
+                "rank state B": max(rank_bytes),
+                "merged state B": len(merged["json"]),
+                "merge_states s": merge_s,
+                "load merged s": load_s,
+                "long-run merged B": len(long_run["json"]),
+            }
+        )
     return rows
 
 
@@ -164,14 +200,30 @@ def long_run_payload(payload: dict) -> dict:
             entry["deficit"] = rng.randrange(-2048000, 2048000)
             entry["documents"] = rng.randrange(10**5, 10**6)
             entry["epochs"] = round(rng.uniform(0, 3), 4)
-            packer = entry["packer"] or {"offset": 0, "exhausted": 0, "stream": {
-                "epoch": 0, "window": 0, "slot": 0, "index": 0, "offset": 0, "pos": 0,
-                "skipped": 0, "done": 0}}
+            packer = entry["packer"] or {
+                "offset": 0,
+                "exhausted": 0,
+                "stream": {
+                    "epoch": 0,
+                    "window": 0,
+                    "slot": 0,
+                    "index": 0,
+                    "offset": 0,
+                    "pos": 0,
+                    "skipped": 0,
+                    "done": 0,
+                },
+            }
             entry["packer"] = packer
             packer["offset"] = rng.randrange(2048)
-            packer["stream"].update(epoch=rng.randrange(3), window=rng.randrange(10**4),
-                                    slot=rng.randrange(100), index=rng.randrange(10**5),
-                                    offset=rng.randrange(10**9), pos=rng.randrange(1024))
+            packer["stream"].update(
+                epoch=rng.randrange(3),
+                window=rng.randrange(10**4),
+                slot=rng.randrange(100),
+                index=rng.randrange(10**5),
+                offset=rng.randrange(10**9),
+                pos=rng.randrange(1024),
+            )
     return payload
 
 
@@ -193,27 +245,57 @@ def main() -> None:
         if not args.skip_s3:
             proc, url = start_moto()
             try:
-                client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
-                                      aws_access_key_id="bench", aws_secret_access_key="bench")
+                client = boto3.client(
+                    "s3",
+                    endpoint_url=url,
+                    region_name="us-east-1",
+                    aws_access_key_id="bench",
+                    aws_secret_access_key="bench",
+                )
                 client.create_bucket(Bucket="scale")
                 for key, data in files.items():
                     client.put_object(Bucket="scale", Key=f"data/{key}", Body=data)
-                remote = recipe_for("s3://scale/data", tok, WORKERS,
-                                    {**OPTIONS, "endpoint_url": url})
+                remote = recipe_for(
+                    "s3://scale/data", tok, WORKERS, {**OPTIONS, "endpoint_url": url}
+                )
                 print("\nstorage requests at start-up (S3):")
-                print(table(requests(remote, worlds, args.sample_ranks),
-                            ["W", "lanes", "listing", "every rank lists", "list once",
-                             "first batch / rank", "first batches, all ranks",
-                             "total, list once"]))
+                print(
+                    table(
+                        requests(remote, worlds, args.sample_ranks),
+                        [
+                            "W",
+                            "lanes",
+                            "listing",
+                            "every rank lists",
+                            "list once",
+                            "first batch / rank",
+                            "first batches, all ranks",
+                            "total, list once",
+                        ],
+                    )
+                )
             finally:
                 proc.terminate()
         if args.skip_states:
             return
         print("\nstate, every lane visited once (local copy):")
-        print(table(states(local, worlds),
-                    ["W", "lanes", "listing s", "build W loaders s", "batches s",
-                     "rank state B", "merged state B", "merge_states s", "load merged s",
-                     "long-run merged B"]))
+        print(
+            table(
+                states(local, worlds),
+                [
+                    "W",
+                    "lanes",
+                    "listing s",
+                    "build W loaders s",
+                    "batches s",
+                    "rank state B",
+                    "merged state B",
+                    "merge_states s",
+                    "load merged s",
+                    "long-run merged B",
+                ],
+            )
+        )
 
 
 if __name__ == "__main__":

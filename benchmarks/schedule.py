@@ -26,13 +26,16 @@ import mixer  # noqa: E402
 
 def schedules(batch_tokens: int, batches: int) -> dict[str, dict | None]:
     end = batch_tokens * batches
-    points = [{"at_tokens": 0, "weights": {"prose": 0.6, "code": 0.3, "changelog": 0.1}},
-              {"at_tokens": end // 3, "weights": {"prose": 0.2, "code": 0.3, "changelog": 0.5}},
-              {"at_tokens": 2 * end // 3, "weights": {"prose": 0.4, "code": 0.4,
-                                                      "changelog": 0.2}}]
-    return {"fixed weights": None,
-            "step schedule": {"interpolate": "step", "points": points},
-            "linear schedule": {"interpolate": "linear", "points": points}}
+    points = [
+        {"at_tokens": 0, "weights": {"prose": 0.6, "code": 0.3, "changelog": 0.1}},
+        {"at_tokens": end // 3, "weights": {"prose": 0.2, "code": 0.3, "changelog": 0.5}},
+        {"at_tokens": 2 * end // 3, "weights": {"prose": 0.4, "code": 0.4, "changelog": 0.2}},
+    ]
+    return {
+        "fixed weights": None,
+        "step schedule": {"interpolate": "step", "points": points},
+        "linear schedule": {"interpolate": "linear", "points": points},
+    }
 
 
 def stream_speed(recipe: dict, batches: int) -> dict:
@@ -51,7 +54,7 @@ def stream_speed(recipe: dict, batches: int) -> dict:
 def metrics_cost(recipe: dict, lanes: int, calls: int = 2000) -> dict:
     loader = mixer.build_loader({**recipe, "lanes": lanes, "shuffle_window": 64})
     it = iter(loader)
-    for _ in range(lanes):   # a state for every lane
+    for _ in range(lanes):  # a state for every lane
         next(it)
     start = time.perf_counter()
     for _ in range(calls):

@@ -31,14 +31,21 @@ RECIPE = {"seed": 1, "seq_len": 2048, "batch_size": 8, "lanes": 8}
 
 
 def recipe_for(corpus: Path, **overrides) -> dict:
-    recipe = {**RECIPE, "tokenizer": str(corpus / "tokenizer.json"),
-              "sources": [{"name": "prose", "path": str(corpus / "prose" / "*.jsonl.zst"),
-                           "weight": 0.4},
-                          {"name": "code", "path": str(corpus / "code" / "*.parquet"),
-                           "text_field": "content", "weight": 0.3},
-                          {"name": "web", "path": str(corpus / "web" / "*.jsonl"),
-                           "weight": 0.3}]}
-    if os.environ.get("SHUFFLE_BUDGET_BYTES"):   # compare budgets without editing the recipe
+    recipe = {
+        **RECIPE,
+        "tokenizer": str(corpus / "tokenizer.json"),
+        "sources": [
+            {"name": "prose", "path": str(corpus / "prose" / "*.jsonl.zst"), "weight": 0.4},
+            {
+                "name": "code",
+                "path": str(corpus / "code" / "*.parquet"),
+                "text_field": "content",
+                "weight": 0.3,
+            },
+            {"name": "web", "path": str(corpus / "web" / "*.jsonl"), "weight": 0.3},
+        ],
+    }
+    if os.environ.get("SHUFFLE_BUDGET_BYTES"):  # compare budgets without editing the recipe
         recipe["shuffle_budget_bytes"] = int(os.environ["SHUFFLE_BUDGET_BYTES"])
     recipe.update(overrides)
     return recipe
@@ -108,17 +115,24 @@ def tokenizer_alone(corpus: str, batches: int) -> dict:
         docs = texts[source["name"]]
         goal, got, i = want * source["weight"], 0, 0
         while got < goal:
-            chunk = docs[i % len(docs):i % len(docs) + 64]
+            chunk = docs[i % len(docs) : i % len(docs) + 64]
             i += 64
-            got += sum(len(e.ids) + 1 for e in tok.encode_batch_fast(chunk,
-                                                                    add_special_tokens=False))
+            got += sum(
+                len(e.ids) + 1 for e in tok.encode_batch_fast(chunk, add_special_tokens=False)
+            )
         tokens += got
     elapsed = time.perf_counter() - start
     return {"tokens": tokens, "seconds": elapsed}
 
 
-def mixer_run(corpus: str, batches: int, workers: int, lanes: int = 8,
-              save: str | None = None, resume: str | None = None) -> dict:
+def mixer_run(
+    corpus: str,
+    batches: int,
+    workers: int,
+    lanes: int = 8,
+    save: str | None = None,
+    resume: str | None = None,
+) -> dict:
     import mixer
 
     recipe = recipe_for(Path(corpus), lanes=lanes)
@@ -143,19 +157,26 @@ def mixer_run(corpus: str, batches: int, workers: int, lanes: int = 8,
             break
     elapsed = time.perf_counter() - start
     loader.close()
-    return {"tokens": tokens, "seconds": elapsed, "build_s": build, "first_batch_s": first,
-            "rss_mb": rss.stop()}
+    return {
+        "tokens": tokens,
+        "seconds": elapsed,
+        "build_s": build,
+        "first_batch_s": first,
+        "rss_mb": rss.stop(),
+    }
 
 
 def child(kind: str, *args) -> dict:
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import json, "
-            f"startup as s, mixer, torch, tokenizers, pyarrow.parquet, zstandard; "
-            f"print('RESULT', json.dumps(s.{kind}(*{args!r})))")
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import json, "
+        f"startup as s, mixer, torch, tokenizers, pyarrow.parquet, zstandard; "
+        f"print('RESULT', json.dumps(s.{kind}(*{args!r})))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(out.stderr[-3000:])
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def fmt(rows: list[dict], columns: list[str]) -> str:
@@ -165,6 +186,7 @@ def fmt(rows: list[dict], columns: list[str]) -> str:
         if isinstance(v, float):
             return f"{v:,.3f}" if v < 100 else f"{v:,.0f}"
         return f"{v:,}" if isinstance(v, int) else str(v)
+
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
@@ -205,8 +227,21 @@ def main() -> None:
             for batches in (args.batches // 10, args.batches):
                 row = child("mixer_run", corpus, batches, 0, 8)
                 rows.append({"run": f"{batches} batches workers=0", **row})
-    print(fmt(rows, ["run", "tokens", "seconds", "tokens_per_s", "vs_tokenizer", "build_s",
-                     "first_batch_s", "rss_mb"]))
+    print(
+        fmt(
+            rows,
+            [
+                "run",
+                "tokens",
+                "seconds",
+                "tokens_per_s",
+                "vs_tokenizer",
+                "build_s",
+                "first_batch_s",
+                "rss_mb",
+            ],
+        )
+    )
 
 
 if __name__ == "__main__":

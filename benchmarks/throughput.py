@@ -32,7 +32,7 @@ def tokenizer_alone(folder: str) -> dict:
     start = time.perf_counter()
     tokens = 0
     for i in range(0, len(texts), 64):
-        for enc in tok.encode_batch_fast(texts[i:i + 64], add_special_tokens=False):
+        for enc in tok.encode_batch_fast(texts[i : i + 64], add_special_tokens=False):
             tokens += len(enc.ids) + 1  # + EOS, as mixer appends one
     elapsed = time.perf_counter() - start
     return {"tokens": tokens, "seconds": elapsed, "first_batch_s": None, "rss_mb": peak_rss_mb()}
@@ -56,9 +56,12 @@ def mixer_run(folder: str, workers: int) -> dict:
 
 
 def _child(kind: str, folder: str, workers: int) -> dict:
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import json, "
-            f"throughput as t; print(json.dumps(t.{kind}({folder!r}"
-            + (f", {workers}" if kind == "mixer_run" else "") + ")))")
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import json, "
+        f"throughput as t; print(json.dumps(t.{kind}({folder!r}"
+        + (f", {workers}" if kind == "mixer_run" else "")
+        + ")))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -74,15 +77,21 @@ def main() -> None:
         base = _child("tokenizer_alone", tmp, 0)
         rows.append({"run": "tokenizer alone", **base})
         for workers in (0, 2):
-            rows.append({"run": f"mixer num_workers={workers}",
-                         **_child("mixer_run", tmp, workers)})
+            rows.append(
+                {"run": f"mixer num_workers={workers}", **_child("mixer_run", tmp, workers)}
+            )
     for row in rows:
         row["tokens_per_s"] = row["tokens"] / row["seconds"]
         row["vs_tokenizer"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
-    print(f"corpus: {size / 1e6:.1f} MB of jsonl, {rows[0]['tokens']:,} tokens; "
-          f"{cpu_count()} CPU(s)")
-    print(table(rows, ["run", "tokens", "seconds", "tokens_per_s", "vs_tokenizer",
-                       "first_batch_s", "rss_mb"]))
+    print(
+        f"corpus: {size / 1e6:.1f} MB of jsonl, {rows[0]['tokens']:,} tokens; {cpu_count()} CPU(s)"
+    )
+    print(
+        table(
+            rows,
+            ["run", "tokens", "seconds", "tokens_per_s", "vs_tokenizer", "first_batch_s", "rss_mb"],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,7 @@ from mixer.images.video_decode import probe_video  # noqa: E402
 from mixer.tools.tables import format_table  # noqa: E402
 
 
-def make_clip(seconds: float, width: int, height: int, rate: int, gop: int,
-              seed: int = 0) -> bytes:
+def make_clip(seconds: float, width: int, height: int, rate: int, gop: int, seed: int = 0) -> bytes:
     rng = np.random.default_rng(seed)
     grain = rng.integers(0, 24, (height, width, 3), dtype=np.uint8)
     ys, xs = np.mgrid[0:height, 0:width]
@@ -57,7 +56,7 @@ def make_clip(seconds: float, width: int, height: int, rate: int, gop: int,
         for f in range(int(seconds * rate)):
             img = (background + grain).astype(np.uint8)
             x = (f * 7) % (width - 40)
-            img[height // 3:height // 3 + 40, x:x + 40] = (200, 30, 30)
+            img[height // 3 : height // 3 + 40, x : x + 40] = (200, 30, 30)
             for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():
@@ -72,11 +71,11 @@ def _settings(**video) -> ImageSettings:
 def mixer_pixels(data: bytes, settings: ImageSettings) -> tuple[np.ndarray, int]:
     processing = VideoProcessing(settings)
     encoded = EncodedVideo(data, "clip.mp4", 0)
-    info = probe_video(encoded, source="bench", file="clip", max_source_pixels=1 << 30,
-                       max_source_frames=1 << 30)
+    info = probe_video(
+        encoded, source="bench", file="clip", max_source_pixels=1 << 30, max_source_frames=1 << 30
+    )
     plan = processing.plan(info)
-    handle = LazyVideo(encoded, info, plan, processing, extra_tokens=2, source="bench",
-                       file="clip")
+    handle = LazyVideo(encoded, info, plan, processing, extra_tokens=2, source="bench", file="clip")
     return handle.pixels(), plan.frames
 
 
@@ -87,10 +86,14 @@ def processor_pixels(data: bytes, processor) -> tuple[np.ndarray, int]:
         stream = container.streams.video[0]
         rate = float(stream.average_rate)
         frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(stream)])
-    out = processor(videos=[frames], video_metadata=[VideoMetadata(total_num_frames=len(frames),
-                                                                   fps=rate)],
-                    do_sample_frames=True, fps=2.0, cap_pixels_per_frame=False,
-                    return_tensors="np")
+    out = processor(
+        videos=[frames],
+        video_metadata=[VideoMetadata(total_num_frames=len(frames), fps=rate)],
+        do_sample_frames=True,
+        fps=2.0,
+        cap_pixels_per_frame=False,
+        return_tensors="np",
+    )
     t = int(out["video_grid_thw"][0][0])
     return out["pixel_values_videos"], t * 2
 
@@ -108,18 +111,25 @@ def frames_per_second(seconds: float, repeat: int) -> list[dict]:
         best = {"mixer": float("inf"), "pyav + processor": float("inf")}
         frames = {}
         for _ in range(repeat):
-            for name, fn in (("mixer", lambda d=data: mixer_pixels(d, settings)),
-                             ("pyav + processor", lambda d=data: processor_pixels(d, processor))):
+            for name, fn in (
+                ("mixer", lambda d=data: mixer_pixels(d, settings)),
+                ("pyav + processor", lambda d=data: processor_pixels(d, processor)),
+            ):
                 start = time.process_time()
                 pixels, frames[name] = fn()
                 best[name] = min(best[name], time.process_time() - start)
         ours, theirs = mixer_pixels(data, settings)[0], processor_pixels(data, processor)[0]
         assert np.abs(ours - theirs).max() <= 1e-6, "the two paths disagree"
         for name, cpu in best.items():
-            rows.append({"clip": f"{seconds:g} s 640x360@30, key every {gop_s} s",
-                         "path": name, "sampled frames": frames[name],
-                         "frames/CPU s": frames[name] / cpu,
-                         "vs baseline": best["pyav + processor"] / cpu})
+            rows.append(
+                {
+                    "clip": f"{seconds:g} s 640x360@30, key every {gop_s} s",
+                    "path": name,
+                    "sampled frames": frames[name],
+                    "frames/CPU s": frames[name] / cpu,
+                    "vs baseline": best["pyav + processor"] / cpu,
+                }
+            )
     return rows
 
 
@@ -138,7 +148,7 @@ def _child_peak(path: str) -> None:
 
     data = Path(path).read_bytes()
     settings = _settings(max_frames=64)
-    mixer_pixels(make_clip(1, 64, 64, 10, 10), settings)   # warm every code path
+    mixer_pixels(make_clip(1, 64, 64, 10, 10), settings)  # warm every code path
     Path("/proc/self/clear_refs").write_text("5")
     base = _status("VmRSS")
     pixels, n = mixer_pixels(data, settings)
@@ -149,15 +159,22 @@ def peak_memory(minutes: float, tmp: Path) -> list[dict]:
     width, height, rate = 640, 360, 15
     path = tmp / "long.mp4"
     path.write_bytes(make_clip(minutes * 60, width, height, rate, gop=rate * 5))
-    out = subprocess.run([sys.executable, __file__, "--child", str(path)],
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", str(path)], capture_output=True, text=True, check=True
+    ).stdout.split()
     growth, output, n = float(out[0]), float(out[1]), int(out[2])
     whole = minutes * 60 * rate * width * height * 3 / 2**20
     frame = width * height * 3 / 2**20
-    return [{"clip": f"{minutes:g} min 640x360@15 ({path.stat().st_size / 2**20:.1f} MB mp4)",
-             "sampled frames": n, "peak RSS growth MB": growth,
-             "pixels returned MB": output, "one decoded frame MB": frame,
-             "whole video decoded MB": whole}]
+    return [
+        {
+            "clip": f"{minutes:g} min 640x360@15 ({path.stat().st_size / 2**20:.1f} MB mp4)",
+            "sampled frames": n,
+            "peak RSS growth MB": growth,
+            "pixels returned MB": output,
+            "one decoded frame MB": frame,
+            "whole video decoded MB": whole,
+        }
+    ]
 
 
 def first_batch_and_resume() -> list[dict]:
@@ -177,8 +194,13 @@ def first_batch_and_resume() -> list[dict]:
     again.load_state_dict(state)
     next(iter(again))
     resumed = time.perf_counter() - start
-    return [{"recipe": "video_demo.yaml", "first batch s": first,
-             "first batch after resume at 20 s": resumed}]
+    return [
+        {
+            "recipe": "video_demo.yaml",
+            "first batch s": first,
+            "first batch after resume at 20 s": resumed,
+        }
+    ]
 
 
 def _table(rows: list[dict]) -> str:

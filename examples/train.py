@@ -51,9 +51,16 @@ def batch_hash(batch: dict[str, torch.Tensor]) -> str:
 
 def build_model(vocab_size: int, seq_len: int) -> torch.nn.Module:
     torch.manual_seed(0)  # identical init on every rank (DDP also broadcasts rank 0's)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                         max_position_embeddings=max(seq_len, 64), tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=max(seq_len, 64),
+        tie_word_embeddings=True,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -62,8 +69,9 @@ def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torc
     logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
     logits = logits[:, :-1].float()
     labels = batch["labels"][:, 1:]
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
-                           ignore_index=-100, reduction="none").view_as(labels)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction="none"
+    ).view_as(labels)
 
 
 class OnlineMixing:
@@ -82,8 +90,9 @@ class OnlineMixing:
         gathered since the last update); loaded in place."""
         return {"weights": self.weights, "loss_sums": self.sums, "loss_counts": self.counts}
 
-    def accumulate(self, losses: torch.Tensor, mask: torch.Tensor,
-                   sources: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def accumulate(
+        self, losses: torch.Tensor, mask: torch.Tensor, sources: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Add this step's per-source loss sums and token counts (all ranks); returns this
         step's all-reduced (sums, counts)."""
         sums = torch.zeros(len(self.names), dtype=torch.float64)
@@ -94,7 +103,7 @@ class OnlineMixing:
             counts[index] = chosen.sum()
         both = torch.cat([sums, counts])
         dist.all_reduce(both)
-        sums, counts = both[:len(self.names)], both[len(self.names):]
+        sums, counts = both[: len(self.names)], both[len(self.names) :]
         self.sums += sums
         self.counts += counts
         return sums, counts
@@ -128,14 +137,25 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--metrics-out", help="(rank 0) append loader metrics JSON lines here")
     parser.add_argument("--metrics-every", type=int, default=1)
-    parser.add_argument("--online-mixing", action="store_true",
-                        help="reweight sources from per-source losses (exponentiated gradient)")
+    parser.add_argument(
+        "--online-mixing",
+        action="store_true",
+        help="reweight sources from per-source losses (exponentiated gradient)",
+    )
     parser.add_argument("--mix-every", type=int, default=10)
     parser.add_argument("--mix-lr", type=float, default=1.0, help="η of the weight update")
-    parser.add_argument("--mix-smoothing", type=float, default=0.1,
-                        help="share of uniform weight mixed into every update")
-    parser.add_argument("--crash-at-step", type=int, default=-1,
-                        help="(testing) rank 0 kills itself with SIGKILL at this step")
+    parser.add_argument(
+        "--mix-smoothing",
+        type=float,
+        default=0.1,
+        help="share of uniform weight mixed into every update",
+    )
+    parser.add_argument(
+        "--crash-at-step",
+        type=int,
+        default=-1,
+        help="(testing) rank 0 kills itself with SIGKILL at this step",
+    )
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -185,24 +205,33 @@ def main() -> None:
                 chosen = mask & (target_sources == index)
                 if chosen.any():
                     per_source[name] = round(float(losses[chosen].mean()), 4)
-            record = {"step": step, "rank": rank, "global": first_global + i * world,
-                      "hash": batch_hash(batch), "tokens": int(count),
-                      "loss": round(float(losses[mask].mean()), 4) if count else None,
-                      "per_source": per_source}
+            record = {
+                "step": step,
+                "rank": rank,
+                "global": first_global + i * world,
+                "hash": batch_hash(batch),
+                "tokens": int(count),
+                "loss": round(float(losses[mask].mean()), 4) if count else None,
+                "per_source": per_source,
+            }
             if log:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
             sums, counts = mixing.accumulate(losses, mask, target_sources)
             if args.metrics_out and step % args.metrics_every == 0:
-                metrics = loader.metrics(all_ranks=True)   # a collective: every rank calls it
+                metrics = loader.metrics(all_ranks=True)  # a collective: every rank calls it
                 if metrics_log:
-                    line = {"step": step, **metrics, "loss": record["loss"],
-                            "loss_by_source": mixing.mean_losses(sums, counts)}
+                    line = {
+                        "step": step,
+                        **metrics,
+                        "loss": record["loss"],
+                        "loss_by_source": mixing.mean_losses(sums, counts),
+                    }
                     metrics_log.write(json.dumps(line) + "\n")
                     metrics_log.flush()
             if args.online_mixing and step % args.mix_every == 0:
                 weights = mixing.update()
-                loader.set_weights(weights)   # same weights, same step, on every rank
+                loader.set_weights(weights)  # same weights, same step, on every rank
                 if rank == 0:
                     shown = {n: round(w, 3) for n, w in weights.items()}
                     print(f"step {step} weights {shown}", flush=True)

@@ -57,30 +57,61 @@ def vision_token_ids(tokenizer_file: str) -> dict[str, int]:
     ids = {name: tok.token_to_id(name) for name in VISION_TOKENS}
     missing = [name for name, i in ids.items() if i is None]
     if missing:
-        raise SystemExit(f"tokenizer {tokenizer_file} lacks {', '.join(missing)}: the qwen2_vl "
-                         "layout needs them as special tokens")
+        raise SystemExit(
+            f"tokenizer {tokenizer_file} lacks {', '.join(missing)}: the qwen2_vl "
+            "layout needs them as special tokens"
+        )
     return ids
 
 
-def build_model(vocab_size: int, seq_len: int, ids: dict[str, int], *, patch_size: int,
-                temporal_patch_size: int, merge_size: int) -> Qwen2VLForConditionalGeneration:
+def build_model(
+    vocab_size: int,
+    seq_len: int,
+    ids: dict[str, int],
+    *,
+    patch_size: int,
+    temporal_patch_size: int,
+    merge_size: int,
+) -> Qwen2VLForConditionalGeneration:
     """A tiny random Qwen2-VL whose image tokens are the tokenizer's and whose vision tower
     takes the recipe's patches."""
     torch.manual_seed(0)  # identical init on every rank (DDP also broadcasts rank 0's)
     config = Qwen2VLConfig(
-        text_config=dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                         max_position_embeddings=max(seq_len, 64), use_cache=False,
-                         bos_token_id=None, eos_token_id=None,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                          "mrope_section": [2, 3, 3]}),  # head_dim 16
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
-                           patch_size=patch_size, temporal_patch_size=temporal_patch_size,
-                           spatial_merge_size=merge_size),
-        image_token_id=ids["<|image_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"], video_token_id=vocab_size)  # no video
-    return Qwen2VLForConditionalGeneration._from_config(config, attn_implementation="sdpa",
-                                                        dtype=torch.float32)
+        text_config=dict(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=max(seq_len, 64),
+            use_cache=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 3, 3],
+            },
+        ),  # head_dim 16
+        vision_config=dict(
+            depth=1,
+            embed_dim=32,
+            hidden_size=64,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=patch_size,
+            temporal_patch_size=temporal_patch_size,
+            spatial_merge_size=merge_size,
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        video_token_id=vocab_size,
+    )  # no video
+    return Qwen2VLForConditionalGeneration._from_config(
+        config, attn_implementation="sdpa", dtype=torch.float32
+    )
 
 
 def _vision_anchor(model: Qwen2VLForConditionalGeneration) -> torch.Tensor:
@@ -94,12 +125,16 @@ def _vision_anchor(model: Qwen2VLForConditionalGeneration) -> torch.Tensor:
     return 0.0 * visual(pixels, grid_thw=grid).pooler_output.sum()
 
 
-def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def token_losses(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token loss of predicting labels[:, 1:] (0 where the label is -100), and a zero
     tied to the vision weights when the batch has no image (else a plain zero)."""
-    inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"],
-              "mm_token_type_ids": batch["mm_token_type_ids"]}
+    inputs = {
+        "input_ids": batch["input_ids"],
+        "position_ids": batch["position_ids"],
+        "mm_token_type_ids": batch["mm_token_type_ids"],
+    }
     inner = model.module if isinstance(model, DistributedDataParallel) else model
     if batch["image_grid_thw"].shape[0]:
         inputs["pixel_values"] = batch["pixel_values"]
@@ -110,8 +145,9 @@ def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]
     # No attention_mask and no cache: the packed mask comes from position_ids[0].
     logits = model(**inputs, use_cache=False).logits[:, :-1].float()
     labels = batch["labels"][:, 1:]
-    losses = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
-                             ignore_index=-100, reduction="none").view_as(labels)
+    losses = F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction="none"
+    ).view_as(labels)
     return losses, anchor
 
 
@@ -125,23 +161,35 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--step-log", help="append per-step JSON lines here (one file per rank)")
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--crash-at-step", type=int, default=-1,
-                        help="(testing) rank 0 kills itself with SIGKILL at this step")
+    parser.add_argument(
+        "--crash-at-step",
+        type=int,
+        default=-1,
+        help="(testing) rank 0 kills itself with SIGKILL at this step",
+    )
     args = parser.parse_args()
 
     recipe = mixer.load_recipe(args.recipe)
     if recipe.images is None or recipe.images.layout != "qwen2_vl":
-        raise SystemExit(f"{args.recipe}: train_vlm.py needs an `images:` block with "
-                         "layout: qwen2_vl")
+        raise SystemExit(
+            f"{args.recipe}: train_vlm.py needs an `images:` block with layout: qwen2_vl"
+        )
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     loader = mixer.build_loader(recipe, num_workers=args.num_workers)  # rank/world from dist
     ids = vision_token_ids(loader.tokenizer.path)
     vocab = max(loader.tokenizer.vocab_size, *ids.values()) + 1
     images = recipe.images
-    model = DistributedDataParallel(build_model(
-        vocab, recipe.seq_len, ids, patch_size=images.patch_size,
-        temporal_patch_size=images.temporal_patch_size, merge_size=images.merge_size))
+    model = DistributedDataParallel(
+        build_model(
+            vocab,
+            recipe.seq_len,
+            ids,
+            patch_size=images.patch_size,
+            temporal_patch_size=images.temporal_patch_size,
+            merge_size=images.merge_size,
+        )
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     names = [s.name for s in recipe.sources]
 
@@ -183,10 +231,17 @@ def main() -> None:
                         if chosen.any():
                             per_source[name] = round(float(losses[chosen].mean()), 4)
             step += 1
-            record = {"step": step, "rank": rank, "global": first_global + i * world,
-                      "hash": batch_hash(batch), "tokens": int(count), "padding": padding,
-                      "images": int(batch["image_grid_thw"].shape[0]), "loss": mean,
-                      "per_source": per_source}
+            record = {
+                "step": step,
+                "rank": rank,
+                "global": first_global + i * world,
+                "hash": batch_hash(batch),
+                "tokens": int(count),
+                "padding": padding,
+                "images": int(batch["image_grid_thw"].shape[0]),
+                "loss": mean,
+                "per_source": per_source,
+            }
             if log:
                 log.write(json.dumps(record) + "\n")
                 log.flush()

@@ -38,11 +38,25 @@ __version__ = "0.1.0"
 
 # Imported on first use, so that `import mixer` (and the CLI's start) does not import torch:
 # name -> module that defines it.
-_LAZY = {"BATCH_KEYS": "mixer.runtime.loader", "Loader": "mixer.runtime.loader",
-         "build_loader": "mixer.runtime.loader", "RayWorkers": "mixer.runtime.ray_workers",
-         "merge_states": "mixer.runtime.state"}
-_LAYERS = ("core", "config", "sources", "tokenize", "cache", "pipeline", "images", "runtime",
-           "tools", "integrations")
+_LAZY = {
+    "BATCH_KEYS": "mixer.runtime.loader",
+    "Loader": "mixer.runtime.loader",
+    "build_loader": "mixer.runtime.loader",
+    "RayWorkers": "mixer.runtime.ray_workers",
+    "merge_states": "mixer.runtime.state",
+}
+_LAYERS = (
+    "core",
+    "config",
+    "sources",
+    "tokenize",
+    "cache",
+    "pipeline",
+    "images",
+    "runtime",
+    "tools",
+    "integrations",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -50,7 +64,7 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
-    if name in _LAYERS:   # `mixer.runtime.state` after a bare `import mixer`, as before
+    if name in _LAYERS:  # `mixer.runtime.state` after a bare `import mixer`, as before
         module = importlib.import_module(f"mixer.{name}")
         if name == "runtime":
             importlib.import_module("mixer.runtime.loader")
@@ -66,7 +80,18 @@ def is_padding_batch(batch: dict) -> bool:
 
 
 __all__ = [
-    "BATCH_KEYS", "DataError", "Loader", "MixerError", "RayWorkers", "Recipe", "RecipeError",
-    "SourceConfig", "StateError", "TopologyError", "build_loader", "is_padding_batch",
-    "load_recipe", "merge_states",
+    "BATCH_KEYS",
+    "DataError",
+    "Loader",
+    "MixerError",
+    "RayWorkers",
+    "Recipe",
+    "RecipeError",
+    "SourceConfig",
+    "StateError",
+    "TopologyError",
+    "build_loader",
+    "is_padding_batch",
+    "load_recipe",
+    "merge_states",
 ]

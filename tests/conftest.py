@@ -25,9 +25,19 @@ from helpers import corpus, make_tokenizer, write_docs  # noqa: E402
 
 # The longest modules (real torchrun jobs, S3 through a fault proxy, many subprocesses) run
 # first, so `make test`'s two xdist processes (one file at a time) end at about the same time.
-SLOW_FIRST = ("test_torchrun", "test_online_mixing_torchrun", "test_train_vlm_torchrun",
-              "test_s3", "test_schedule_hostile", "test_images_hostile", "test_properties",
-              "test_peers_smoke", "test_lifetime", "test_token_cache", "test_loader")
+SLOW_FIRST = (
+    "test_torchrun",
+    "test_online_mixing_torchrun",
+    "test_train_vlm_torchrun",
+    "test_s3",
+    "test_schedule_hostile",
+    "test_images_hostile",
+    "test_properties",
+    "test_peers_smoke",
+    "test_lifetime",
+    "test_token_cache",
+    "test_loader",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -73,8 +83,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         path = _stacks_file(item.config)
         path.parent.mkdir(parents=True, exist_ok=True)
         _watchdog_out.append(open(path, "w"))  # noqa: SIM115 (open for the process's life)
-    faulthandler.dump_traceback_later(_stuck_after(item), exit=True,
-                                      file=_watchdog_out[0])
+    faulthandler.dump_traceback_later(_stuck_after(item), exit=True, file=_watchdog_out[0])
     yield
     faulthandler.cancel_dump_traceback_later()
 
@@ -102,19 +111,36 @@ def three_sources(tmp_path: Path, tokenizer_path: Path):
     for part in range(3):
         write_docs(tmp_path / "prose" / f"p{part}.jsonl", docs["prose"][part::3], "jsonl")
     for part in range(2):
-        write_docs(tmp_path / "code" / f"c{part}.parquet", docs["code"][part::2], "parquet",
-                   field="content", row_group_size=7)
+        write_docs(
+            tmp_path / "code" / f"c{part}.parquet",
+            docs["code"][part::2],
+            "parquet",
+            field="content",
+            row_group_size=7,
+        )
     write_docs(tmp_path / "web" / "w0.jsonl.zst", docs["web"][:100], "jsonl.zst")
     write_docs(tmp_path / "web" / "w1.jsonl.gz", docs["web"][100:], "jsonl.gz")
     recipe = {
-        "seed": 7, "tokenizer": str(tokenizer_path), "seq_len": 16, "batch_size": 4,
-        "lanes": 4, "shuffle_window": 8, "split_bytes": 1500,
+        "seed": 7,
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 16,
+        "batch_size": 4,
+        "lanes": 4,
+        "shuffle_window": 8,
+        "split_bytes": 1500,
         "sources": [
             {"name": "prose", "path": str(tmp_path / "prose" / "*.jsonl"), "weight": 0.5},
-            {"name": "code", "path": str(tmp_path / "code" / "*.parquet"), "weight": 0.3,
-             "text_field": "content"},
-            {"name": "web", "path": [str(tmp_path / "web" / "*.zst"),
-                                     str(tmp_path / "web" / "*.gz")], "weight": 0.2},
+            {
+                "name": "code",
+                "path": str(tmp_path / "code" / "*.parquet"),
+                "weight": 0.3,
+                "text_field": "content",
+            },
+            {
+                "name": "web",
+                "path": [str(tmp_path / "web" / "*.zst"), str(tmp_path / "web" / "*.gz")],
+                "weight": 0.2,
+            },
         ],
     }
     return recipe, docs
@@ -138,6 +164,10 @@ def s3_endpoint():
 
 def s3_options(endpoint: str, **config) -> dict:
     """storage_options for s3fs with a canary secret that must never leak."""
-    return {"key": "AKIDMIXERTEST", "secret": CANARY, "endpoint_url": endpoint,
-            "client_kwargs": {"region_name": "us-east-1"},
-            "config_kwargs": {"read_timeout": 1, "connect_timeout": 2, **config}}
+    return {
+        "key": "AKIDMIXERTEST",
+        "secret": CANARY,
+        "endpoint_url": endpoint,
+        "client_kwargs": {"region_name": "us-east-1"},
+        "config_kwargs": {"read_timeout": 1, "connect_timeout": 2, **config},
+    }

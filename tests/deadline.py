@@ -26,6 +26,7 @@ class Hang(BaseException):
 @contextlib.contextmanager
 def deadline(seconds: float) -> Iterator[None]:
     """Raise `Hang` in the main thread once `seconds` have passed in the block."""
+
     def fire(*_: object) -> None:
         raise Hang(f"still running after {seconds} s")
 
@@ -35,7 +36,7 @@ def deadline(seconds: float) -> Iterator[None]:
     try:
         yield
     finally:
-        while True:   # an alarm may land here too: stop the timer before anything else
+        while True:  # an alarm may land here too: stop the timer before anything else
             try:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 break

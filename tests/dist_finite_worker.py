@@ -21,7 +21,14 @@ with loader:
         if batches == 3:
             state = loader.state_dict()  # a collective mid-stream works and stays in step
 with open(f"{out_path}.rank{dist.get_rank()}", "w") as f:
-    json.dump({"batches": batches, "padding": padding, "counts": counts,
-               "state_kind": json.loads(state["json"])["kind"]}, f)
+    json.dump(
+        {
+            "batches": batches,
+            "padding": padding,
+            "counts": counts,
+            "state_kind": json.loads(state["json"])["kind"],
+        },
+        f,
+    )
 dist.barrier()
 dist.destroy_process_group()

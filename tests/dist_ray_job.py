@@ -27,8 +27,10 @@ def run(recipe: dict, steps: int, **options) -> dict:
 def main() -> None:
     recipe, steps, out = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     dist.init_process_group("gloo")
-    result = {"ray": run(recipe, steps, workers=mixer.RayWorkers(actors=1)),
-              "dataloader": run(recipe, steps, num_workers=2)}
+    result = {
+        "ray": run(recipe, steps, workers=mixer.RayWorkers(actors=1)),
+        "dataloader": run(recipe, steps, num_workers=2),
+    }
     with open(f"{out}.rank{dist.get_rank()}", "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()

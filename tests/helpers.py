@@ -45,8 +45,14 @@ def doc_text(doc: int, length: int) -> str:
     return " ".join([f"w{doc}"] * length)
 
 
-def write_docs(path: Path, docs: list[tuple[int, int]], fmt: str, *, field: str = "text",
-               row_group_size: int = 16) -> Path:
+def write_docs(
+    path: Path,
+    docs: list[tuple[int, int]],
+    fmt: str,
+    *,
+    field: str = "text",
+    row_group_size: int = 16,
+) -> Path:
     """Write (doc id, length) documents to `path` in `fmt`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     texts = [doc_text(d, n) for d, n in docs]
@@ -67,8 +73,9 @@ def write_docs(path: Path, docs: list[tuple[int, int]], fmt: str, *, field: str 
     return path
 
 
-def corpus(first: int, count: int, *, min_len: int = 1, max_len: int = 40,
-           seed: int = 0) -> list[tuple[int, int]]:
+def corpus(
+    first: int, count: int, *, min_len: int = 1, max_len: int = 40, seed: int = 0
+) -> list[tuple[int, int]]:
     """`count` documents with ids from `first` and pseudo-random lengths."""
     out = []
     for d in range(first, first + count):
@@ -103,8 +110,30 @@ def batch_digest(batch: dict) -> str:
 
 # -- fuzzing: structural and byte mutations of plain data ---------------------------------------
 
-JUNK = [None, True, False, 0, -1, 1.5, 2**64, -(2**63) - 1, 10**30, "", "x", "1", "nan", [], {},
-        [1], {"x": 1}, [[[]]], float("nan"), float("inf"), -float("inf"), 1e308]
+JUNK = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1.5,
+    2**64,
+    -(2**63) - 1,
+    10**30,
+    "",
+    "x",
+    "1",
+    "nan",
+    [],
+    {},
+    [1],
+    {"x": 1},
+    [[[]]],
+    float("nan"),
+    float("inf"),
+    -float("inf"),
+    1e308,
+]
 
 
 def take_digests(loader, n: int, seconds: float = 120) -> list[str]:
@@ -167,6 +196,7 @@ def _mutate_once(draw, value):
 
 def structural_mutations(value):
     """A strategy of deep copies of `value` with one to three structural edits."""
+
     @st.composite
     def mutated(draw):
         out = copy.deepcopy(value)
@@ -183,7 +213,7 @@ def apply_ops(data: bytes, ops: list[tuple[str, int, bytes]]) -> bytes:
         at = at % (len(data) + 1)
         if kind == "flip" and data:
             at = min(at, len(data) - 1)
-            data = data[:at] + bytes([data[at] ^ (payload[0] | 1)]) + data[at + 1:]
+            data = data[:at] + bytes([data[at] ^ (payload[0] | 1)]) + data[at + 1 :]
         elif kind == "truncate":
             data = data[:at]
         elif kind == "insert":
@@ -193,8 +223,10 @@ def apply_ops(data: bytes, ops: list[tuple[str, int, bytes]]) -> bytes:
 
 def byte_mutations(data: bytes, alphabet: bytes = b""):
     """A strategy of `data` with one to eight bytes replaced, inserted, deleted or duplicated."""
-    chunk = st.one_of(st.binary(min_size=1, max_size=8),
-                      st.sampled_from([bytes([b]) for b in alphabet] or [b"\x00"]))
+    chunk = st.one_of(
+        st.binary(min_size=1, max_size=8),
+        st.sampled_from([bytes([b]) for b in alphabet] or [b"\x00"]),
+    )
 
     @st.composite
     def mutated(draw):
@@ -203,13 +235,13 @@ def byte_mutations(data: bytes, alphabet: bytes = b""):
             at = draw(st.integers(0, len(out)))
             op = draw(st.sampled_from(["replace", "insert", "delete", "duplicate"]))
             if op == "replace" and at < len(out):
-                out[at:at + 1] = draw(chunk)
+                out[at : at + 1] = draw(chunk)
             elif op == "insert":
                 out[at:at] = draw(chunk)
             elif op == "delete":
-                del out[at:at + draw(st.integers(1, 16))]
+                del out[at : at + draw(st.integers(1, 16))]
             else:
-                out[at:at] = out[at:at + draw(st.integers(1, 64))]
+                out[at:at] = out[at : at + draw(st.integers(1, 64))]
         return bytes(out)
 
     return mutated()

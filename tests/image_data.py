@@ -45,10 +45,10 @@ def vision_ids(path: Path, extra: tuple[str, ...] = ()) -> dict[str, int]:
 class Sample:
     doc: int
     length: int
-    sizes: list[tuple[int, int]] = field(default_factory=list)   # (width, height) per image
+    sizes: list[tuple[int, int]] = field(default_factory=list)  # (width, height) per image
     mode: str = "RGB"
     fmt: str = "png"
-    marker: bool = False   # put "<image>" markers in the caption (one per image, spread out)
+    marker: bool = False  # put "<image>" markers in the caption (one per image, spread out)
 
     def caption(self) -> str:
         words = doc_text(self.doc, self.length).split()

@@ -23,12 +23,18 @@ MODEL_KEYS = ("input_ids", "labels", "position_ids")
 
 def recipe_dict() -> dict:
     sample = ROOT / "data" / "sample"
-    return {"seed": 5, "tokenizer": str(TOKENIZER), "seq_len": 32, "batch_size": 2, "lanes": 4,
-            "shuffle_window": 16,
-            "sources": [{"name": "prose", "path": str(sample / "prose" / "*.jsonl.zst"),
-                         "weight": 0.6},
-                        {"name": "changelog", "path": str(sample / "changelog" / "*.jsonl"),
-                         "weight": 0.4}]}
+    return {
+        "seed": 5,
+        "tokenizer": str(TOKENIZER),
+        "seq_len": 32,
+        "batch_size": 2,
+        "lanes": 4,
+        "shuffle_window": 16,
+        "sources": [
+            {"name": "prose", "path": str(sample / "prose" / "*.jsonl.zst"), "weight": 0.6},
+            {"name": "changelog", "path": str(sample / "changelog" / "*.jsonl"), "weight": 0.4},
+        ],
+    }
 
 
 def digest(batch: dict) -> str:
@@ -42,9 +48,15 @@ def tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, intermediate_size=64,
-                         max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -58,14 +70,15 @@ class DigestLog:
 
     def __call__(self, batch: dict) -> None:
         with self.path.open("a") as out:
-            out.write(json.dumps({"rank": self.rank, "i": self.count,
-                                  "hash": digest(batch)}) + "\n")
+            out.write(
+                json.dumps({"rank": self.rank, "i": self.count, "hash": digest(batch)}) + "\n"
+            )
         self.count += 1
         if self.count == self.kill_after:
             print(f"KILLING rank {self.rank} after {self.count} batches", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def hook(self, module, args, kwargs):   # a forward pre-hook (with_kwargs=True)
+    def hook(self, module, args, kwargs):  # a forward pre-hook (with_kwargs=True)
         if "labels" in kwargs:  # a padding batch's forward (no labels) is not a batch seen
             self({k: kwargs[k] for k in MODEL_KEYS})
 

@@ -45,26 +45,47 @@ class TrainState:
         self.step = int(state["step"])
 
 
-def train(recipe: str, out: str, steps: int, name: str, *, save_at: int | None = None,
-          kill: int | None = None) -> None:
+def train(
+    recipe: str,
+    out: str,
+    steps: int,
+    name: str,
+    *,
+    save_at: int | None = None,
+    kill: int | None = None,
+) -> None:
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     model = tiny_llama()
     data = MixerDataLoader.Config(recipe=recipe).build(
-        dp_world_size=world, dp_rank=rank, tokenizer=None, seq_len=32, local_batch_size=2)
+        dp_world_size=world, dp_rank=rank, tokenizer=None, seq_len=32, local_batch_size=2
+    )
     optimizers = OptimizersContainer.Config(
-        param_groups=[ParamGroupConfig(pattern=".*", optimizer_name="AdamW",
-                                       optimizer_kwargs={"lr": 1e-3})],
-        implementation="for-loop").build(model_parts=[model])
+        param_groups=[
+            ParamGroupConfig(pattern=".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 1e-3})
+        ],
+        implementation="for-loop",
+    ).build(model_parts=[model])
     schedulers = LRSchedulersContainer.Config(warmup_steps=1).build(
-        optimizers=optimizers, training_steps=steps)
+        optimizers=optimizers, training_steps=steps
+    )
     state = TrainState()
     checkpointer = CheckpointManager.Config(
-        enable=True, folder="ckpt", interval=save_at or steps, keep_latest_k=0,
-        last_save_model_only=False, load_only=save_at is None,
-    ).build(dataloader=data, model_parts=[model], optimizers=optimizers,
-            lr_schedulers=schedulers, states={"train_state": state}, sd_adapter=None,
-            base_folder=out)
-    checkpointer.load()   # the latest checkpoint in OUT/ckpt, if any
+        enable=True,
+        folder="ckpt",
+        interval=save_at or steps,
+        keep_latest_k=0,
+        last_save_model_only=False,
+        load_only=save_at is None,
+    ).build(
+        dataloader=data,
+        model_parts=[model],
+        optimizers=optimizers,
+        lr_schedulers=schedulers,
+        states={"train_state": state},
+        sd_adapter=None,
+        base_folder=out,
+    )
+    checkpointer.load()  # the latest checkpoint in OUT/ckpt, if any
     print(f"{name}: rank {rank} of {world} starts after step {state.step}", flush=True)
     forward = DistributedDataParallel(model) if world > 1 else model
     seen = DigestLog(f"{out}/{name}", rank, kill_after=kill)
@@ -100,7 +121,7 @@ def main() -> None:
     # One string, one write: the ranks share stdout, unbuffered under torchrun.
     print(f"ONE_DP_RANK {rank} {first} {unpack(one.state_dict())['next_global']}", flush=True)
     dist.destroy_process_group()
-    if rank == 0:   # 2 -> 1 DP ranks
+    if rank == 0:  # 2 -> 1 DP ranks
         train(recipe, out, steps, "elastic")
 
 

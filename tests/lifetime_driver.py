@@ -24,10 +24,10 @@ import time
 
 import mixer
 
-PIPE_EOF_S = 10.0   # after the owner exits, its pipe must close within this
+PIPE_EOF_S = 10.0  # after the owner exits, its pipe must close within this
 WORKERS_GONE_S = 5.0
 PR_SET_CHILD_SUBREAPER = 36
-KEEP: list = []     # iterators that stay alive until interpreter exit, as in a script's globals
+KEEP: list = []  # iterators that stay alive until interpreter exit, as in a script's globals
 # Endings whose signal raises an exception in the script (KeyboardInterrupt, a handler's
 # SystemExit). Python drops such an exception when it is raised while a finalizer runs (torch
 # runs StorageWeakRef.__del__ as it frees the storages workers sent), and the script goes on, as a
@@ -163,10 +163,16 @@ def run_once(recipe: dict, scenario: str) -> dict:
     for pid in strays:
         os.kill(pid, signal.SIGKILL)
     reap()
-    return {"status": status, "signals": signals, "workers": len(pids), "pipe_closed": eof,
-            "gone_s": gone_s,
-            "survivors": survivors, "strays": strays,
-            "output": (first + output).decode(errors="replace")[-2000:]}
+    return {
+        "status": status,
+        "signals": signals,
+        "workers": len(pids),
+        "pipe_closed": eof,
+        "gone_s": gone_s,
+        "survivors": survivors,
+        "strays": strays,
+        "output": (first + output).decode(errors="replace")[-2000:],
+    }
 
 
 def adopted() -> list[int]:

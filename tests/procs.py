@@ -33,8 +33,13 @@ def _signal_all(procs: list[psutil.Process], sig: int) -> None:
             pass
 
 
-def run(cmd: Sequence[str], *, timeout: float, env: dict[str, str] | None = None,
-        cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+def run(
+    cmd: Sequence[str],
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+) -> subprocess.CompletedProcess:
     """Like `subprocess.run(cmd, capture_output=True, text=True)`, bounded by `timeout`.
 
     On a timeout raises `TimeoutError` carrying the tail of stdout and stderr, which then
@@ -42,12 +47,14 @@ def run(cmd: Sequence[str], *, timeout: float, env: dict[str, str] | None = None
     return finish(spawn(cmd, env=env, cwd=cwd), timeout=timeout)
 
 
-def spawn(cmd: Sequence[str], *, env: dict[str, str] | None = None,
-          cwd: str | os.PathLike | None = None) -> subprocess.Popen:
+def spawn(
+    cmd: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None
+) -> subprocess.Popen:
     """Start `cmd` with its output captured and faulthandler on (see `finish`)."""
     env = {**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"}
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=cwd)
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd
+    )
 
 
 def finish(proc: subprocess.Popen, *, timeout: float) -> subprocess.CompletedProcess:
@@ -70,7 +77,7 @@ def finish(proc: subprocess.Popen, *, timeout: float) -> subprocess.CompletedPro
                     proc.wait(timeout=ABORT_GRACE_S)
                 except subprocess.TimeoutExpired:
                     pass
-            else:   # never psutil-wait the Popen child: that would reap it behind Popen
+            else:  # never psutil-wait the Popen child: that would reap it behind Popen
                 psutil.wait_procs([one], timeout=ABORT_GRACE_S)
         _signal_all([p for p in stuck + _job(proc) if p.pid != proc.pid], signal.SIGKILL)
         proc.kill()
@@ -78,10 +85,12 @@ def finish(proc: subprocess.Popen, *, timeout: float) -> subprocess.CompletedPro
             out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:  # a process that escaped both signals
             out, err = "", "(output lost: a process outside the job still holds its pipes)"
-        raise TimeoutError(f"{cmd[:6]} still running after {timeout:.0f} s; processes: "
-                           f"{summary}\n--- stdout ---\n{(out or '')[-3000:]}\n"
-                           f"--- stderr (stacks) ---\n{(err or '')[-20000:]}") from None
-    except BaseException:   # e.g. pytest-timeout's alarm: leave nothing of the job running
+        raise TimeoutError(
+            f"{cmd[:6]} still running after {timeout:.0f} s; processes: "
+            f"{summary}\n--- stdout ---\n{(out or '')[-3000:]}\n"
+            f"--- stderr (stacks) ---\n{(err or '')[-20000:]}"
+        ) from None
+    except BaseException:  # e.g. pytest-timeout's alarm: leave nothing of the job running
         _signal_all([p for p in _job(proc) if p.pid != proc.pid], signal.SIGKILL)
         proc.kill()
         proc.wait()
@@ -92,8 +101,11 @@ def finish(proc: subprocess.Popen, *, timeout: float) -> subprocess.CompletedPro
 def _job(proc: subprocess.Popen) -> list[psutil.Process]:
     """The child, its descendants, and any other process holding its output pipes (a rank
     orphaned when its launcher exited is no longer anyone's descendant)."""
-    pipes = {f"pipe:[{os.fstat(f.fileno()).st_ino}]" for f in (proc.stdout, proc.stderr)
-             if f is not None and not f.closed}
+    pipes = {
+        f"pipe:[{os.fstat(f.fileno()).st_ino}]"
+        for f in (proc.stdout, proc.stderr)
+        if f is not None and not f.closed
+    }
     found: dict[int, psutil.Process] = {}
     try:
         found[proc.pid] = psutil.Process(proc.pid)

@@ -15,6 +15,6 @@ ray.init(address=sys.argv[1])
 loader = mixer.build_loader(json.loads(sys.argv[2]), workers=mixer.RayWorkers(actors=2))
 batches = iter(loader)
 next(batches)
-next(batches)   # one from each actor: both are alive
+next(batches)  # one from each actor: both are alive
 print(json.dumps([actor._actor_id.hex() for actor in loader._pool.actors]), flush=True)
 time.sleep(600)

@@ -18,10 +18,14 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-            b"<Message>Please reduce your request rate.</Message></Error>")
-DENIED = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
-          b"<Message>Access Denied</Message></Error>")
+SLOWDOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+DENIED = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
+    b"<Message>Access Denied</Message></Error>"
+)
 
 
 def free_port() -> int:
@@ -31,8 +35,15 @@ def free_port() -> int:
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, *, stall_s: float = 3.0, cut_after: int = 64 << 10,
-                 faults: bool = True, slowdown_every: int = 10) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        stall_s: float = 3.0,
+        cut_after: int = 64 << 10,
+        faults: bool = True,
+        slowdown_every: int = 10,
+    ) -> None:
         self.upstream = urlsplit(upstream)
         self.stall_s = stall_s
         self.cut_after = cut_after
@@ -116,8 +127,13 @@ class FaultProxy:
             body = body[:1000]
         req.send_response(resp.status)
         for name, value in resp.getheaders():
-            if name.lower() not in ("content-length", "transfer-encoding", "connection",
-                                    "date", "server"):
+            if name.lower() not in (
+                "content-length",
+                "transfer-encoding",
+                "connection",
+                "date",
+                "server",
+            ):
                 req.send_header(name, value)
         if method == "HEAD":
             req.send_header("Content-Length", resp.getheader("Content-Length") or "0")
@@ -128,7 +144,7 @@ class FaultProxy:
         try:
             if action == "cut" and resp.status == 206 and len(body) > self.cut_after:
                 self.counts["cut"] += 1
-                req.wfile.write(body[:self.cut_after])
+                req.wfile.write(body[: self.cut_after])
                 req.wfile.flush()
                 req.connection.shutdown(socket.SHUT_RDWR)
                 req.close_connection = True

@@ -27,14 +27,15 @@ def test_positions_restart_at_documents_and_rows_and_labels_follow(three_sources
     recipe = {**three_sources[0], "mask_document_boundaries": mask}
     starts_checked = 0
     for batch in batches(recipe, 40):
-        ids, labels, pos, src = (batch[k] for k in ("input_ids", "labels", "position_ids",
-                                                    "source_ids"))
+        ids, labels, pos, src = (
+            batch[k] for k in ("input_ids", "labels", "position_ids", "source_ids")
+        )
         assert (pos[:, 0] == 0).all(), "every row starts at position 0"
         for r in range(ids.shape[0]):
             for t in range(1, ids.shape[1]):
                 if src[r, t] < 0:
                     continue
-                if ids[r, t - 1] == EOS_ID:   # a new document starts after an EOS
+                if ids[r, t - 1] == EOS_ID:  # a new document starts after an EOS
                     assert pos[r, t] == 0
                     starts_checked += 1
                     if mask:
@@ -51,8 +52,10 @@ def test_positions_restart_at_documents_and_rows_and_labels_follow(three_sources
 
 
 def test_padding_positions_and_labels(three_sources):
-    recipe = {**three_sources[0], "sources": [{**s, "epochs": 1}
-                                              for s in three_sources[0]["sources"]]}
+    recipe = {
+        **three_sources[0],
+        "sources": [{**s, "epochs": 1} for s in three_sources[0]["sources"]],
+    }
     pads = 0
     for batch in batches(recipe):
         pad = batch["source_ids"] == -1
@@ -66,9 +69,14 @@ def test_padding_positions_and_labels(three_sources):
 def test_pad_packing_puts_one_document_per_row_and_never_truncates(tmp_path, tokenizer_path):
     docs = corpus(0, 50, min_len=1, max_len=45)  # some longer than seq_len 16
     write_docs(tmp_path / "d.jsonl", docs, "jsonl")
-    recipe = {"tokenizer": str(tokenizer_path), "seq_len": 16, "batch_size": 2, "lanes": 2,
-              "packing": "pad", "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"),
-                                             "weight": 1, "epochs": 1}]}
+    recipe = {
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 16,
+        "batch_size": 2,
+        "lanes": 2,
+        "packing": "pad",
+        "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"), "weight": 1, "epochs": 1}],
+    }
     got = batches(recipe)
     assert token_counts(got) == expected_counts(docs)
     for batch in got:
@@ -82,9 +90,13 @@ def test_pad_packing_puts_one_document_per_row_and_never_truncates(tmp_path, tok
 def test_long_documents_continue_on_the_next_rows(tmp_path, tokenizer_path):
     docs = [(0, 100), (1, 3)]
     write_docs(tmp_path / "d.jsonl", docs, "jsonl")
-    recipe = {"tokenizer": str(tokenizer_path), "seq_len": 16, "batch_size": 1, "lanes": 1,
-              "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"), "weight": 1,
-                           "epochs": 1}]}
+    recipe = {
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 16,
+        "batch_size": 1,
+        "lanes": 1,
+        "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"), "weight": 1, "epochs": 1}],
+    }
     rows = torch.cat([b["input_ids"] for b in batches(recipe)])
     flat = rows.flatten().tolist()
     first = FIRST_WORD_ID
@@ -98,13 +110,24 @@ def test_bos_is_prepended_when_the_tokenizer_config_asks(tmp_path, tokenizer_pat
     folder = tmp_path / "hf"
     folder.mkdir()
     shutil.copy(tokenizer_path, folder / "tokenizer.json")
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "<|endoftext|>", "bos_token": "w29999", "add_bos_token": True,
-         "pad_token": "<pad>"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "eos_token": "<|endoftext|>",
+                "bos_token": "w29999",
+                "add_bos_token": True,
+                "pad_token": "<pad>",
+            }
+        )
+    )
     write_docs(tmp_path / "d.jsonl", [(0, 3)], "jsonl")
-    recipe = {"tokenizer": str(folder), "seq_len": 8, "batch_size": 1, "lanes": 1,
-              "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"), "weight": 1,
-                           "epochs": 1}]}
+    recipe = {
+        "tokenizer": str(folder),
+        "seq_len": 8,
+        "batch_size": 1,
+        "lanes": 1,
+        "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"), "weight": 1, "epochs": 1}],
+    }
     row = batches(recipe)[0]["input_ids"][0].tolist()
     bos = 29999 + FIRST_WORD_ID
     assert row[:5] == [bos, FIRST_WORD_ID, FIRST_WORD_ID, FIRST_WORD_ID, EOS_ID]
@@ -116,13 +139,18 @@ def test_bos_follows_the_tokenizer_template_when_the_config_is_silent(tmp_path):
 
     path = make_tokenizer(tmp_path / "tok.json")
     tok = Tokenizer.from_file(str(path))
-    tok.post_processor = processors.TemplateProcessing(single="w29999 $A",
-                                                       special_tokens=[("w29999", 30001)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="w29999 $A", special_tokens=[("w29999", 30001)]
+    )
     tok.save(str(path))
     write_docs(tmp_path / "d.jsonl", [(0, 2)], "jsonl")
-    recipe = {"tokenizer": str(path), "seq_len": 8, "batch_size": 1, "lanes": 1,
-              "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"), "weight": 1,
-                           "epochs": 1}]}
+    recipe = {
+        "tokenizer": str(path),
+        "seq_len": 8,
+        "batch_size": 1,
+        "lanes": 1,
+        "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"), "weight": 1, "epochs": 1}],
+    }
     row = batches(recipe)[0]["input_ids"][0].tolist()
     assert row[:4] == [30001, FIRST_WORD_ID, FIRST_WORD_ID, EOS_ID]
 
@@ -147,8 +175,11 @@ def test_a_batch_written_at_once_equals_the_rows_written_one_by_one_and_the_orac
                 continue
             pieces, at = [], 0
             while at < seq_len and (at == 0 or rng.random() < 0.8 or case % 2):
-                doc = Document(rng.integers(0, 30000, rng.integers(1, 40)).astype(
-                    dtypes[rng.integers(len(dtypes))]))
+                doc = Document(
+                    rng.integers(0, 30000, rng.integers(1, 40)).astype(
+                        dtypes[rng.integers(len(dtypes))]
+                    )
+                )
                 offset = int(rng.integers(len(doc)))
                 length = min(seq_len - at, len(doc) - offset)
                 pieces.append((doc, offset, length, bool(rng.random() < 0.5)))
@@ -160,11 +191,12 @@ def test_a_batch_written_at_once_equals_the_rows_written_one_by_one_and_the_orac
         for key in ("input_ids", "labels", "position_ids", "source_ids"):
             assert at_once[key].dtype == np.int64
             assert at_once[key].tolist() == one_by_one[key].tolist(), key
-        for r, (row, source) in enumerate(zip(rows, sources)):   # the oracle, in lists
+        for r, (row, source) in enumerate(zip(rows, sources)):  # the oracle, in lists
             ids, labels, positions = [], [], []
             for doc, offset, length, mask_first in (
-                    [] if row is None else [p[1:] for p in row.pieces]):
-                piece = [int(t) for t in doc.tokens[offset:offset + length]]
+                [] if row is None else [p[1:] for p in row.pieces]
+            ):
+                piece = [int(t) for t in doc.tokens[offset : offset + length]]
                 ids += piece
                 labels += [-100 if mask_first else piece[0]] + piece[1:]
                 positions += list(range(length))

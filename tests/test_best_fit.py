@@ -35,10 +35,14 @@ def _cut_documents(batches) -> int:
 def test_best_fit_cuts_fewer_documents_and_loses_none(tmp_path, tokenizer_path):
     docs = corpus(0, 400, min_len=2, max_len=40)
     write_docs(tmp_path / "d.jsonl", docs, "jsonl")
-    base = {"tokenizer": str(tokenizer_path), "seq_len": 64, "batch_size": 4, "lanes": 2,
-            "mask_document_boundaries": True,
-            "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"), "weight": 1,
-                         "epochs": 1}]}
+    base = {
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 64,
+        "batch_size": 4,
+        "lanes": 2,
+        "mask_document_boundaries": True,
+        "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"), "weight": 1, "epochs": 1}],
+    }
     concat = list(mixer.build_loader(base))
     best = list(mixer.build_loader({**base, "packing": "best_fit", "pack_window": 64}))
     assert token_counts(best) == expected_counts(docs)
@@ -49,5 +53,7 @@ def test_best_fit_cuts_fewer_documents_and_loses_none(tmp_path, tokenizer_path):
         ids, labels, pos = batch["input_ids"], batch["labels"], batch["position_ids"]
         starts = (pos == 0) & (batch["source_ids"] >= 0)
         assert (labels[starts] == -100).all()
-        assert (labels[~starts & (batch["source_ids"] >= 0)] == ids[~starts & (
-            batch["source_ids"] >= 0)]).all()
+        assert (
+            labels[~starts & (batch["source_ids"] >= 0)]
+            == ids[~starts & (batch["source_ids"] >= 0)]
+        ).all()

@@ -50,10 +50,9 @@ def test_preview_and_bench(three_sources, tmp_path, capsys):
 def test_console_script_reports_errors_with_non_zero_exit(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("seq_len: 4\nbatch_size: 1\nsources: []\n")
-    result = procs.run([sys.executable, "-m", "mixer.tools.cli", "validate", str(path)],
-                       timeout=120)
+    result = procs.run([sys.executable, "-m", "mixer", "validate", str(path)], timeout=120)
     assert result.returncode != 0 and "tokenizer" in result.stderr
-    help_text = procs.run([sys.executable, "-m", "mixer.tools.cli", "--help"], timeout=120).stdout
+    help_text = procs.run([sys.executable, "-m", "mixer", "--help"], timeout=120).stdout
     for command in ("validate", "inspect", "preview", "bench"):
         assert command in help_text
 
@@ -61,11 +60,14 @@ def test_console_script_reports_errors_with_non_zero_exit(tmp_path):
 def test_the_cli_and_import_mixer_start_without_torch():
     """`mixer --help`, `validate` and `plan` start without importing torch (it is imported
     where a batch is built): a fresh interpreter, so nothing else imported it first."""
-    code = ("import sys; import mixer; from mixer.tools.cli import main; "
-            "main(['validate', 'recipes/demo.yaml']); main(['plan', 'recipes/demo.yaml', "
-            "'--tokens', '1e6']); print('torch' in sys.modules)")
-    result = procs.run([sys.executable, "-c", code], timeout=120,
-                       cwd=str(Path(__file__).resolve().parent.parent))
+    code = (
+        "import sys; import mixer; from mixer.tools.cli import main; "
+        "main(['validate', 'recipes/demo.yaml']); main(['plan', 'recipes/demo.yaml', "
+        "'--tokens', '1e6']); print('torch' in sys.modules)"
+    )
+    result = procs.run(
+        [sys.executable, "-c", code], timeout=120, cwd=str(Path(__file__).resolve().parent.parent)
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "False", result.stdout
 

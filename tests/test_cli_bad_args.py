@@ -46,8 +46,11 @@ BAD_NUMBERS = [
     ("abc", "must be a number"),
     ("", "must be a number"),
 ]
-LIMITS = {"--world": topology.MAX_WORLD_SIZE, "--workers": topology.MAX_WORKERS,
-          "--num-workers": topology.MAX_WORKERS}
+LIMITS = {
+    "--world": topology.MAX_WORLD_SIZE,
+    "--workers": topology.MAX_WORKERS,
+    "--num-workers": topology.MAX_WORKERS,
+}
 
 # Output flags: (argv before the flag, the flag, whether it names a folder).
 OUTPUTS = [
@@ -77,19 +80,33 @@ BAD_FOLDERS = [
 COMMANDS = ["validate", "inspect", "plan", "index", "cache", "preview", "bench"]
 
 ROWS: list[tuple[list[str], str]] = [
-    *[([*before, flag, value], problem)
-      for before, flag, _ in NUMERIC for value, problem in BAD_NUMBERS],
+    *[
+        ([*before, flag, value], problem)
+        for before, flag, _ in NUMERIC
+        for value, problem in BAD_NUMBERS
+    ],
     *[([*before, flag, str(low - 1)], f"got '{low - 1}'") for before, flag, low in NUMERIC],
-    *[([*before, flag, str(LIMITS[flag] + 1)], f"to {LIMITS[flag]:,}")
-      for before, flag, _ in NUMERIC if flag in LIMITS],
-    *[([*before, f"{flag}={value}"], problem)   # the `--flag=VALUE` spelling too
-      for before, flag, _ in NUMERIC if flag.startswith("--") for value, problem in
-      BAD_NUMBERS[:3]],
-    *[([*before, flag, path], problem) for before, flag, folder in OUTPUTS
-      for path, problem in (BAD_FOLDERS if folder else BAD_FILES)],
+    *[
+        ([*before, flag, str(LIMITS[flag] + 1)], f"to {LIMITS[flag]:,}")
+        for before, flag, _ in NUMERIC
+        if flag in LIMITS
+    ],
+    *[
+        ([*before, f"{flag}={value}"], problem)  # the `--flag=VALUE` spelling too
+        for before, flag, _ in NUMERIC
+        if flag.startswith("--")
+        for value, problem in BAD_NUMBERS[:3]
+    ],
+    *[
+        ([*before, flag, path], problem)
+        for before, flag, folder in OUTPUTS
+        for path, problem in (BAD_FOLDERS if folder else BAD_FILES)
+    ],
     # bad inputs, and what a command finds wrong only once it has loaded the recipe
-    *[([command, "{missing}/r.yaml", *extra], "cannot read recipe") for command, extra in
-      [(c, ["--tokens", "1e6"] if c == "plan" else []) for c in COMMANDS]],
+    *[
+        ([command, "{missing}/r.yaml", *extra], "cannot read recipe")
+        for command, extra in [(c, ["--tokens", "1e6"] if c == "plan" else []) for c in COMMANDS]
+    ],
     (["inspect", "{tmp}"], "cannot read recipe"),
     (["report", "{missing}/m.jsonl"], "cannot read the metrics log"),
     (["report", "{tmp}"], "cannot read the metrics log"),
@@ -139,15 +156,22 @@ def _places(tmp_path: Path, three_sources) -> dict[str, str]:
     path.write_text(yaml.safe_dump(recipe))
     (tmp_path / "manifest-folder").mkdir()
     folder_manifest = tmp_path / "folder-manifest.yaml"
-    folder_manifest.write_text(yaml.safe_dump(
-        {**recipe, "manifest": str(tmp_path / "manifest-folder")}))
+    folder_manifest.write_text(
+        yaml.safe_dump({**recipe, "manifest": str(tmp_path / "manifest-folder")})
+    )
     log = tmp_path / "metrics.jsonl"
     log.write_text(json.dumps({"step": 1, "tokens": {"prose": 64}}) + "\n")
     file = tmp_path / "a-file"
     file.write_text("x")
-    return {"recipe": str(path), "folder_manifest": str(folder_manifest), "log": str(log),
-            "tmp": str(tmp_path), "missing": str(tmp_path / "missing"), "file": str(file),
-            "unwritable": _unwritable_folder(tmp_path)}
+    return {
+        "recipe": str(path),
+        "folder_manifest": str(folder_manifest),
+        "log": str(log),
+        "tmp": str(tmp_path),
+        "missing": str(tmp_path / "missing"),
+        "file": str(file),
+        "unwritable": _unwritable_folder(tmp_path),
+    }
 
 
 def _argv(row: list[str], places: dict[str, str]) -> list[str]:
@@ -175,7 +199,7 @@ def _in_process(argv: list[str]) -> tuple[object, str, str]:
             status: object = cli.main(argv)
         except SystemExit as exc:
             status = exc.code
-        except Exception:   # the traceback is the failure this test reports
+        except Exception:  # the traceback is the failure this test reports
             status = "raised"
             print(f"Traceback\n{traceback.format_exc()}", file=sys.stderr)
     return status, out.getvalue(), err.getvalue()
@@ -183,7 +207,7 @@ def _in_process(argv: list[str]) -> tuple[object, str, str]:
 
 def test_every_bad_argument_is_one_error_line(tmp_path, three_sources, monkeypatch):
     places = _places(tmp_path, three_sources)
-    monkeypatch.chdir(tmp_path)   # report's default output, report.png, lands here
+    monkeypatch.chdir(tmp_path)  # report's default output, report.png, lands here
     failures = []
     for row, expected in ROWS:
         argv = _argv(row, places)
@@ -196,8 +220,11 @@ def test_every_bad_argument_is_one_error_line(tmp_path, three_sources, monkeypat
 def test_console_script_bad_arguments(tmp_path, three_sources):
     places = _places(tmp_path, three_sources)
     mixer = str(Path(sys.executable).with_name("mixer"))
-    started = [(argv, expected, procs.spawn([mixer, *argv]))
-               for row, expected in SUBPROCESS_ROWS for argv in [_argv(row, places)]]
+    started = [
+        (argv, expected, procs.spawn([mixer, *argv]))
+        for row, expected in SUBPROCESS_ROWS
+        for argv in [_argv(row, places)]
+    ]
     failures = []
     for argv, expected, proc in started:
         done = procs.finish(proc, timeout=120)
@@ -209,27 +236,49 @@ def _value_flags() -> list[tuple[str, argparse.Action]]:
     """(command, action) for every option of every command that takes a value."""
     parser = cli.build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return [(name, action) for name, sub in commands.choices.items()
-            for action in sub._actions if action.option_strings and action.nargs != 0]
+    return [
+        (name, action)
+        for name, sub in commands.choices.items()
+        for action in sub._actions
+        if action.option_strings and action.nargs != 0
+    ]
 
 
 def test_every_value_flag_is_checked_and_has_a_row():
     flags = _value_flags()
-    assert {name for name, _ in flags} >= {"inspect", "plan", "index", "cache", "preview",
-                                           "bench", "report"}
+    assert {name for name, _ in flags} >= {
+        "inspect",
+        "plan",
+        "index",
+        "cache",
+        "preview",
+        "bench",
+        "report",
+    }
     for name, action in flags:
-        assert action.type is not None, f"`mixer {name} {action.option_strings[0]}` has no " \
+        assert action.type is not None, (
+            f"`mixer {name} {action.option_strings[0]}` has no "
             "type= that checks its value (a count or an output path)"
-        rows = [row for row, _ in ROWS if row and row[0] == name and any(
-            arg == opt or arg.startswith(f"{opt}=") for arg in row[1:]
-            for opt in action.option_strings)]
+        )
+        rows = [
+            row
+            for row, _ in ROWS
+            if row
+            and row[0] == name
+            and any(
+                arg == opt or arg.startswith(f"{opt}=")
+                for arg in row[1:]
+                for opt in action.option_strings
+            )
+        ]
         assert rows, f"no row of ROWS gives `mixer {name}` a bad {action.option_strings}"
 
 
 def test_good_values_still_parse(tmp_path):
     parser = cli.build_parser()
-    args = parser.parse_args(["plan", "r.yaml", "--tokens", "2.5e6", "--world", "1_024",
-                              "--workers", "0"])
+    args = parser.parse_args(
+        ["plan", "r.yaml", "--tokens", "2.5e6", "--world", "1_024", "--workers", "0"]
+    )
     assert (args.tokens, args.world, args.workers) == (2_500_000, 1024, 0)
     assert isinstance(args.tokens, int)
     assert parser.parse_args(["inspect", "r.yaml"]).tokens == 10**9

@@ -19,30 +19,43 @@ from mixer.tools.cli import main
 ROOT = Path(__file__).resolve().parent.parent
 # Sides are multiples of 28 inside [min_pixels, max_pixels]: qwen2_vl keeps each size, so a
 # saved image must equal its original. Placeholder tokens: (w/28)·(h/28).
-SAMPLES = [Sample(1, 5, [(56, 56)]), Sample(2, 4, [(84, 112)]),
-           Sample(3, 6, [(56, 56), (84, 56)]),            # no marker: both images first
-           Sample(4, 3, [(112, 84)], marker=True)]
-PLACEHOLDERS = {"<image 56x56 → 4 tokens>": 2, "<image 84x112 → 12 tokens>": 1,
-                "<image 84x56 → 6 tokens>": 1, "<image 112x84 → 12 tokens>": 1}
+SAMPLES = [
+    Sample(1, 5, [(56, 56)]),
+    Sample(2, 4, [(84, 112)]),
+    Sample(3, 6, [(56, 56), (84, 56)]),  # no marker: both images first
+    Sample(4, 3, [(112, 84)], marker=True),
+]
+PLACEHOLDERS = {
+    "<image 56x56 → 4 tokens>": 2,
+    "<image 84x112 → 12 tokens>": 1,
+    "<image 84x56 → 6 tokens>": 1,
+    "<image 112x84 → 12 tokens>": 1,
+}
 IMAGES = sum(len(s.sizes) for s in SAMPLES)
 
 
-def recipe_file(tmp_path: Path, samples: list[Sample], *, layout: str = "qwen2_vl",
-                text: bool = False) -> Path:
+def recipe_file(
+    tmp_path: Path, samples: list[Sample], *, layout: str = "qwen2_vl", text: bool = False
+) -> Path:
     tokenizer = make_vlm_tokenizer(tmp_path / "tokenizer.json")
     write_tar(tmp_path / "pics" / "shard-000.tar", samples)
-    sources = [{"name": "pics", "path": str(tmp_path / "pics" / "*.tar"), "weight": 1,
-                "epochs": 1}]
+    sources = [{"name": "pics", "path": str(tmp_path / "pics" / "*.tar"), "weight": 1, "epochs": 1}]
     if text:
         (tmp_path / "prose.jsonl").write_text(
-            "".join(json.dumps({"text": " ".join([f"w{900 + i}"] * 9)}) + "\n"
-                    for i in range(20)))
-        sources.append({"name": "prose", "path": str(tmp_path / "prose.jsonl"), "weight": 1,
-                        "epochs": 1})
-    recipe = {"seed": 3, "tokenizer": str(tokenizer), "seq_len": 64, "batch_size": 2,
-              "lanes": 1, "images": {"layout": layout, "min_pixels": 784,
-                                     "max_pixels": 112 * 112, "image_size": 56},
-              "sources": sources}
+            "".join(json.dumps({"text": " ".join([f"w{900 + i}"] * 9)}) + "\n" for i in range(20))
+        )
+        sources.append(
+            {"name": "prose", "path": str(tmp_path / "prose.jsonl"), "weight": 1, "epochs": 1}
+        )
+    recipe = {
+        "seed": 3,
+        "tokenizer": str(tokenizer),
+        "seq_len": 64,
+        "batch_size": 2,
+        "lanes": 1,
+        "images": {"layout": layout, "min_pixels": 784, "max_pixels": 112 * 112, "image_size": 56},
+        "sources": sources,
+    }
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
@@ -55,7 +68,7 @@ def test_inspect_reports_images_and_image_tokens_without_decoding(tmp_path, caps
     tar = tmp_path / "pics" / "shard-000.tar"
     data = bytearray(tar.read_bytes())
     idat = data.find(b"IDAT", data.find(b"s000005.png"))
-    data[idat + 4:idat + 200] = bytes(196)
+    data[idat + 4 : idat + 200] = bytes(196)
     tar.write_bytes(bytes(data))
     assert main(["inspect", str(path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -109,8 +122,9 @@ def test_preview_shows_placeholders_and_saves_the_model_view(tmp_path, capsys):
     assert f"saved {IMAGES} image(s)" in out
     files = _saved(folder)
     assert len(files) == IMAGES
-    originals = [np.asarray(make_image(s.doc, i, size)) for s in SAMPLES
-                 for i, size in enumerate(s.sizes)]
+    originals = [
+        np.asarray(make_image(s.doc, i, size)) for s in SAMPLES for i, size in enumerate(s.sizes)
+    ]
     for file in files:
         assert re.fullmatch(r"batch\d{4}-row\d{2}-image\d{3}-pics\.png", file.name)
         saved = np.asarray(Image.open(file)).astype(int)
@@ -163,8 +177,7 @@ def test_bundled_multimodal_demo(tmp_path, capsys):
     assert rows["pictures"]["sampled_oversize"] == rows["pictures"]["sampled_rejected"] == 0
     assert rows["prose"]["images_per_doc"] == 0
     folder = tmp_path / "demo"
-    assert main(["preview", recipe, "-n", "1", "--chars", "300", "--save-images",
-                 str(folder)]) == 0
+    assert main(["preview", recipe, "-n", "1", "--chars", "300", "--save-images", str(folder)]) == 0
     out = capsys.readouterr().out
     shown = len(re.findall(r"<image \d+x\d+ → \d+ tokens>", out))
     assert shown > 0 and "[pictures]" in out
@@ -172,4 +185,3 @@ def test_bundled_multimodal_demo(tmp_path, capsys):
     assert len(files) >= shown
     for file in files:
         Image.open(io.BytesIO(file.read_bytes())).verify()
-

@@ -13,7 +13,7 @@ import psutil
 import pytest
 import yaml
 
-START_S = 120   # for the console script to import torch, fork its workers and log batches
+START_S = 120  # for the console script to import torch, fork its workers and log batches
 
 
 def _alive(proc: psutil.Process) -> bool:
@@ -23,16 +23,29 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
-@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
-                         ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
+)
 def test_bench_with_workers_stops_on_a_signal(tmp_path, three_sources, signum, status):
     recipe, _ = three_sources
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     log = tmp_path / "metrics.jsonl"
     mixer = str(Path(sys.executable).with_name("mixer"))
-    proc = procs.spawn([mixer, "bench", str(path), "--batches", str(10**9), "--num-workers",
-                        "2", "--no-progress", "--metrics-out", str(log)])
+    proc = procs.spawn(
+        [
+            mixer,
+            "bench",
+            str(path),
+            "--batches",
+            str(10**9),
+            "--num-workers",
+            "2",
+            "--no-progress",
+            "--metrics-out",
+            str(log),
+        ]
+    )
     try:
         deadline = time.monotonic() + START_S
         # the log's first buffered lines reach the file once batches are flowing

@@ -16,8 +16,7 @@ def _init(store: str) -> None:
 
 
 @pytest.mark.parametrize("training_backend", ["gloo", "nccl"])
-def test_gloo_group_belongs_to_the_current_default_group(monkeypatch, tmp_path,
-                                                        training_backend):
+def test_gloo_group_belongs_to_the_current_default_group(monkeypatch, tmp_path, training_backend):
     # "nccl": mixer makes a gloo subgroup beside the training group (get_backend reports
     # nccl; the world itself is gloo, which is what this CPU machine can run).
     monkeypatch.setattr(mixer_dist.dist, "get_backend", lambda *a: training_backend)

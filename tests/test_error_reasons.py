@@ -11,8 +11,9 @@ import pytest
 from mixer.core.errors import REASONS, DataError
 
 
-@pytest.mark.parametrize("place", [{}, {"source": "s"},
-                                   {"source": "s", "file": "x.tar", "location": "sample k"}])
+@pytest.mark.parametrize(
+    "place", [{}, {"source": "s"}, {"source": "s", "file": "x.tar", "location": "sample k"}]
+)
 @pytest.mark.parametrize("reason", REASONS)
 def test_data_error_pickles_with_message_place_and_reason(place, reason):
     # Words that the old guessing would have read as bad_image: the stated reason is kept.
@@ -20,7 +21,12 @@ def test_data_error_pickles_with_message_place_and_reason(place, reason):
     again = pickle.loads(pickle.dumps(err))
     assert type(again) is DataError and str(again) == str(err)
     assert (again.message, again.reason, again.source, again.file, again.location) == (
-        "cannot read the image marker", reason, err.source, err.file, err.location)
+        "cannot read the image marker",
+        reason,
+        err.source,
+        err.file,
+        err.location,
+    )
 
 
 class _Sub(DataError):

@@ -15,9 +15,22 @@ from mixer.runtime.state import unpack
 
 
 def recipe_for(tmp_path, tokenizer_path, path, *, on_error="raise", **source) -> dict:
-    return {"tokenizer": str(tokenizer_path), "seq_len": 8, "batch_size": 2, "lanes": 2,
-            "sources": [{"name": "bad", "path": str(path), "weight": 1, "epochs": 1,
-                         "on_error": on_error, **source}]}
+    return {
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 8,
+        "batch_size": 2,
+        "lanes": 2,
+        "sources": [
+            {
+                "name": "bad",
+                "path": str(path),
+                "weight": 1,
+                "epochs": 1,
+                "on_error": on_error,
+                **source,
+            }
+        ],
+    }
 
 
 def lines(docs) -> str:
@@ -50,8 +63,9 @@ def test_missing_text_field_in_compressed_file_names_the_line(tmp_path, tokenize
 @pytest.mark.parametrize("suffix", ["jsonl.gz", "jsonl.zst"])
 def test_corrupt_compressed_file_is_an_error_naming_the_file(tmp_path, tokenizer_path, suffix):
     data = lines(corpus(0, 400, max_len=30)).encode()
-    packed = gzip.compress(data) if suffix == "jsonl.gz" else zstandard.ZstdCompressor(
-        ).compress(data)
+    packed = (
+        gzip.compress(data) if suffix == "jsonl.gz" else zstandard.ZstdCompressor().compress(data)
+    )
     path = tmp_path / f"x.{suffix}"
     path.write_bytes(packed[: len(packed) // 2] + b"\x00garbage" * 50)
     with pytest.raises(mixer.DataError) as err:
@@ -71,11 +85,11 @@ def test_skip_policy_skips_and_counts_in_metrics_and_state(tmp_path, tokenizer_p
     docs = corpus(0, 30)
     path = tmp_path / "data" / "x.jsonl"
     path.parent.mkdir()
-    path.write_text(lines(docs[:10]) + "not json\n" + lines(docs[10:20]) + '{"t": 1}\n'
-                    + lines(docs[20:]))
+    path.write_text(
+        lines(docs[:10]) + "not json\n" + lines(docs[10:20]) + '{"t": 1}\n' + lines(docs[20:])
+    )
     (tmp_path / "data" / "y.jsonl").write_text("")
-    recipe = recipe_for(tmp_path, tokenizer_path, tmp_path / "data" / "*.jsonl",
-                        on_error="skip")
+    recipe = recipe_for(tmp_path, tokenizer_path, tmp_path / "data" / "*.jsonl", on_error="skip")
     loader = mixer.build_loader(recipe)
     got = list(loader)
     assert token_counts(got) == expected_counts(docs)
@@ -92,8 +106,9 @@ def test_overlong_record_is_an_error_or_skipped(tmp_path, tokenizer_path):
     path.write_text(lines([(0, 3)]) + lines([(1, 5000)]) + lines([(2, 4)]))
     with pytest.raises(mixer.DataError, match="max_document_bytes"):
         run({**recipe_for(tmp_path, tokenizer_path, path), "max_document_bytes": 1000})
-    got = run({**recipe_for(tmp_path, tokenizer_path, path, on_error="skip"),
-               "max_document_bytes": 1000})
+    got = run(
+        {**recipe_for(tmp_path, tokenizer_path, path, on_error="skip"), "max_document_bytes": 1000}
+    )
     assert token_counts(got) == expected_counts([(0, 3), (2, 4)])
 
 
@@ -143,11 +158,17 @@ def test_every_data_error_names_its_reason_where_it_is_raised():
 def test_a_data_error_keeps_message_and_reason_through_pickling():
     import pickle
 
-    err = mixer.DataError("bad bytes", source="s", file="f.jsonl", location="byte offset 3",
-                          reason="bad_text")
+    err = mixer.DataError(
+        "bad bytes", source="s", file="f.jsonl", location="byte offset 3", reason="bad_text"
+    )
     back = pickle.loads(pickle.dumps(err))
     assert (back.message, back.reason, back.source, back.file, back.location) == (
-        "bad bytes", "bad_text", "s", "f.jsonl", "byte offset 3")
+        "bad bytes",
+        "bad_text",
+        "s",
+        "f.jsonl",
+        "byte offset 3",
+    )
     assert str(back) == str(err) == "source 's', file 'f.jsonl', byte offset 3: bad bytes"
     with pytest.raises(ValueError, match="unknown DataError reason"):
         mixer.DataError("x", reason="guessed")

@@ -65,11 +65,15 @@ def _without_versions(value):
 def _with_local_versions(state: dict, local: dict) -> dict:
     """`state` with the files' versions of this checkout (taken from `local`, a state of the
     same recipe): a fresh clone gives the sample files other mtimes than the saved state's."""
+
     def merge(old, new):
         if isinstance(old, dict) and isinstance(new, dict):
-            return {k: new[k] if k == "versions" and k in new else merge(v, new.get(k))
-                    for k, v in old.items()}
+            return {
+                k: new[k] if k == "versions" and k in new else merge(v, new.get(k))
+                for k, v in old.items()
+            }
         return old
+
     payload = merge(json.loads(state["json"]), json.loads(local["json"]))
     return {**state, "json": json.dumps(payload, separators=(",", ":"))}
 
@@ -79,11 +83,19 @@ def _digest_state(state: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _run(recipe: mixer.Recipe, *, num_workers: int = 0, state: dict | None = None,
-         batches: int = BATCHES, rank: int = 0, world_size: int = 2) -> list[list[str]]:
+def _run(
+    recipe: mixer.Recipe,
+    *,
+    num_workers: int = 0,
+    state: dict | None = None,
+    batches: int = BATCHES,
+    rank: int = 0,
+    world_size: int = 2,
+) -> list[list[str]]:
     out = []
-    with mixer.build_loader(recipe, rank=rank, world_size=world_size,
-                            num_workers=num_workers) as loader:
+    with mixer.build_loader(
+        recipe, rank=rank, world_size=world_size, num_workers=num_workers
+    ) as loader:
         if state is not None:
             loader.load_state_dict(state)
         for batch, _ in zip(loader, range(batches)):
@@ -99,16 +111,30 @@ def _state_after(recipe: mixer.Recipe, steps: int) -> dict:
 
 
 RECIPES = ["demo", "schedule_demo", "train_demo", "multimodal_demo"]
-CASES = ([f"{name}/w0" for name in RECIPES] + ["demo/w2", "multimodal_demo/w2",
-         "multimodal_llava/w0", "multimodal_llava/w2", "demo/resume", "multimodal_demo/resume",
-         "demo/old_state", "demo/cache_cold", "demo/cache_warm"])
+CASES = [f"{name}/w0" for name in RECIPES] + [
+    "demo/w2",
+    "multimodal_demo/w2",
+    "multimodal_llava/w0",
+    "multimodal_llava/w2",
+    "demo/resume",
+    "multimodal_demo/resume",
+    "demo/old_state",
+    "demo/cache_cold",
+    "demo/cache_warm",
+]
 
 
 def _case_recipe(name: str, tmp: Path | None = None) -> mixer.Recipe:
     if name == "multimodal_llava":
-        return _recipe("multimodal_demo", **{"images.layout": "llava", "images.image_size": 336,
-                                             "images.max_patches_per_batch": None,
-                                             "seq_len": 2048})
+        return _recipe(
+            "multimodal_demo",
+            **{
+                "images.layout": "llava",
+                "images.image_size": 336,
+                "images.max_patches_per_batch": None,
+                "seq_len": 2048,
+            },
+        )
     if tmp is not None:
         return _recipe(name, token_cache=str(tmp / "cache"))
     return _recipe(name)
@@ -128,7 +154,7 @@ def compute(case: str, tmp: Path) -> list[list[str]]:
         return _run(recipe, state=old)
     recipe = _case_recipe(name, tmp)
     if kind == "cache_warm":
-        _run(recipe, batches=120)   # fills the entries its lanes read whole
+        _run(recipe, batches=120)  # fills the entries its lanes read whole
         assert list((tmp / "cache").glob("*/*.bin")), "the cold run stored no entry"
     return _run(recipe)
 
@@ -141,7 +167,8 @@ def _golden() -> dict:
 def test_batches_and_states_match_the_golden_digests(case, tmp_path):
     assert compute(case, tmp_path) == _golden()[case], (
         f"{case}: the batches or states changed (python tests/test_golden.py --write records "
-        "a deliberate change)")
+        "a deliberate change)"
+    )
 
 
 def test_the_golden_file_covers_every_case():

@@ -16,15 +16,25 @@ from mixer.sources.formats.gzip_stream import GzipStream
 
 # (chunk, repeats, level, zero bytes after): repeated chunks compress well, so that a read of
 # the file makes more output than a piece holds
-members = st.lists(st.tuples(st.binary(max_size=600), st.integers(1, 400), st.integers(1, 9),
-                             st.sampled_from([0, 0, 1, 5])), min_size=1, max_size=4)
-pieces = st.tuples(st.integers(1, 5000), st.integers(1, 20_000))   # read_size, max_output
+members = st.lists(
+    st.tuples(
+        st.binary(max_size=600),
+        st.integers(1, 400),
+        st.integers(1, 9),
+        st.sampled_from([0, 0, 1, 5]),
+    ),
+    min_size=1,
+    max_size=4,
+)
+pieces = st.tuples(st.integers(1, 5000), st.integers(1, 20_000))  # read_size, max_output
 
 
 def _file(parts) -> tuple[bytes, bytes]:
     """(gzip file of the members, zero padding after some; the bytes it holds)."""
-    data = b"".join(gzip.compress(chunk * repeat, compresslevel=level) + b"\0" * pad
-                    for chunk, repeat, level, pad in parts)
+    data = b"".join(
+        gzip.compress(chunk * repeat, compresslevel=level) + b"\0" * pad
+        for chunk, repeat, level, pad in parts
+    )
     return data, b"".join(chunk * repeat for chunk, repeat, _, _ in parts)
 
 
@@ -50,8 +60,7 @@ def test_it_reads_what_gzip_reads(parts, sizes, piece):
     data, expected = _file(parts)
     assert gzip.decompress(data) == expected
     read_size, max_output = piece
-    got, _ = _read(GzipStream(io.BytesIO(data), read_size=read_size, max_output=max_output),
-                   sizes)
+    got, _ = _read(GzipStream(io.BytesIO(data), read_size=read_size, max_output=max_output), sizes)
     assert got == expected
 
 
@@ -63,8 +72,10 @@ reads = st.lists(st.integers(1, 1 << 20), min_size=1, max_size=5)
 def test_the_file_position_after_n_bytes_does_not_depend_on_the_reads(parts, a, b, piece):
     data, expected = _file(parts)
     read_size, max_output = piece
-    made = [_read(GzipStream(io.BytesIO(data), read_size=read_size, max_output=max_output),
-                  sizes) for sizes in (a, b, [1])]
+    made = [
+        _read(GzipStream(io.BytesIO(data), read_size=read_size, max_output=max_output), sizes)
+        for sizes in (a, b, [1])
+    ]
     assert all(out == expected for out, _ in made)
     # byte by byte: the position after every N; reads of other sizes stop at some of them
     position = dict(made[2][1])
@@ -74,11 +85,19 @@ def test_the_file_position_after_n_bytes_does_not_depend_on_the_reads(parts, a, 
 
 def _damaged() -> dict[str, bytes]:
     good = gzip.compress(b"hello world\n" * 2000)
-    return {"truncated": good[:-3], "header only": good[:12], "not gzip": b"xx" + good,
-            "garbage after": good + b"garbage", "bad check": good[:-8] + bytes(4) + good[-4:],
-            "bad length": good[:-4] + bytes(4), "one byte more": good + b"\x1f",
-            "zeros": bytes(100_000), "zeros first": bytes(10) + good,
-            "half a header": good[:5], "other method": good[:2] + b"\x07" + good[3:]}
+    return {
+        "truncated": good[:-3],
+        "header only": good[:12],
+        "not gzip": b"xx" + good,
+        "garbage after": good + b"garbage",
+        "bad check": good[:-8] + bytes(4) + good[-4:],
+        "bad length": good[:-4] + bytes(4),
+        "one byte more": good + b"\x1f",
+        "zeros": bytes(100_000),
+        "zeros first": bytes(10) + good,
+        "half a header": good[:5],
+        "other method": good[:2] + b"\x07" + good[3:],
+    }
 
 
 @pytest.mark.parametrize("name", sorted(_damaged()))
@@ -95,32 +114,35 @@ def _header(flags: int, extra: bytes = b"") -> bytes:
     return b"\x1f\x8b\x08" + bytes([flags]) + bytes(6) + extra
 
 
-@pytest.mark.parametrize("flags, fields", [
-    (4, b"\x05\x00abcde"),                 # FEXTRA
-    (8, b"name.jsonl\x00"),                 # FNAME
-    (16, b"a comment\x00"),                 # FCOMMENT
-    (2, b"\xff\xff"),                       # FHCRC, wrong (gzip does not check it)
-    (4 | 8 | 16 | 2, b"\x00\x00n\x00c\x00\x12\x34"),
-    (0xE0, b""),                             # reserved bits (gzip ignores them)
-])
+@pytest.mark.parametrize(
+    "flags, fields",
+    [
+        (4, b"\x05\x00abcde"),  # FEXTRA
+        (8, b"name.jsonl\x00"),  # FNAME
+        (16, b"a comment\x00"),  # FCOMMENT
+        (2, b"\xff\xff"),  # FHCRC, wrong (gzip does not check it)
+        (4 | 8 | 16 | 2, b"\x00\x00n\x00c\x00\x12\x34"),
+        (0xE0, b""),  # reserved bits (gzip ignores them)
+    ],
+)
 def test_header_fields_are_read_as_gzip_reads_them(flags, fields):
-    body = gzip.compress(b"some text\n" * 500)[10:]   # (its own header has no fields)
+    body = gzip.compress(b"some text\n" * 500)[10:]  # (its own header has no fields)
     data = _header(flags, fields) + body + gzip.compress(b"second member\n")
     expected = gzip.decompress(data)
     for read_size in (1, 3, 16384):
-        assert _read(GzipStream(io.BytesIO(data), read_size=read_size), [7, 4096])[0] == \
-            expected
+        assert _read(GzipStream(io.BytesIO(data), read_size=read_size), [7, 4096])[0] == expected
 
 
 def test_an_empty_file_is_empty_and_a_bomb_comes_a_piece_at_a_time():
     assert _read(GzipStream(io.BytesIO(b"")), [100]) == (b"", [])
-    bomb = gzip.compress(bytes(64 << 20))   # ~64 KB that expand to 64 MB
+    bomb = gzip.compress(bytes(64 << 20))  # ~64 KB that expand to 64 MB
     stream = GzipStream(io.BytesIO(bomb), max_output=1 << 20)
     assert stream.readinto(bytearray(64 << 20)) <= 1 << 20
 
 
 def test_a_name_of_any_length_is_skipped_in_bounded_memory():
     import tracemalloc
+
     body = gzip.compress(b"after the name\n")[10:]
     data = _header(8) + b"A" * (8 << 20) + b"\0" + body
     tracemalloc.start()
@@ -129,8 +151,8 @@ def test_a_name_of_any_length_is_skipped_in_bounded_memory():
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert got == b"after the name\n" and peak < 512 << 10   # (the name: 8 MB)
-    with pytest.raises(EOFError):   # a name that never ends
+    assert got == b"after the name\n" and peak < 512 << 10  # (the name: 8 MB)
+    with pytest.raises(EOFError):  # a name that never ends
         _read(GzipStream(io.BytesIO(_header(8) + b"A" * 100_000)), [4096])
 
 
@@ -166,20 +188,23 @@ def test_a_damaged_file_of_any_kind_reads_or_fails_as_gzip_does(parts, data, pie
     read_size, max_output = piece
     try:
         expected: bytes | type = gzip.decompress(damaged)
-    except Exception as exc:   # noqa: BLE001  (the oracle's verdict)
+    except Exception as exc:  # noqa: BLE001  (the oracle's verdict)
         expected = type(exc)
     try:
-        got: bytes | type = _read(GzipStream(io.BytesIO(damaged), read_size=read_size,
-                                             max_output=max_output), [4096])[0]
-    except Exception as exc:   # noqa: BLE001
+        got: bytes | type = _read(
+            GzipStream(io.BytesIO(damaged), read_size=read_size, max_output=max_output), [4096]
+        )[0]
+    except Exception as exc:  # noqa: BLE001
         got = type(exc)
     assert got == expected
 
 
 # Found by a differential fuzzer: the file ends inside a member whose last deflate data is
 # bad; zlib says so only when asked for what it still holds (gzip: zlib.error).
-ENDS_ON_BAD_DATA = (b'\x1f\x8b\x08\x01\x00\x00\x00\x00\x00\xff-\x8d\xc1\r\x000\x08\x02\xff'
-                    b'\xb7%\xec?D\x01\xdbDA\x0b"\x1bIi&\xb5\xc9\x05\x07\x95\x81P\x97-m')
+ENDS_ON_BAD_DATA = (
+    b"\x1f\x8b\x08\x01\x00\x00\x00\x00\x00\xff-\x8d\xc1\r\x000\x08\x02\xff"
+    b'\xb7%\xec?D\x01\xdbDA\x0b"\x1bIi&\xb5\xc9\x05\x07\x95\x81P\x97-m'
+)
 
 
 @pytest.mark.parametrize("max_output", [1, 20, 42, 64 << 10])

@@ -46,12 +46,13 @@ import mixer
 from mixer.sources.formats.zstd_frames import BLOCK_MAX, ZstdStream
 
 MB = 1 << 20
-BIG = 200 * MB           # the single-line document
-SMALL_LIMIT = 1 * MB     # max_document_bytes of most cases
+BIG = 200 * MB  # the single-line document
+SMALL_LIMIT = 1 * MB  # max_document_bytes of most cases
 PIECE = b"w1 " * (MB // 3)
 
 
 # -- the child process: one measurement per case ------------------------------------------------
+
 
 def _rss() -> int:
     with open("/proc/self/statm") as f:
@@ -77,18 +78,33 @@ def _peak() -> int:
 def _patch_zstd(bounded: bool) -> None:
     """Read .zst jsonl through `ZstdStream` (the change proposed for jsonl.py) or as shipped."""
     from mixer.sources.formats import jsonl
+
     original = jsonl.__dict__.setdefault("_shipped_zstd", jsonl._zstd)
-    jsonl._zstd = ((lambda raw: io.BufferedReader(ZstdStream(raw), buffer_size=64 << 10))
-                   if bounded else original)
+    jsonl._zstd = (
+        (lambda raw: io.BufferedReader(ZstdStream(raw), buffer_size=64 << 10))
+        if bounded
+        else original
+    )
 
 
 def _run_loader(case: dict) -> dict:
-    recipe = {"tokenizer": case["tokenizer"], "seq_len": case.get("seq_len", 8),
-              "batch_size": 1, "lanes": 1, "max_document_bytes": case["max_bytes"],
-              "sources": [{"name": "big", "path": case["path"], "weight": 1, "epochs": 1,
-                           "on_error": case["on_error"],
-                           **({"text_field": case["text_field"]} if "text_field" in case
-                              else {})}]}
+    recipe = {
+        "tokenizer": case["tokenizer"],
+        "seq_len": case.get("seq_len", 8),
+        "batch_size": 1,
+        "lanes": 1,
+        "max_document_bytes": case["max_bytes"],
+        "sources": [
+            {
+                "name": "big",
+                "path": case["path"],
+                "weight": 1,
+                "epochs": 1,
+                "on_error": case["on_error"],
+                **({"text_field": case["text_field"]} if "text_field" in case else {}),
+            }
+        ],
+    }
     if "images" in case:
         recipe["images"] = case["images"]
     loader = mixer.build_loader(recipe)
@@ -98,8 +114,12 @@ def _run_loader(case: dict) -> dict:
             if "pixel_values" in batch and len(batch["pixel_values"]):
                 out["pixels"].append(list(batch["pixel_values"].shape))
     except mixer.DataError as exc:
-        out["error"] = {"source": exc.source, "file": exc.file, "location": exc.location,
-                        "message": str(exc)}
+        out["error"] = {
+            "source": exc.source,
+            "file": exc.file,
+            "location": exc.location,
+            "message": str(exc),
+        }
     metrics = loader.metrics()
     out["reasons"] = metrics["skipped_by_reason"]["big"]
     out["documents"] = metrics["documents"]["big"]
@@ -110,12 +130,21 @@ def _read_whole(case: dict) -> dict:
     """One record through the format's reader, held: (resident size while it is held)."""
     from mixer.core.records import FileEntry, Split
     from mixer.sources import Storage, read_split
+
     stat = os.stat(case["path"])
     entry = FileEntry(case["path"], "x", stat.st_size, case["format"], mtime_ns=stat.st_mtime_ns)
     split = Split(0, 0, stat.st_size, -1)
     before = _rss()
-    records = read_split(storage=Storage("big", {}), entry=entry, split=split, source="big",
-                         text_field=None, max_bytes=case["max_bytes"], index=0, offset=0)
+    records = read_split(
+        storage=Storage("big", {}),
+        entry=entry,
+        split=split,
+        source="big",
+        text_field=None,
+        max_bytes=case["max_bytes"],
+        index=0,
+        offset=0,
+    )
     record = next(records)
     held = _rss() - before
     chars = len(record.text or "")
@@ -130,10 +159,9 @@ def _measure(case: dict) -> dict:
     before, start = _rss(), time.monotonic()
     try:
         result = _read_whole(case) if case["kind"] == "reader" else _run_loader(case)
-    except Exception as exc:   # (MemoryError included): this case fails, not the others
+    except Exception as exc:  # (MemoryError included): this case fails, not the others
         result = {"crash": f"{type(exc).__name__}: {exc}"}
-    result.update(growth=_peak() - before, seconds=time.monotonic() - start,
-                  resettable=resettable)
+    result.update(growth=_peak() - before, seconds=time.monotonic() - start, resettable=resettable)
     return result
 
 
@@ -149,7 +177,8 @@ def _child(cases: list[dict]) -> None:
     """Measure each case; a case that would be ruinous fails with MemoryError, not the host."""
     import mixer.images.documents  # noqa: F401  (imported before the limit and the baseline:
     import mixer.runtime.loader  # noqa: F401   `import mixer` no longer imports torch,
-    try:                         # and tokenizer_backend: auto imports fastokens when it
+
+    try:  # and tokenizer_backend: auto imports fastokens when it
         import fastokens  # noqa: F401  tries it)
     except ImportError:
         pass
@@ -166,9 +195,13 @@ def measure_in_children(cases: list[dict], timeout: float = 240) -> dict[str, di
     groups = [cases] if _reset_peak() else [[case] for case in cases]
     results: dict[str, dict] = {}
     for group in groups:
-        done = subprocess.run([sys.executable, __file__, json.dumps(group)],
-                              capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "PYTHONHASHSEED": "0"})
+        done = subprocess.run(
+            [sys.executable, __file__, json.dumps(group)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "PYTHONHASHSEED": "0"},
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         for line in done.stdout.splitlines():
             if line.startswith("{"):
@@ -179,12 +212,13 @@ def measure_in_children(cases: list[dict], timeout: float = 240) -> dict[str, di
 
 # -- big files, made cheaply -------------------------------------------------------------------
 
+
 def _line_pieces(size: int) -> Any:
     yield b'{"text": "'
     for _ in range(size // len(PIECE)):
         yield PIECE
     yield b'w1"}\n'
-    yield json.dumps({"text": doc_text(2, 2)}).encode() + b"\n"   # a good record after it
+    yield json.dumps({"text": doc_text(2, 2)}).encode() + b"\n"  # a good record after it
 
 
 def _write(path: Path, pieces: Any, codec: str = "") -> Path:
@@ -206,9 +240,14 @@ def _write(path: Path, pieces: Any, codec: str = "") -> Path:
 def _bomb(path: Path, size: int) -> Path:
     """A zstd file of `size` bytes of one character, no newline, then one good record."""
     chunk = b"a" * (64 * MB)
-    return _write(path, itertools.chain(itertools.repeat(chunk, size // len(chunk)),
-                                        [b"\n", json.dumps({"text": "w2 w2"}).encode() + b"\n"]),
-                  "zst")
+    return _write(
+        path,
+        itertools.chain(
+            itertools.repeat(chunk, size // len(chunk)),
+            [b"\n", json.dumps({"text": "w2 w2"}).encode() + b"\n"],
+        ),
+        "zst",
+    )
 
 
 def _sparse_text(path: Path, size: int) -> Path:
@@ -247,7 +286,7 @@ def _png(width: int, height: int, *, truncated: bool = False) -> bytes:
     out = io.BytesIO()
     image.save(out, "PNG")
     data = out.getvalue()
-    return data[:len(data) // 2] if truncated else data
+    return data[: len(data) // 2] if truncated else data
 
 
 def _image_tar(path: Path, image: bytes) -> Path:
@@ -273,36 +312,78 @@ def _cases(folder: Path) -> list[dict]:
     wds_json = _sparse_tar(folder / "json.tar", "s1.json", BIG)
     import pyarrow as pa
     import pyarrow.parquet as pq
-    pq.write_table(pa.table({"text": [(PIECE * 32).decode(), doc_text(2, 2)]}),
-                   folder / "big.parquet")
+
+    pq.write_table(
+        pa.table({"text": [(PIECE * 32).decode(), doc_text(2, 2)]}), folder / "big.parquet"
+    )
     bomb = _bomb(folder / "bomb.jsonl.zst", 2 << 30)
     small_bomb = _bomb(folder / "small-bomb.jsonl.zst", 256 * MB)
     long_image = _image_tar(folder / "long.tar", _png(1, 100_000))
     base = {"kind": "loader", "tokenizer": tok, "max_bytes": SMALL_LIMIT}
     cases = []
-    for name, path, extra in (("jsonl", jsonl, {}), ("gz", gz, {}),
-                              ("zst", zst, {"bounded_zstd": True}),
-                              ("text", text, {}), ("wds_txt", wds_txt, {}),
-                              ("wds_json", wds_json, {}), ("bomb", bomb, {"bounded_zstd": True}),
-                              ("parquet", folder / "big.parquet", {})):
+    for name, path, extra in (
+        ("jsonl", jsonl, {}),
+        ("gz", gz, {}),
+        ("zst", zst, {"bounded_zstd": True}),
+        ("text", text, {}),
+        ("wds_txt", wds_txt, {}),
+        ("wds_json", wds_json, {}),
+        ("bomb", bomb, {"bounded_zstd": True}),
+        ("parquet", folder / "big.parquet", {}),
+    ):
         for on_error in ("skip", "raise"):
-            cases.append({**base, **extra, "name": f"{name}-{on_error}", "path": str(path),
-                          "on_error": on_error})
+            cases.append(
+                {
+                    **base,
+                    **extra,
+                    "name": f"{name}-{on_error}",
+                    "path": str(path),
+                    "on_error": on_error,
+                }
+            )
     # parquet last: pyarrow's pool keeps its pages, which later baselines would include
     cases[-2:-2] = [
-        {**base, "name": "jsonl-default-limit", "path": str(jsonl), "on_error": "skip",
-         "max_bytes": 64 * MB},
+        {
+            **base,
+            "name": "jsonl-default-limit",
+            "path": str(jsonl),
+            "on_error": "skip",
+            "max_bytes": 64 * MB,
+        },
         {**base, "name": "zst-as-shipped", "path": str(zst), "on_error": "skip"},
         {**base, "name": "bomb-as-shipped", "path": str(small_bomb), "on_error": "skip"},
-        {"kind": "reader", "name": "text-within-limit", "path": str(whole), "format": "text",
-         "max_bytes": 64 * MB},
-        {"kind": "reader", "name": "wds-within-limit", "path": str(whole_tar),
-         "format": "webdataset", "max_bytes": 64 * MB},
-        {**base, "name": "llava-long", "path": str(long_image), "on_error": "raise",
-         "tokenizer": vlm, "seq_len": 640, "images": {"layout": "llava"}},
-        {**base, "name": "qwen-long", "path": str(long_image), "on_error": "skip",
-         "tokenizer": vlm, "seq_len": 64,
-         "images": {"layout": "qwen2_vl", "min_pixels": 784, "max_pixels": 3136}},
+        {
+            "kind": "reader",
+            "name": "text-within-limit",
+            "path": str(whole),
+            "format": "text",
+            "max_bytes": 64 * MB,
+        },
+        {
+            "kind": "reader",
+            "name": "wds-within-limit",
+            "path": str(whole_tar),
+            "format": "webdataset",
+            "max_bytes": 64 * MB,
+        },
+        {
+            **base,
+            "name": "llava-long",
+            "path": str(long_image),
+            "on_error": "raise",
+            "tokenizer": vlm,
+            "seq_len": 640,
+            "images": {"layout": "llava"},
+        },
+        {
+            **base,
+            "name": "qwen-long",
+            "path": str(long_image),
+            "on_error": "skip",
+            "tokenizer": vlm,
+            "seq_len": 64,
+            "images": {"layout": "qwen2_vl", "min_pixels": 784, "max_pixels": 3136},
+        },
     ]
     return cases
 
@@ -315,12 +396,16 @@ def measured(tmp_path_factory) -> dict[str, dict]:
 # -- 1. a huge single-line document in every text format -------------------------------------
 
 STREAMED = ["jsonl", "gz", "zst", "text", "wds_txt", "wds_json", "bomb"]
-LOCATIONS = {"jsonl": "byte offset 0", "gz": "line 1 (decompressed byte offset 0)",
-             "zst": "line 1 (decompressed byte offset 0)", "text": "byte offset 0",
-             "wds_txt": "sample s1 (member s1.txt at byte offset 0)",
-             "wds_json": "sample s1 (member s1.json at byte offset 0)",
-             "parquet": "row group 0, row 0",
-             "bomb": "line 1 (decompressed byte offset 0)"}
+LOCATIONS = {
+    "jsonl": "byte offset 0",
+    "gz": "line 1 (decompressed byte offset 0)",
+    "zst": "line 1 (decompressed byte offset 0)",
+    "text": "byte offset 0",
+    "wds_txt": "sample s1 (member s1.txt at byte offset 0)",
+    "wds_json": "sample s1 (member s1.json at byte offset 0)",
+    "parquet": "row group 0, row 0",
+    "bomb": "line 1 (decompressed byte offset 0)",
+}
 
 
 @pytest.mark.parametrize("fmt", STREAMED + ["parquet"])
@@ -385,6 +470,7 @@ def test_zstd_jsonl_holds_little_however_well_it_compresses(measured, case):
 
 # -- 2. a zstd bomb ------------------------------------------------------------------------------
 
+
 def test_a_zstd_bomb_costs_the_time_of_decompressing_it_not_more(measured):
     # Gigabytes of one character with no newline: drained at decompression speed in bounded
     # memory (above), then the next line is read. Stopping the file there would lose it.
@@ -395,7 +481,7 @@ def test_a_zstd_bomb_costs_the_time_of_decompressing_it_not_more(measured):
 
 def test_zstd_stream_output_per_read_is_bounded_for_any_ratio():
     data = zstandard.ZstdCompressor(level=1).compress(b"a" * (64 * MB))
-    assert len(data) < 64 << 10   # one input read of the shipped stream: all of it at once
+    assert len(data) < 64 << 10  # one input read of the shipped stream: all of it at once
     stream = ZstdStream(io.BytesIO(data), max_output=256 << 10)
     total = 0
     while chunk := stream.read(1 << 20):
@@ -404,19 +490,23 @@ def test_zstd_stream_output_per_read_is_bounded_for_any_ratio():
     assert total == 64 * MB
 
 
-@pytest.mark.parametrize("case", ["frames", "skippable", "checksum", "truncated", "garbage",
-                                  "empty"])
+@pytest.mark.parametrize(
+    "case", ["frames", "skippable", "checksum", "truncated", "garbage", "empty"]
+)
 def test_zstd_stream_decompresses_as_zstandard_and_refuses_truncated_files(case):
-    payload = b"".join(json.dumps({"text": doc_text(d, 20)}).encode() + b"\n"
-                       for d in range(3000))
-    frames = [zstandard.ZstdCompressor(level=3, write_checksum=case == "checksum").compress(
-        payload[i:i + 40_000]) for i in range(0, len(payload), 40_000)]
+    payload = b"".join(json.dumps({"text": doc_text(d, 20)}).encode() + b"\n" for d in range(3000))
+    frames = [
+        zstandard.ZstdCompressor(level=3, write_checksum=case == "checksum").compress(
+            payload[i : i + 40_000]
+        )
+        for i in range(0, len(payload), 40_000)
+    ]
     data = b"".join(frames)
     if case == "skippable":
         data = frames[0] + b"\x50\x2a\x4d\x18" + (3).to_bytes(4, "little") + b"abc" + data
         payload = payload[:40_000] + payload
     stored = {"truncated": data[:-3], "garbage": data + b"junk", "empty": b""}.get(case, data)
-    for kw in ({}, {"max_output": 1, "read_size": 7}):   # and one block, one byte at a time
+    for kw in ({}, {"max_output": 1, "read_size": 7}):  # and one block, one byte at a time
         stream = io.BufferedReader(ZstdStream(io.BytesIO(stored), **kw))
         if case in ("truncated", "garbage"):
             with pytest.raises(zstandard.ZstdError):
@@ -426,6 +516,7 @@ def test_zstd_stream_decompresses_as_zstandard_and_refuses_truncated_files(case)
 
 
 # -- 3. thousands of one-record shards ---------------------------------------------------------
+
 
 def _descriptors(pid: int | str = "self") -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
@@ -452,16 +543,26 @@ def many_shards(tmp_path_factory) -> tuple[Path, list[tuple[int, int]]]:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_thousands_of_shards_start_fast_and_leak_no_descriptor(many_shards, workers):
     folder, docs = many_shards
-    recipe = {"tokenizer": str(folder / "tokenizer.json"), "seq_len": 16, "batch_size": 4,
-              "lanes": 8, "sources": [{"name": "many", "weight": 1, "epochs": 1,
-                                       "path": [str(folder / "j" / "*.jsonl"),
-                                                str(folder / "t" / "*.tar")]}]}
+    recipe = {
+        "tokenizer": str(folder / "tokenizer.json"),
+        "seq_len": 16,
+        "batch_size": 4,
+        "lanes": 8,
+        "sources": [
+            {
+                "name": "many",
+                "weight": 1,
+                "epochs": 1,
+                "path": [str(folder / "j" / "*.jsonl"), str(folder / "t" / "*.tar")],
+            }
+        ],
+    }
     before = _descriptors()
     start = time.monotonic()
     loader = mixer.build_loader(recipe, num_workers=workers)
     batches = iter(loader)
     got = [next(batches)]
-    assert time.monotonic() - start < 15   # listing every shard, and the first batch
+    assert time.monotonic() - start < 15  # listing every shard, and the first batch
     opened = [_descriptors()]
     children = []
     for batch in batches:
@@ -479,20 +580,29 @@ def test_thousands_of_shards_start_fast_and_leak_no_descriptor(many_shards, work
 
 # -- 4. an elongated image ------------------------------------------------------------------------
 
+
 @pytest.fixture
 def vlm(tmp_path) -> Path:
     return make_vlm_tokenizer(tmp_path / "vlm.json")
 
 
-IMAGE_LAYOUTS = {"llava": {"layout": "llava", "image_size": 28},
-                 "qwen2_vl": {"layout": "qwen2_vl", "min_pixels": 784, "max_pixels": 3136}}
+IMAGE_LAYOUTS = {
+    "llava": {"layout": "llava", "image_size": 28},
+    "qwen2_vl": {"layout": "qwen2_vl", "min_pixels": 784, "max_pixels": 3136},
+}
 
 
 def _image_recipe(vlm: Path, path: Path, layout: str, on_error: str, **images) -> dict:
-    return {"tokenizer": str(vlm), "seq_len": 64, "batch_size": 1, "lanes": 1,
-            "images": {**IMAGE_LAYOUTS[layout], **images},
-            "sources": [{"name": "src", "path": str(path), "weight": 1, "epochs": 1,
-                         "on_error": on_error}]}
+    return {
+        "tokenizer": str(vlm),
+        "seq_len": 64,
+        "batch_size": 1,
+        "lanes": 1,
+        "images": {**IMAGE_LAYOUTS[layout], **images},
+        "sources": [
+            {"name": "src", "path": str(path), "weight": 1, "epochs": 1, "on_error": on_error}
+        ],
+    }
 
 
 @pytest.mark.parametrize("layout", ["llava", "qwen2_vl"])
@@ -503,8 +613,7 @@ def test_an_image_over_max_source_pixels_is_refused_before_decoding(tmp_path, vl
     with pytest.raises(mixer.DataError, match="max_source_pixels") as err:
         list(mixer.build_loader(recipe))
     assert (err.value.source, err.value.location) == ("src", "member s1.png at byte offset 0")
-    loader = mixer.build_loader(_image_recipe(vlm, path, layout, "skip",
-                                              max_source_pixels=50_000))
+    loader = mixer.build_loader(_image_recipe(vlm, path, layout, "skip", max_source_pixels=50_000))
     assert token_counts(loader)[word_id(2)] == 2
     assert loader.metrics()["skipped_by_reason"]["src"] == {"bad_image": 1}
 
@@ -527,22 +636,26 @@ def test_qwen2_vl_refuses_an_elongated_image_by_its_aspect_ratio(measured):
 def test_the_crop_of_an_elongated_image_is_the_whole_resizes_crop(size):
     from mixer.config.images import ImageSettings
     from mixer.images.processing import LlavaProcessing
+
     processing = LlavaProcessing(ImageSettings(layout="llava"))
     w, h = size
-    image = Image.fromarray(np.random.default_rng(list(size)).integers(0, 256, (h, w, 3),
-                                                                       dtype=np.uint8))
+    image = Image.fromarray(
+        np.random.default_rng(list(size)).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    )
     width, height = processing.resized_size(w, h)
     whole = image.resize((width, height), Image.Resampling.BICUBIC)
     left, top = (width - 336) // 2, (height - 336) // 2
     expected = whole.crop((left, top, left + 336, top + 336))
-    want = np.stack([np.asarray(b.point(t, "F")) for b, t in zip(expected.split(),
-                                                                  processing._tables)])
+    want = np.stack(
+        [np.asarray(b.point(t, "F")) for b, t in zip(expected.split(), processing._tables)]
+    )
     got = processing.pixels(image, processing.plan(w, h))
     levels = np.abs(got - want) * np.array(processing.settings.image_std)[:, None, None] * 255
-    assert got.shape == (3, 336, 336) and levels.max() < 1.01   # float32 box: a level at most
+    assert got.shape == (3, 336, 336) and levels.max() < 1.01  # float32 box: a level at most
 
 
 # -- 5. webdataset sources without a usable sample ------------------------------------------
+
 
 def _tars(folder: Path, members: list[tuple[str, bytes]]) -> Path:
     folder.mkdir()
@@ -556,27 +669,45 @@ def _tars(folder: Path, members: list[tuple[str, bytes]]) -> Path:
     return folder / "*.tar"
 
 
-HOLLOW = {   # members of every sample; images block; what on_error: raise names
+HOLLOW = {  # members of every sample; images block; what on_error: raise names
     "bad UTF-8": ([("s{}.txt", b"\xff\xfe")], None, "not valid UTF-8"),
     "no text": ([("s{}.png", b"png"), ("s{}.cls", b"1")], "qwen2_vl", "sample without text"),
     "json without the field": ([("s{}.json", b'{"other": 1}')], None, "sample without text"),
-    "images without an images block": ([("s{}.png", b"png"), ("s{}.txt", b"w1")], None,
-                                       "no `images:` block"),
-    "corrupt images": ([("s{}.png", b"\x89PNG\r\n\x1a\n" + b"\0" * 40), ("s{}.txt", b"w1")],
-                       "llava", "image"),
+    "images without an images block": (
+        [("s{}.png", b"png"), ("s{}.txt", b"w1")],
+        None,
+        "no `images:` block",
+    ),
+    "corrupt images": (
+        [("s{}.png", b"\x89PNG\r\n\x1a\n" + b"\0" * 40), ("s{}.txt", b"w1")],
+        "llava",
+        "image",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(HOLLOW))
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
 def test_an_unlimited_webdataset_source_without_a_usable_sample_is_an_error_not_a_hang(
-        tmp_path, vlm, case, on_error):
+    tmp_path, vlm, case, on_error
+):
     members, layout, words = HOLLOW[case]
     write_docs(tmp_path / "good.jsonl", corpus(0, 20), "jsonl")
-    recipe = {"tokenizer": str(vlm), "seq_len": 64, "batch_size": 1, "lanes": 2,
-              "sources": [{"name": "good", "path": str(tmp_path / "good.jsonl"), "weight": 1},
-                          {"name": "hollow", "path": str(_tars(tmp_path / "w", members)),
-                           "weight": 1, "on_error": on_error}]}
+    recipe = {
+        "tokenizer": str(vlm),
+        "seq_len": 64,
+        "batch_size": 1,
+        "lanes": 2,
+        "sources": [
+            {"name": "good", "path": str(tmp_path / "good.jsonl"), "weight": 1},
+            {
+                "name": "hollow",
+                "path": str(_tars(tmp_path / "w", members)),
+                "weight": 1,
+                "on_error": on_error,
+            },
+        ],
+    }
     if layout is not None:
         recipe["images"] = IMAGE_LAYOUTS[layout]
     expected = "yields no document" if on_error == "skip" else words
@@ -589,13 +720,21 @@ def test_an_unlimited_webdataset_source_without_a_usable_sample_is_an_error_not_
 
 # -- 6. load_state_dict while iterating --------------------------------------------------------
 
+
 @pytest.fixture
 def text_recipe(tmp_path, tokenizer_path) -> dict:
     write_docs(tmp_path / "a.jsonl", corpus(0, 300), "jsonl")
     write_docs(tmp_path / "b.jsonl", corpus(1000, 100, min_len=5, max_len=60), "jsonl")
-    return {"tokenizer": str(tokenizer_path), "seq_len": 8, "batch_size": 2, "lanes": 2,
-            "sources": [{"name": "a", "path": str(tmp_path / "a.jsonl"), "weight": 2},
-                        {"name": "b", "path": str(tmp_path / "b.jsonl"), "weight": 1}]}
+    return {
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 8,
+        "batch_size": 2,
+        "lanes": 2,
+        "sources": [
+            {"name": "a", "path": str(tmp_path / "a.jsonl"), "weight": 2},
+            {"name": "b", "path": str(tmp_path / "b.jsonl"), "weight": 1},
+        ],
+    }
 
 
 def _digests(batches) -> list[str]:
@@ -617,7 +756,7 @@ def test_load_state_dict_while_iterating_continues_from_the_loaded_state(text_re
     got = _digests(itertools.islice(batches, 3))
     earlier = loader.state_dict()
     got += _digests(itertools.islice(batches, 4))
-    loader.load_state_dict(earlier)                       # the same iterator goes back
+    loader.load_state_dict(earlier)  # the same iterator goes back
     got += _digests(itertools.islice(batches, 5))
     loader.load_state_dict(_state_after(text_recipe, 20))  # and forward
     got += _digests(itertools.islice(batches, 5))
@@ -639,23 +778,33 @@ def test_load_state_dict_inside_a_for_loop_and_after_the_end(text_recipe):
             loader.load_state_dict(saved)
             loaded = True
     assert got == reference[:9] + reference[4:]
-    loader.load_state_dict(saved)         # the stream ended: a new iteration from the state
+    loader.load_state_dict(saved)  # the stream ended: a new iteration from the state
     assert _digests(loader) == reference[4:]
 
 
 # -- 7. set_weights onto a spent source in a finite run ---------------------------------------
 
+
 @pytest.fixture
 def finite_recipe(tmp_path, tokenizer_path) -> tuple[dict, dict]:
-    docs = {"prose": corpus(0, 120, max_len=20), "code": corpus(1000, 40, max_len=30, seed=1),
-            "web": corpus(2000, 30, max_len=6, seed=2)}
+    docs = {
+        "prose": corpus(0, 120, max_len=20),
+        "code": corpus(1000, 40, max_len=30, seed=1),
+        "web": corpus(2000, 30, max_len=6, seed=2),
+    }
     for name, items in docs.items():
         for part in range(2):
             write_docs(tmp_path / name / f"{part}.jsonl", items[part::2], "jsonl")
-    recipe = {"tokenizer": str(tokenizer_path), "seq_len": 8, "batch_size": 2, "lanes": 4,
-              "sources": [{"name": n, "path": str(tmp_path / n / "*.jsonl"), "weight": w,
-                           "epochs": 1} for n, w in (("prose", 0.5), ("code", 0.2),
-                                                     ("web", 0.3))]}
+    recipe = {
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 8,
+        "batch_size": 2,
+        "lanes": 4,
+        "sources": [
+            {"name": n, "path": str(tmp_path / n / "*.jsonl"), "weight": w, "epochs": 1}
+            for n, w in (("prose", 0.5), ("code", 0.2), ("web", 0.3))
+        ],
+    }
     return recipe, docs
 
 
@@ -678,16 +827,17 @@ def _run_spending_web(recipe: dict, weights: dict, workers: int) -> tuple[list, 
 
 
 @pytest.mark.parametrize("weights", [{"web": 1}, {"web": 1, "prose": 1}])
-def test_set_weights_onto_a_spent_source_is_exact_and_loses_no_batch(finite_recipe, weights,
-                                                                     caplog):
+def test_set_weights_onto_a_spent_source_is_exact_and_loses_no_batch(
+    finite_recipe, weights, caplog
+):
     recipe, docs = finite_recipe
     plain = _digests(mixer.build_loader(recipe))
     with caplog.at_level(logging.WARNING, logger="mixer.runtime.loader"):
         runs = {w: _run_spending_web(recipe, weights, w) for w in (0, 2)}
     left = [r.getMessage() for r in caplog.records if "documents left" in r.getMessage()]
     (out, calls, state), (out2, _, _) = runs[0], runs[2]
-    assert _digests(out) == _digests(out2)             # worker-count independent
-    assert _digests(out[:calls]) == plain[:calls]      # nothing before the call changed
+    assert _digests(out) == _digests(out2)  # worker-count independent
+    assert _digests(out[:calls]) == plain[:calls]  # nothing before the call changed
     resumed = mixer.build_loader(recipe)
     resumed.load_state_dict(state)
     assert _digests(resumed) == _digests(out[calls:])  # the state holds the call
@@ -697,8 +847,8 @@ def test_set_weights_onto_a_spent_source_is_exact_and_loses_no_batch(finite_reci
         wanted = expected_counts(docs["prose"])
         assert all(counts[t] == n for t, n in wanted.items() if t != 0)
     else:
-        assert len(out) == calls                       # nothing can be drawn: the run ends
-    assert len(left) == 2 and "code" in left[0]       # once per run, naming what is left
+        assert len(out) == calls  # nothing can be drawn: the run ends
+    assert len(left) == 2 and "code" in left[0]  # once per run, naming what is left
     assert ("prose" in left[0]) == ("prose" not in weights)
 
 

@@ -54,8 +54,7 @@ def expected_plans(sizes: list[tuple[int, int]]) -> list[list]:
     return out
 
 
-sizes = st.lists(st.tuples(st.integers(20, 1600), st.integers(20, 1600)), min_size=1,
-                 max_size=4)
+sizes = st.lists(st.tuples(st.integers(20, 1600), st.integers(20, 1600)), min_size=1, max_size=4)
 
 
 @settings(max_examples=60, deadline=None)
@@ -71,8 +70,7 @@ def test_two_images_of_the_same_shape_step_down_together():
     assert plans == expected_plans([(448, 448), (448, 448), (301, 1203)])
 
 
-videos = st.lists(st.tuples(st.integers(32, 1920), st.integers(32, 1920)), min_size=1,
-                  max_size=3)
+videos = st.lists(st.tuples(st.integers(32, 1920), st.integers(32, 1920)), min_size=1, max_size=3)
 
 
 @settings(max_examples=40, deadline=None)
@@ -90,10 +88,17 @@ def test_every_video_steps_down_its_own_frame_ladder(frame_sizes):
     ladder = list(processing.lowered(infos))
     first = ladder[0]
     for k, (info, plan) in enumerate(zip(infos, first)):
-        own = {(p.width, p.height) for _, p in processing.frame_processing(
-            plan.frames).iter_budgeted_plans(info.width, info.height)}
-        sizes = [(step[k].frame.width, step[k].frame.height) for step in ladder
-                 if step[k].frames == plan.frames]
+        own = {
+            (p.width, p.height)
+            for _, p in processing.frame_processing(plan.frames).iter_budgeted_plans(
+                info.width, info.height
+            )
+        }
+        sizes = [
+            (step[k].frame.width, step[k].frame.height)
+            for step in ladder
+            if step[k].frames == plan.frames
+        ]
         assert set(sizes) <= own, (k, sizes, own)
         areas = [w * h for w, h in sizes]
         assert areas == sorted(areas, reverse=True)

@@ -11,9 +11,9 @@ def test_free_threads_take_the_lowest_priority_first_and_cancelled_jobs_never_ru
     pool = PriorityPool(1)
     gate = threading.Event()
     ran: list[int] = []
-    blocker = pool.submit(-1, gate.wait)      # holds the only thread while jobs queue up
+    blocker = pool.submit(-1, gate.wait)  # holds the only thread while jobs queue up
     futures = {p: pool.submit(p, lambda p=p: ran.append(p) or p) for p in (5, 3, 9, 1, 7)}
-    assert futures[7].cancel()                # taken back before a thread took it
+    assert futures[7].cancel()  # taken back before a thread took it
     gate.set()
     blocker.result(timeout=10)
     assert [futures[p].result(timeout=10) for p in (1, 3, 5, 9)] == [1, 3, 5, 9]

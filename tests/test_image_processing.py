@@ -45,11 +45,12 @@ TOL = 1e-3
 
 # ---------------------------------------------------------------- images and oracles
 
+
 def random_rgb(width: int, height: int, seed: int) -> np.ndarray:
     """(height, width, 3) uint8: seeded noise over a seeded gradient."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width]
-    gradient = (x * rng.uniform(0, 255 / max(width, 1)) + y * rng.uniform(0, 255 / max(height, 1)))
+    gradient = x * rng.uniform(0, 255 / max(width, 1)) + y * rng.uniform(0, 255 / max(height, 1))
     noise = rng.integers(-60, 61, (height, width, 3))
     return np.clip(gradient[..., None] + noise + rng.integers(0, 128, 3), 0, 255).astype(np.uint8)
 
@@ -61,7 +62,7 @@ def make_image(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Ima
         return Image.fromarray(rgb)
     if mode == "RGBA":
         alpha = rng.integers(0, 256, (height, width, 1), dtype=np.uint8)
-        alpha[: height // 3] = 0                       # fully transparent rows too
+        alpha[: height // 3] = 0  # fully transparent rows too
         return Image.fromarray(np.concatenate([rgb, alpha], -1))
     if mode == "LA":
         alpha = rng.integers(0, 256, (height, width), dtype=np.uint8)
@@ -73,7 +74,7 @@ def make_image(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Ima
         return image
     if mode == "I;16":
         return Image.fromarray(rgb[..., 0].astype(np.uint16) * 257)
-    return Image.fromarray(rgb).convert(mode)          # L, 1, CMYK
+    return Image.fromarray(rgb).convert(mode)  # L, 1, CMYK
 
 
 def encode(image: Image.Image, fmt: str, **options) -> bytes:
@@ -100,20 +101,31 @@ def llava_settings(**kw) -> ImageSettings:
 def oracle(settings: ImageSettings):
     if settings.layout == "qwen2_vl":
         return transformers.Qwen2VLImageProcessorPil(
-            patch_size=settings.patch_size, merge_size=settings.merge_size,
+            patch_size=settings.patch_size,
+            merge_size=settings.merge_size,
             temporal_patch_size=settings.temporal_patch_size,
             size={"shortest_edge": settings.min_pixels, "longest_edge": settings.max_pixels},
-            image_mean=list(settings.image_mean), image_std=list(settings.image_std))
+            image_mean=list(settings.image_mean),
+            image_std=list(settings.image_std),
+        )
     side = settings.image_size
     return transformers.CLIPImageProcessorPil(
-        size={"shortest_edge": side}, crop_size={"height": side, "width": side},
-        image_mean=list(settings.image_mean), image_std=list(settings.image_std))
+        size={"shortest_edge": side},
+        crop_size={"height": side, "width": side},
+        image_mean=list(settings.image_mean),
+        image_std=list(settings.image_std),
+    )
 
 
 def ours(data: bytes, settings: ImageSettings) -> tuple[LazyImage, np.ndarray]:
-    image = LazyImage.probe(enc(data), processing_for(settings), extra_tokens=0,
-                            source=SOURCE, file=FILE,
-                            max_source_pixels=settings.max_source_pixels)
+    image = LazyImage.probe(
+        enc(data),
+        processing_for(settings),
+        extra_tokens=0,
+        source=SOURCE,
+        file=FILE,
+        max_source_pixels=settings.max_source_pixels,
+    )
     return image, image.pixels()
 
 
@@ -124,7 +136,7 @@ def check_against_oracle(data: bytes, settings: ImageSettings) -> None:
         expected, grid = ref["pixel_values"], ref["image_grid_thw"]
         assert grid.tolist() == [list(image.plan.grid_thw)]
         assert image.plan.rows == len(expected)
-        assert image.plan.tokens == int(np.prod(grid)) // settings.merge_size ** 2
+        assert image.plan.tokens == int(np.prod(grid)) // settings.merge_size**2
     else:
         expected = ref["pixel_values"][0]
     assert pixels.dtype == np.float32 and pixels.shape == expected.shape
@@ -133,18 +145,38 @@ def check_against_oracle(data: bytes, settings: ImageSettings) -> None:
 
 # ---------------------------------------------------------------- oracle comparisons
 
-QWEN_SIZES = [(1, 1), (2, 3), (27, 29), (28, 28), (56, 56), (57, 113), (1000, 28), (28, 1000),
-              (2800, 14), (333, 500), (640, 480), (1280, 7)]
+QWEN_SIZES = [
+    (1, 1),
+    (2, 3),
+    (27, 29),
+    (28, 28),
+    (56, 56),
+    (57, 113),
+    (1000, 28),
+    (28, 1000),
+    (2800, 14),
+    (333, 500),
+    (640, 480),
+    (1280, 7),
+]
 QWEN_SETTINGS = {
     "defaults": qwen_settings(),
     "small max_pixels": qwen_settings(min_pixels=784, max_pixels=20000),
-    "patch 16": qwen_settings(patch_size=16, merge_size=2, temporal_patch_size=2,
-                              max_pixels=300000),
-    "merge 1 tps 1": qwen_settings(patch_size=14, merge_size=1, temporal_patch_size=1,
-                                   min_pixels=196, max_pixels=90000),
-    "merge 3 tps 3": qwen_settings(patch_size=8, merge_size=3, temporal_patch_size=3,
-                                   min_pixels=1000, max_pixels=60000,
-                                   image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5)),
+    "patch 16": qwen_settings(
+        patch_size=16, merge_size=2, temporal_patch_size=2, max_pixels=300000
+    ),
+    "merge 1 tps 1": qwen_settings(
+        patch_size=14, merge_size=1, temporal_patch_size=1, min_pixels=196, max_pixels=90000
+    ),
+    "merge 3 tps 3": qwen_settings(
+        patch_size=8,
+        merge_size=3,
+        temporal_patch_size=3,
+        min_pixels=1000,
+        max_pixels=60000,
+        image_mean=(0.5, 0.5, 0.5),
+        image_std=(0.5, 0.5, 0.5),
+    ),
 }
 
 
@@ -158,31 +190,58 @@ def test_qwen_matches_processor_over_sizes(name):
 def test_qwen_large_downscale_and_exif_orientation_ignored():
     image = make_image(3000, 2000, seed=7)
     exif = image.getexif()
-    exif[0x0112] = 6                                  # "rotate 90": neither side applies it
+    exif[0x0112] = 6  # "rotate 90": neither side applies it
     data = encode(image, "JPEG", quality=90, exif=exif)
     check_against_oracle(data, qwen_settings())
     assert probe(enc(data), source=SOURCE, file=FILE, max_source_pixels=1 << 30) == (3000, 2000)
 
 
-LLAVA_SIZES = [(1, 1), (3, 2), (335, 337), (336, 336), (500, 333), (1000, 28), (28, 1000),
-               (1023, 769), (2000, 1500)]
+LLAVA_SIZES = [
+    (1, 1),
+    (3, 2),
+    (335, 337),
+    (336, 336),
+    (500, 333),
+    (1000, 28),
+    (28, 1000),
+    (1023, 769),
+    (2000, 1500),
+]
 
 
-@pytest.mark.parametrize("settings", [llava_settings(), llava_settings(image_size=224),
-                                      llava_settings(image_size=70, patch_size=14,
-                                                     image_mean=(0.5, 0.4, 0.3),
-                                                     image_std=(0.2, 0.3, 0.4))],
-                         ids=["llava-1.5", "224", "70"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        llava_settings(),
+        llava_settings(image_size=224),
+        llava_settings(
+            image_size=70, patch_size=14, image_mean=(0.5, 0.4, 0.3), image_std=(0.2, 0.3, 0.4)
+        ),
+    ],
+    ids=["llava-1.5", "224", "70"],
+)
 def test_llava_matches_clip_processor_over_sizes(settings):
     for i, (w, h) in enumerate(LLAVA_SIZES):
         fmt = "JPEG" if w * h > 1_000_000 else "PNG"
         check_against_oracle(encode(make_image(w, h, seed=i), fmt), settings)
 
 
-MODES = [("RGB", "PNG"), ("RGB", "JPEG"), ("RGB", "WEBP"), ("L", "PNG"), ("L", "JPEG"),
-         ("1", "PNG"), ("RGBA", "PNG"), ("RGBA", "WEBP"), ("LA", "PNG"), ("P", "PNG"),
-         ("P+transparency", "PNG"), ("P+transparency", "GIF"), ("CMYK", "JPEG"),
-         ("I;16", "PNG")]
+MODES = [
+    ("RGB", "PNG"),
+    ("RGB", "JPEG"),
+    ("RGB", "WEBP"),
+    ("L", "PNG"),
+    ("L", "JPEG"),
+    ("1", "PNG"),
+    ("RGBA", "PNG"),
+    ("RGBA", "WEBP"),
+    ("LA", "PNG"),
+    ("P", "PNG"),
+    ("P+transparency", "PNG"),
+    ("P+transparency", "GIF"),
+    ("CMYK", "JPEG"),
+    ("I;16", "PNG"),
+]
 
 
 @pytest.mark.parametrize(("mode", "fmt"), MODES, ids=[f"{m}-{f}" for m, f in MODES])
@@ -205,12 +264,14 @@ def test_pixels_of_pil_images_in_any_mode(mode):
 
 def test_transparency_is_composited_on_white():
     image = make_image(40, 30, "RGBA", seed=5)
-    rgb = np.asarray(decode_rgb(enc(encode(image, "PNG")), source=SOURCE, file=FILE,
-                                max_source_pixels=1 << 20))
+    rgb = np.asarray(
+        decode_rgb(enc(encode(image, "PNG")), source=SOURCE, file=FILE, max_source_pixels=1 << 20)
+    )
     alpha = np.asarray(image)[..., 3]
     assert (rgb[alpha == 0] == 255).all()
-    assert np.array_equal(rgb, transformers.image_transforms.convert_to_rgb(
-        image, return_numpy=True))
+    assert np.array_equal(
+        rgb, transformers.image_transforms.convert_to_rgb(image, return_numpy=True)
+    )
     palette = make_image(40, 30, "P+transparency", seed=5)
     rgb = np.asarray(to_rgb(Image.open(io.BytesIO(encode(palette, "PNG")))))
     index = np.asarray(palette) == palette.info["transparency"]
@@ -218,21 +279,31 @@ def test_transparency_is_composited_on_white():
 
 
 @settings(max_examples=15, deadline=None)
-@given(w=st.integers(1, 300), h=st.integers(1, 300), seed=st.integers(0, 2 ** 16),
-       max_pixels=st.sampled_from([3136, 12544, 50176, 1003520]))
+@given(
+    w=st.integers(1, 300),
+    h=st.integers(1, 300),
+    seed=st.integers(0, 2**16),
+    max_pixels=st.sampled_from([3136, 12544, 50176, 1003520]),
+)
 def test_qwen_property_random_sizes(w, h, seed, max_pixels):
     if max(w, h) / min(w, h) > 200:
         return
-    check_against_oracle(encode(make_image(w, h, seed=seed), "PNG"),
-                         qwen_settings(max_pixels=max_pixels))
+    check_against_oracle(
+        encode(make_image(w, h, seed=seed), "PNG"), qwen_settings(max_pixels=max_pixels)
+    )
 
 
 # ---------------------------------------------------------------- plans
 
+
 @settings(max_examples=300, deadline=None)
-@given(w=st.integers(1, 20000), h=st.integers(1, 20000),
-       factor=st.sampled_from([14, 28, 32, 56]), lo=st.integers(1, 10 ** 5),
-       hi=st.integers(1, 10 ** 7))
+@given(
+    w=st.integers(1, 20000),
+    h=st.integers(1, 20000),
+    factor=st.sampled_from([14, 28, 32, 56]),
+    lo=st.integers(1, 10**5),
+    hi=st.integers(1, 10**7),
+)
 def test_smart_resize_is_transformers(w, h, factor, lo, hi):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         smart_resize as reference,
@@ -284,7 +355,7 @@ def test_lower_plans_decrease_to_min_pixels(w, h):
     rng = np.random.default_rng(0)
     for budget in rng.integers(settings.min_pixels, settings.max_pixels, 200):
         assert qwen.plan(w, h, int(budget)) in plans
-    assert qwen.plan(w, h, 10 ** 12) == plans[0] and qwen.plan(w, h, 1) == plans[-1]
+    assert qwen.plan(w, h, 10**12) == plans[0] and qwen.plan(w, h, 1) == plans[-1]
 
 
 def test_aspect_ratio_past_200_is_a_data_error():
@@ -299,6 +370,7 @@ def test_aspect_ratio_past_200_is_a_data_error():
 
 # ---------------------------------------------------------------- errors
 
+
 def assert_names(err: DataError) -> None:
     text = str(err)
     for part in (SOURCE, FILE, f"member {MEMBER} at byte offset {OFFSET}"):
@@ -308,9 +380,11 @@ def assert_names(err: DataError) -> None:
 
 def png_header(width: int, height: int, idat: bytes = b"") -> bytes:
     """A PNG signature and IHDR for an RGB image of any size, then `idat` as an IDAT chunk."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
-        return (struct.pack(">I", len(body)) + kind + body
-                + struct.pack(">I", zlib.crc32(kind + body)))
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat)
@@ -328,7 +402,7 @@ def decode_of(data: bytes, max_source_pixels: int = 64 << 20) -> Image.Image:
 def test_truncated_image_probes_but_does_not_decode(fmt):
     data = encode(make_image(300, 200, seed=1), fmt)
     cut = data[: len(data) // 2]
-    assert probe_of(cut) == (300, 200)              # the header alone
+    assert probe_of(cut) == (300, 200)  # the header alone
     with pytest.raises(DataError, match="truncated") as err:
         decode_of(cut)
     assert_names(err.value)
@@ -336,8 +410,9 @@ def test_truncated_image_probes_but_does_not_decode(fmt):
         ours(cut, qwen_settings())
 
 
-@pytest.mark.parametrize("data", [b"", bytes(range(256)) * 8, b"GIF89a"],
-                         ids=["empty", "byte-ramp", "gif-magic-only"])
+@pytest.mark.parametrize(
+    "data", [b"", bytes(range(256)) * 8, b"GIF89a"], ids=["empty", "byte-ramp", "gif-magic-only"]
+)
 def test_not_an_image(data):
     for call in (probe_of, decode_of):
         with pytest.raises(DataError) as err:
@@ -365,7 +440,7 @@ def test_decompression_bomb_is_refused_from_the_header():
 def test_pil_bomb_check_neither_warns_nor_raises_nor_is_changed():
     limit = Image.MAX_IMAGE_PIXELS
     with warnings.catch_warnings():
-        warnings.simplefilter("error")               # a DecompressionBombWarning would raise
+        warnings.simplefilter("error")  # a DecompressionBombWarning would raise
         # past PIL's warning limit, and past twice it (PIL raises there): the recipe decides
         assert probe_of(png_header(10000, 10000), 1 << 40) == (10000, 10000)
         assert probe_of(png_header(20000, 20000), 1 << 40) == (20000, 20000)
@@ -391,9 +466,16 @@ def test_data_error_pickles_with_its_location():
 
 # ---------------------------------------------------------------- LazyImage
 
+
 def lazy(data: bytes, settings: ImageSettings, extra_tokens: int = 2) -> LazyImage:
-    return LazyImage.probe(enc(data), processing_for(settings), extra_tokens=extra_tokens,
-                           source=SOURCE, file=FILE, max_source_pixels=1 << 26)
+    return LazyImage.probe(
+        enc(data),
+        processing_for(settings),
+        extra_tokens=extra_tokens,
+        source=SOURCE,
+        file=FILE,
+        max_source_pixels=1 << 26,
+    )
 
 
 def test_lazy_image_tokens_replan_and_release():
@@ -404,7 +486,7 @@ def test_lazy_image_tokens_replan_and_release():
     assert smaller.tokens < image.tokens and smaller.size == image.size
     assert smaller.pixels().shape == (smaller.plan.rows, 1176)
     first = image.pixels()
-    assert image.pixels() is first                  # kept until released
+    assert image.pixels() is first  # kept until released
     image.release()
     again = image.pixels()
     assert again is not first and np.array_equal(again, first)
@@ -445,10 +527,10 @@ def test_pool_is_made_again_after_fork():
     expected = image.pixels()
     parent_pool = handle._decode_pool()
     pending = lazy(data, qwen_settings())
-    pending._future = (os.getpid(), Future())       # prefetched here, never done in a child
+    pending._future = (os.getpid(), Future())  # prefetched here, never done in a child
     pid = os.fork()
-    if pid == 0:                                    # child: a fresh pool that works
-        signal.alarm(60)                            # a hang kills the child, failing the test
+    if pid == 0:  # child: a fresh pool that works
+        signal.alarm(60)  # a hang kills the child, failing the test
         ok = handle._decode_pool() is not parent_pool
         child = lazy(data, qwen_settings())
         child.prefetch()

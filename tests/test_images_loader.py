@@ -23,9 +23,15 @@ def _samples(first: int, count: int, rng: np.random.Generator) -> list[Sample]:
     for doc in range(first, first + count):
         n_images = int(rng.choice([0, 1, 1, 1, 2]))
         sizes = [SIZES[int(rng.integers(len(SIZES)))] for _ in range(n_images)]
-        out.append(Sample(doc, int(rng.integers(n_images + 1, 20)), sizes,
-                          fmt=str(rng.choice(["png", "jpg", "webp"])),
-                          marker=bool(rng.integers(2)) and n_images > 0))
+        out.append(
+            Sample(
+                doc,
+                int(rng.integers(n_images + 1, 20)),
+                sizes,
+                fmt=str(rng.choice(["png", "jpg", "webp"])),
+                marker=bool(rng.integers(2)) and n_images > 0,
+            )
+        )
     return out
 
 
@@ -46,14 +52,27 @@ def corpus(tmp_path):
 
 def recipe_of(corpus, *, layout="qwen2_vl", packing="concat", epochs=None, **images) -> dict:
     root, tokenizer, _, _ = corpus
-    settings = {"layout": layout, "min_pixels": 784, "max_pixels": 112 * 112,
-                "image_size": 56, **images}
-    return {"seed": 5, "tokenizer": str(tokenizer), "seq_len": SEQ_LEN, "batch_size": 3,
-            "lanes": 4, "packing": packing, "images": settings, "shuffle_window": 8,
-            "sources": [{"name": "pics", "path": str(root / "pics" / "*.tar"), "weight": 3,
-                         "epochs": epochs},
-                        {"name": "prose", "path": str(root / "prose.jsonl"), "weight": 1,
-                         "epochs": epochs}]}
+    settings = {
+        "layout": layout,
+        "min_pixels": 784,
+        "max_pixels": 112 * 112,
+        "image_size": 56,
+        **images,
+    }
+    return {
+        "seed": 5,
+        "tokenizer": str(tokenizer),
+        "seq_len": SEQ_LEN,
+        "batch_size": 3,
+        "lanes": 4,
+        "packing": packing,
+        "images": settings,
+        "shuffle_window": 8,
+        "sources": [
+            {"name": "pics", "path": str(root / "pics" / "*.tar"), "weight": 3, "epochs": epochs},
+            {"name": "prose", "path": str(root / "prose.jsonl"), "weight": 1, "epochs": epochs},
+        ],
+    }
 
 
 def take(loader, n: int | None) -> list[dict]:
@@ -80,8 +99,15 @@ def digests(batches: list[dict]) -> list[str]:
     return [digest(b) for b in batches]
 
 
-QWEN_KEYS = {"input_ids", "labels", "position_ids", "source_ids", "mm_token_type_ids",
-             "pixel_values", "image_grid_thw"}
+QWEN_KEYS = {
+    "input_ids",
+    "labels",
+    "position_ids",
+    "source_ids",
+    "mm_token_type_ids",
+    "pixel_values",
+    "image_grid_thw",
+}
 LLAVA_KEYS = {"input_ids", "labels", "position_ids", "source_ids", "pixel_values"}
 
 
@@ -103,8 +129,11 @@ def test_qwen2_vl_batches_have_every_key_and_consistent_images(corpus):
         assert int(pads.sum()) == int(grid.prod(dim=1).sum()) // 4
         assert int((batch["input_ids"] == ids["<|vision_start|>"]).sum()) == grid.shape[0]
         assert (batch["mm_token_type_ids"].bool() == pads).all()
-        vision = pads | (batch["input_ids"] == ids["<|vision_start|>"]) | (
-            batch["input_ids"] == ids["<|vision_end|>"])
+        vision = (
+            pads
+            | (batch["input_ids"] == ids["<|vision_start|>"])
+            | (batch["input_ids"] == ids["<|vision_end|>"])
+        )
         assert (batch["labels"][vision] == -100).all()
         assert (batch["labels"][batch["source_ids"] < 0] == -100).all()
         seen_images += grid.shape[0]
@@ -161,20 +190,21 @@ def test_pixels_equal_the_transformers_processor(corpus):
     for batch in take(mixer.build_loader(recipe), None):
         at = 0
         for (doc, index), grid in zip(
-                _images_by_sample(batch, ids["<|vision_start|>"]),
-                batch["image_grid_thw"].tolist()):
+            _images_by_sample(batch, ids["<|vision_start|>"]), batch["image_grid_thw"].tolist()
+        ):
             sample = by_doc[doc]
             image = make_image(doc, index, sample.sizes[index], sample.mode)
-            if sample.fmt != "png":   # lossy: compare with what the tar holds
+            if sample.fmt != "png":  # lossy: compare with what the tar holds
                 import io
 
                 from image_data import encode_image
                 from PIL import Image
+
                 image = Image.open(io.BytesIO(encode_image(image, sample.fmt)))
             expected = processor(images=[image], return_tensors="np")
             rows = int(np.prod(grid))
             assert grid == expected["image_grid_thw"][0].tolist()
-            got = batch["pixel_values"][at:at + rows].numpy()
+            got = batch["pixel_values"][at : at + rows].numpy()
             assert np.abs(got - expected["pixel_values"]).max() <= 1e-3
             at += rows
             compared += 1
@@ -203,25 +233,31 @@ def test_same_batches_with_any_worker_count_and_after_resume(corpus, layout):
     assert digests(take(twice, 11)) == reference[3:]
 
 
-def assert_elastic_resume(recipe: dict, reference: list[str], *, steps: int, rest: int,
-                          rank_workers: int, single_workers: int) -> None:
+def assert_elastic_resume(
+    recipe: dict,
+    reference: list[str],
+    *,
+    steps: int,
+    rest: int,
+    rank_workers: int,
+    single_workers: int,
+) -> None:
     """Two ranks take `steps` batches each (rank r: global batches r, r + 2, ...); their
     merged state resumes one process, which gives the next `rest` global batches."""
     states = []
     for rank in range(2):
         part = mixer.build_loader(recipe, rank=rank, world_size=2, num_workers=rank_workers)
-        assert digests(take(part, steps)) == reference[rank:2 * steps:2]
+        assert digests(take(part, steps)) == reference[rank : 2 * steps : 2]
         states.append(part.state_dict())
     single = mixer.build_loader(recipe, num_workers=single_workers)
     single.load_state_dict(mixer.merge_states(states))
-    assert digests(take(single, rest)) == reference[2 * steps:2 * steps + rest]
+    assert digests(take(single, rest)) == reference[2 * steps : 2 * steps + rest]
 
 
 def test_elastic_resume_with_images(corpus):
     recipe = recipe_of(corpus)
     reference = digests(take(mixer.build_loader(recipe), 16))
-    assert_elastic_resume(recipe, reference, steps=3, rest=10, rank_workers=2,
-                          single_workers=1)
+    assert_elastic_resume(recipe, reference, steps=3, rest=10, rank_workers=2, single_workers=1)
 
 
 def _delivered(batches, ids) -> tuple[Counter, Counter]:
@@ -239,8 +275,7 @@ def test_finite_recipe_delivers_every_sample_and_image_exactly_once(corpus, pack
     recipe = recipe_of(corpus, packing=packing, epochs=1)
     batches = []
     for rank in range(2):
-        batches += take(mixer.build_loader(recipe, rank=rank, world_size=2, num_workers=1),
-                        None)
+        batches += take(mixer.build_loader(recipe, rank=rank, world_size=2, num_workers=1), None)
     tokens, _ = _delivered(batches, ids)
     for s in samples:
         assert tokens[word_id(s.doc)] == s.length, s
@@ -265,7 +300,8 @@ def test_per_batch_caps_are_respected_and_nothing_is_dropped(corpus):
         # every sample fits the caps (at a lower resolution where needed): none is dropped
         assert loader.metrics()["oversize"] == {"pics": 0, "prose": 0}
         assert sum(b["image_grid_thw"].shape[0] for b in batches) == sum(
-            len(s.sizes) for s in samples)
+            len(s.sizes) for s in samples
+        )
         tokens = Counter()
         for b in batches:
             tokens.update(b["input_ids"][b["source_ids"] >= 0].tolist())
@@ -274,13 +310,23 @@ def test_per_batch_caps_are_respected_and_nothing_is_dropped(corpus):
 
 def test_long_documents_get_lower_resolution_or_are_counted_as_oversize(tmp_path):
     tokenizer = make_vlm_tokenizer(tmp_path / "tokenizer.json")
-    write_tar(tmp_path / "big.tar", [Sample(1, 3, [(400, 400)]), Sample(2, 90, [(400, 400)]),
-                                     Sample(3, 2, [(28, 28)] * 3)])
-    recipe = {"tokenizer": str(tokenizer), "seq_len": 64, "batch_size": 1, "lanes": 1,
-              "images": {"layout": "qwen2_vl", "min_pixels": 784 * 4,
-                         "max_pixels": 400 * 400, "max_images_per_batch": 2},
-              "sources": [{"name": "big", "path": str(tmp_path / "big.tar"), "weight": 1,
-                           "epochs": 1}]}
+    write_tar(
+        tmp_path / "big.tar",
+        [Sample(1, 3, [(400, 400)]), Sample(2, 90, [(400, 400)]), Sample(3, 2, [(28, 28)] * 3)],
+    )
+    recipe = {
+        "tokenizer": str(tokenizer),
+        "seq_len": 64,
+        "batch_size": 1,
+        "lanes": 1,
+        "images": {
+            "layout": "qwen2_vl",
+            "min_pixels": 784 * 4,
+            "max_pixels": 400 * 400,
+            "max_images_per_batch": 2,
+        },
+        "sources": [{"name": "big", "path": str(tmp_path / "big.tar"), "weight": 1, "epochs": 1}],
+    }
     loader = mixer.build_loader(recipe)
     batches = take(loader, None)
     grids = [g for b in batches for g in b["image_grid_thw"].tolist()]
@@ -295,12 +341,14 @@ def test_long_documents_get_lower_resolution_or_are_counted_as_oversize(tmp_path
 
 def test_corrupt_image_is_a_data_error_naming_member_or_a_counted_skip(corpus, tmp_path):
     root = tmp_path / "bad"
-    path = write_tar(root / "bad.tar", [Sample(1, 3, [(56, 56)]), Sample(2, 3, [(56, 56)]),
-                                        Sample(3, 3, [(56, 56)])])
+    path = write_tar(
+        root / "bad.tar",
+        [Sample(1, 3, [(56, 56)]), Sample(2, 3, [(56, 56)]), Sample(3, 3, [(56, 56)])],
+    )
     data = bytearray(path.read_bytes())
     # truncate the second sample's PNG inside the tar (its member keeps its size)
     marker = data.find(b"IDAT", data.find(b"s000002.png"))
-    data[marker + 40:marker + 400] = b"\0" * 360
+    data[marker + 40 : marker + 400] = b"\0" * 360
     path.write_bytes(bytes(data))
     recipe = recipe_of(corpus, epochs=1)
     recipe["sources"] = [{"name": "bad", "path": str(path), "weight": 1, "epochs": 1}]
@@ -324,16 +372,18 @@ def test_loader_batches_train_like_their_documents_alone(corpus, layout):
     ids = vision_ids(corpus[1])
     vocab = max(ids.values()) + 1
     if layout == "qwen2_vl":
-        model = tiny_qwen2_vl(vocab, ids["<|image_pad|>"], ids["<|vision_start|>"],
-                              ids["<|vision_end|>"])
+        model = tiny_qwen2_vl(
+            vocab, ids["<|image_pad|>"], ids["<|vision_start|>"], ids["<|vision_end|>"]
+        )
         recipe = recipe_of(corpus)
     else:
         model = tiny_llava(vocab, ids["<image>"], image_size=28, patch_size=14)
         recipe = recipe_of(corpus, layout="llava", image_size=28)
     seen = Counter()
     for batch in take(mixer.build_loader(recipe), 4):
-        counts = assert_packed_equals_alone(model, batch, layout, eos_id=EOS_ID,
-                                            require_coverage=False)
+        counts = assert_packed_equals_alone(
+            model, batch, layout, eos_id=EOS_ID, require_coverage=False
+        )
         seen.update(counts)
     assert seen["units_with_images"] > 0 and seen["packed_rows"] > 0, seen
 

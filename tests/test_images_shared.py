@@ -24,15 +24,15 @@ def _crosses_without_a_copy(tensor: torch.Tensor) -> bool:
 def test_a_workers_batch_pixels_are_made_where_they_cross_without_a_copy(monkeypatch):
     monkeypatch.setattr(shared, "_pid", [0])
     rows = SHARED_BYTES // (1176 * 4) + 1
-    assert shared.shared_tensor(shared.new_pixels((rows, 1176))) is None   # not asked for
+    assert shared.shared_tensor(shared.new_pixels((rows, 1176))) is None  # not asked for
     plain = torch.from_numpy(np.zeros((rows, 1176), dtype=np.float32))
-    assert not _crosses_without_a_copy(plain)   # what the queue does to an ordinary array
+    assert not _crosses_without_a_copy(plain)  # what the queue does to an ordinary array
 
     shared.make_in_shared_memory()
     pixels = shared.new_pixels((rows, 1176))
     tensor = shared.shared_tensor(pixels)
     assert tensor is not None and tensor.is_shared() and pixels.dtype == np.float32
-    pixels[:] = 7.0                              # written once, where the receiver maps it
+    pixels[:] = 7.0  # written once, where the receiver maps it
     assert tensor.data_ptr() == pixels.ctypes.data and tuple(tensor.shape) == pixels.shape
     assert _crosses_without_a_copy(tensor)
     assert float(tensor.sum()) == 7.0 * pixels.size

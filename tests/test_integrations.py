@@ -25,18 +25,25 @@ import mixer
 
 TESTS = Path(__file__).resolve().parent
 JOB_TIMEOUT_S = 120
-STEPS, SAVE_AT, KILL = 6, 3, 5     # optimizer steps; the checkpoint step; the step killed in
+STEPS, SAVE_AT, KILL = 6, 3, 5  # optimizer steps; the checkpoint step; the step killed in
 
 
 def job(*cmd: str, nproc: int = 0, killed: bool = False) -> subprocess.CompletedProcess:
     """Run a job script (under torchrun with `nproc` processes), failing with its output;
     `killed`: the job must end by its ranks' SIGKILL."""
-    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={nproc}"] if nproc else [sys.executable])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "TOKENIZERS_PARALLELISM": "false"}
+    launch = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        if nproc
+        else [sys.executable]
+    )
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     result = procs.run([*launch, *cmd], timeout=JOB_TIMEOUT_S, env=env, cwd=TESTS)
-    sigkilled = "exitcode  : -9" in result.stderr   # torchrun's summary of a SIGKILLed rank
+    sigkilled = "exitcode  : -9" in result.stderr  # torchrun's summary of a SIGKILLed rank
     if (result.returncode != 0, sigkilled) != (killed, killed):
         raise AssertionError(result.stdout[-3000:] + result.stderr[-10000:])
     return result
@@ -65,22 +72,23 @@ def check_two_ranks(out: Path, reference: list[str], first: str, resumed: str) -
     """`first` saw steps 0..STEPS, `resumed` SAVE_AT..STEPS, on 2 ranks; `killed` steps
     0..KILL before its SIGKILL."""
     for rank in (0, 1):
-        assert read_digests(out / first, rank) == reference[rank:2 * STEPS:2]
+        assert read_digests(out / first, rank) == reference[rank : 2 * STEPS : 2]
         after = read_digests(out / resumed, rank)
-        assert after == reference[2 * SAVE_AT + rank:2 * STEPS:2], f"rank {rank}"
+        assert after == reference[2 * SAVE_AT + rank : 2 * STEPS : 2], f"rank {rank}"
         # equal to the uninterrupted run's batches after the checkpoint
         assert after == read_digests(out / first, rank)[SAVE_AT:]
-        assert read_digests(out / "killed", rank) == reference[rank:2 * KILL:2]
+        assert read_digests(out / "killed", rank) == reference[rank : 2 * KILL : 2]
 
 
 def check_killed_and_resumed_on_one(out: Path, reference: list[str], first: str) -> None:
     """The SIGKILLed job resumed on one process from its checkpoint at SAVE_AT: the global
     batches after it, in order, are the uninterrupted 2-rank run's (interleaved by rank)."""
     elastic = read_digests(out / "elastic", 0)
-    uninterrupted = [read_digests(out / first, step % 2)[step // 2]
-                     for step in range(2 * SAVE_AT, 2 * STEPS)]
-    assert elastic[:STEPS - SAVE_AT] == uninterrupted[:STEPS - SAVE_AT]
-    assert elastic == reference[2 * SAVE_AT:2 * SAVE_AT + len(elastic)]
+    uninterrupted = [
+        read_digests(out / first, step % 2)[step // 2] for step in range(2 * SAVE_AT, 2 * STEPS)
+    ]
+    assert elastic[: STEPS - SAVE_AT] == uninterrupted[: STEPS - SAVE_AT]
+    assert elastic == reference[2 * SAVE_AT : 2 * SAVE_AT + len(elastic)]
 
 
 def test_hf_trainer_resumes_the_stream_on_2_and_1_processes(recipe, reference, tmp_path):
@@ -94,7 +102,7 @@ def test_hf_trainer_resumes_the_stream_on_2_and_1_processes(recipe, reference, t
     log = two.stdout + two.stderr
     assert "resuming the stream at global batch 6 " in log
     assert "resuming the stream at global batch 7 " in log
-    assert "Fast-forwarding" not in log                  # the Trainer replayed nothing
+    assert "Fast-forwarding" not in log  # the Trainer replayed nothing
     assert "'mixer/realized_share/prose'" in log and "'mixer/epochs/changelog'" in log
     assert "'mixer/skipped/prose'" in log
     assert not (out / "killed-run" / f"checkpoint-{STEPS}").exists()
@@ -107,8 +115,7 @@ def test_hf_trainer_resumes_the_stream_on_2_and_1_processes(recipe, reference, t
     assert "PADDING_LOSS 0.0 zero grads: True" in one.stdout
 
 
-def test_lightning_datamodule_resumes_the_stream_on_2_and_1_processes(recipe, reference,
-                                                                       tmp_path):
+def test_lightning_datamodule_resumes_the_stream_on_2_and_1_processes(recipe, reference, tmp_path):
     """DDP on CPU (gloo) under torchrun: Lightning takes the environment from it."""
     out = tmp_path / "lightning"
     out.mkdir()
@@ -129,7 +136,8 @@ def test_lightning_datamodule_resumes_the_stream_on_2_and_1_processes(recipe, re
 
 
 def test_torchtitan_batches_are_next_token_aligned_and_the_builder_checks_the_training(
-        recipe, batches):
+    recipe, batches
+):
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
     from mixer.integrations.torchtitan import MixerDataLoader, titan_batch
@@ -137,23 +145,25 @@ def test_torchtitan_batches_are_next_token_aligned_and_the_builder_checks_the_tr
     inputs, labels = titan_batch(batches[0])
     assert inputs["input"].equal(batches[0]["input_ids"])
     assert inputs["positions"].equal(batches[0]["position_ids"])
-    assert labels[:, :-1].equal(batches[0]["labels"][:, 1:])   # torchtitan's loss never shifts
+    assert labels[:, :-1].equal(batches[0]["labels"][:, 1:])  # torchtitan's loss never shifts
     assert (labels[:, -1] == -100).all()
     config = MixerDataLoader.Config(recipe=str(recipe))
     with pytest.raises(mixer.RecipeError, match=r"training.seq_len is 64 .* batches of 32"):
         config.build(dp_world_size=1, dp_rank=0, seq_len=64, local_batch_size=2)
     with pytest.raises(mixer.RecipeError, match=r"training.local_batch_size is 8 .* of 2"):
         config.build(dp_world_size=1, dp_rank=0, seq_len=32, local_batch_size=8)
-    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(ROOT / "data"))   # the recipe's
-    loader = config.build(dp_world_size=2, dp_rank=1, tokenizer=tokenizer, seq_len=32,
-                          local_batch_size=2)
-    inputs, labels = next(iter(loader))   # DP rank 1 of 2: global batch 1
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(ROOT / "data"))  # the recipe's
+    loader = config.build(
+        dp_world_size=2, dp_rank=1, tokenizer=tokenizer, seq_len=32, local_batch_size=2
+    )
+    inputs, labels = next(iter(loader))  # DP rank 1 of 2: global batch 1
     assert digest(titan_view(inputs, labels)) == digest(titan_view(*titan_batch(batches[1])))
     loader.close()
 
 
 def test_torchtitan_checkpoint_manager_resumes_the_stream_after_sigkill_on_2_and_1_ranks(
-        recipe, batches, tmp_path):
+    recipe, batches, tmp_path
+):
     """torchtitan's CheckpointManager (DCP) in a torchtitan loop on 2 gloo ranks: SIGKILLed in
     step KILL, resumed from its latest checkpoint on 2 ranks and on one DP rank."""
     from mixer.integrations.torchtitan import titan_batch
@@ -168,17 +178,20 @@ def test_torchtitan_checkpoint_manager_resumes_the_stream_after_sigkill_on_2_and
     for rank in (0, 1):
         killed = read_digests(out / "killed", rank)
         after = read_digests(out / "resumed", rank)
-        assert killed == stream[rank:2 * KILL:2]
-        assert after == stream[2 * SAVE_AT + rank:2 * STEPS:2]
-        assert after[:KILL - SAVE_AT] == killed[SAVE_AT:]   # what the killed job saw past it
-    assert read_digests(out / "elastic", 0) == stream[2 * SAVE_AT:2 * SAVE_AT + STEPS - SAVE_AT]
+        assert killed == stream[rank : 2 * KILL : 2]
+        assert after == stream[2 * SAVE_AT + rank : 2 * STEPS : 2]
+        assert after[: KILL - SAVE_AT] == killed[SAVE_AT:]  # what the killed job saw past it
+    assert read_digests(out / "elastic", 0) == stream[2 * SAVE_AT : 2 * SAVE_AT + STEPS - SAVE_AT]
     log = resumed.stdout + resumed.stderr
     sums = [b["input_ids"].sum().item() for b in batches[:2]]
-    for rank in (0, 1):   # two processes of one DP rank: the same batches, a global state
+    for rank in (0, 1):  # two processes of one DP rank: the same batches, a global state
         assert f"ONE_DP_RANK {rank} {sums} 2" in resumed.stdout
-    for line in ("resumed: rank 0 of 2 starts after step 3", "elastic: rank 0 of 1 starts "
-                 "after step 3", "resuming the stream at global batch 6 ",
-                 "resuming the stream at global batch 7 "):
+    for line in (
+        "resumed: rank 0 of 2 starts after step 3",
+        "elastic: rank 0 of 1 starts after step 3",
+        "resuming the stream at global batch 6 ",
+        "resuming the stream at global batch 7 ",
+    ):
         assert line in log
 
 
@@ -194,7 +207,7 @@ def test_tensorboard_log_metrics_writes_the_loaders_metrics_as_scalars(recipe, t
             written = log_metrics(writer, loader, step)
         metrics = loader.metrics()
     writer.close()
-    events = EventAccumulator(str(tmp_path / "tb"))   # TensorBoard's own reader
+    events = EventAccumulator(str(tmp_path / "tb"))  # TensorBoard's own reader
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert tags == set(written) and "mixer/global_tokens" in tags
@@ -204,4 +217,4 @@ def test_tensorboard_log_metrics_writes_the_loaders_metrics_as_scalars(recipe, t
             assert [s.step for s in scalars] == [1, 2]
             assert scalars[-1].value == pytest.approx(metrics[key][source], rel=1e-6)
     assert events.Scalars("mixer/global_tokens")[-1].value == 2 * 2 * 32
-    assert log_metrics(None, loader, 3) == written   # a rank without a writer: nothing written
+    assert log_metrics(None, loader, 3) == written  # a rank without a writer: nothing written

@@ -23,13 +23,13 @@ REPS = int(os.environ.get("MIXER_LIFETIME_REPS", "1"))  # 15 each passed locally
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "lifetime_driver.py"
 ENDINGS = {
-    "end": 0,                               # the script ends without close()
-    "exception": 1,                         # an error propagates out of the loop
-    "sigterm": -signal.SIGTERM,             # default disposition: no Python code runs
-    "sigterm_handler": 143,                 # a handler that calls sys.exit(143)
-    "sigint": -signal.SIGINT,               # Ctrl-C to the process group
+    "end": 0,  # the script ends without close()
+    "exception": 1,  # an error propagates out of the loop
+    "sigterm": -signal.SIGTERM,  # default disposition: no Python code runs
+    "sigterm_handler": 143,  # a handler that calls sys.exit(143)
+    "sigint": -signal.SIGINT,  # Ctrl-C to the process group
     "sigkill": -signal.SIGKILL,
-    "thread_sigkill": -signal.SIGKILL,      # iterated on a thread: no parent-death signal
+    "thread_sigkill": -signal.SIGKILL,  # iterated on a thread: no parent-death signal
 }
 
 
@@ -39,12 +39,22 @@ def busy_recipe(folder: Path) -> Path:
     sources = []
     for i, name in enumerate(("prose", "code")):
         for part in range(2):
-            write_docs(folder / name / f"{part}.jsonl",
-                       corpus(1000 * i + 200 * part, 200, max_len=400, seed=i), "jsonl")
+            write_docs(
+                folder / name / f"{part}.jsonl",
+                corpus(1000 * i + 200 * part, 200, max_len=400, seed=i),
+                "jsonl",
+            )
         sources.append({"name": name, "path": str(folder / name / "*.jsonl"), "weight": 1})
-    recipe = {"seed": 3, "tokenizer": str(make_tokenizer(folder / "tokenizer.json")),
-              "seq_len": 1024, "batch_size": 8, "lanes": 4, "shuffle_window": 16,
-              "split_bytes": 4096, "sources": sources}
+    recipe = {
+        "seed": 3,
+        "tokenizer": str(make_tokenizer(folder / "tokenizer.json")),
+        "seq_len": 1024,
+        "batch_size": 8,
+        "lanes": 4,
+        "shuffle_window": 16,
+        "split_bytes": 4096,
+        "sources": sources,
+    }
     path = folder / "recipe.json"
     path.write_text(json.dumps(recipe))
     return path
@@ -55,8 +65,9 @@ def runs(tmp_path_factory) -> dict[str, list[dict]]:
     """Every ending, REPS times, interleaved; one driver so torch is imported once."""
     recipe = busy_recipe(tmp_path_factory.mktemp("lifetime"))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = procs.run([sys.executable, str(DRIVER), str(recipe), str(REPS), *ENDINGS],
-                     timeout=180, env=env)
+    done = procs.run(
+        [sys.executable, str(DRIVER), str(recipe), str(REPS), *ENDINGS], timeout=180, env=env
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 

@@ -73,8 +73,10 @@ def test_resume_across_epoch_boundaries_and_twice_in_a_row(three_sources):
         loader = mixer.build_loader(recipe, num_workers=1)
         loader.load_state_dict(states[-1])
         position = stop
-    epochs = [unpack(states[-1])["lanes"][str(i)]["sources"]["web"]["packer"]
-              ["stream"]["epoch"] for i in (0, 1, 2, 3)]
+    epochs = [
+        unpack(states[-1])["lanes"][str(i)]["sources"]["web"]["packer"]["stream"]["epoch"]
+        for i in (0, 1, 2, 3)
+    ]
     assert max(epochs) >= 1, "the test must cross an epoch boundary"
 
 
@@ -144,8 +146,9 @@ def test_resume_inside_a_finite_stream_keeps_exactly_once(three_sources):
 
 
 @pytest.mark.parametrize("packing", ["concat", "best_fit"])
-def test_a_resume_late_in_a_finite_stream_ends_as_the_uninterrupted_run(three_sources, caplog,
-                                                                           packing):
+def test_a_resume_late_in_a_finite_stream_ends_as_the_uninterrupted_run(
+    three_sources, caplog, packing
+):
     """Lanes whose sources ran out before the cut: the resumed run ends in the very state,
     metrics and silence of the run never cut (a best_fit lane saved its last window's start
     and, resumed, counted its source as never read: "documents left" was logged)."""
@@ -163,8 +166,11 @@ def test_a_resume_late_in_a_finite_stream_ends_as_the_uninterrupted_run(three_so
             assert len(list(resumed)) == count - cut
         assert "left" not in caplog.text, cut
         assert unpack(resumed.state_dict()) == unpack(full.state_dict()), cut
-        assert resumed.metrics()["epochs"] == full.metrics()["epochs"] == {
-            "prose": 1.0, "code": 1.0, "web": 1.0}
+        assert (
+            resumed.metrics()["epochs"]
+            == full.metrics()["epochs"]
+            == {"prose": 1.0, "code": 1.0, "web": 1.0}
+        )
 
 
 def test_changed_batch_size_loses_and_repeats_nothing(three_sources):
@@ -195,7 +201,7 @@ def test_merged_rank_states_resume_on_other_world_sizes(three_sources):
     for rank in range(4):
         loader = mixer.build_loader(recipe, rank=rank, world_size=4)
         loader.load_state_dict(merged)
-        assert digests(take(loader, 6)) == reference[6 + rank:30:4]
+        assert digests(take(loader, 6)) == reference[6 + rank : 30 : 4]
 
 
 def test_rank_state_refused_on_another_topology(three_sources):
@@ -216,26 +222,40 @@ def test_topology_that_does_not_divide_lanes_is_refused(three_sources):
         mixer.build_loader(recipe, rank=0, world_size=2, num_workers=4)
 
 
-@pytest.mark.parametrize("args,name", [
-    ({"world_size": 0}, "world_size"), ({"world_size": -2}, "world_size"),
-    ({"world_size": 1.0}, "world_size"), ({"world_size": True}, "world_size"),
-    ({"world_size": 2**40}, "world_size"), ({"num_workers": -1}, "num_workers"),
-    ({"num_workers": "2"}, "num_workers"), ({"num_workers": 10**6}, "num_workers"),
-    ({"rank": 2, "world_size": 2}, "rank"), ({"rank": -1, "world_size": 2}, "rank"),
-    ({"rank": 0.0, "world_size": 1}, "rank"), ({"rank": False, "world_size": 1}, "rank"),
-])
+@pytest.mark.parametrize(
+    "args,name",
+    [
+        ({"world_size": 0}, "world_size"),
+        ({"world_size": -2}, "world_size"),
+        ({"world_size": 1.0}, "world_size"),
+        ({"world_size": True}, "world_size"),
+        ({"world_size": 2**40}, "world_size"),
+        ({"num_workers": -1}, "num_workers"),
+        ({"num_workers": "2"}, "num_workers"),
+        ({"num_workers": 10**6}, "num_workers"),
+        ({"rank": 2, "world_size": 2}, "rank"),
+        ({"rank": -1, "world_size": 2}, "rank"),
+        ({"rank": 0.0, "world_size": 1}, "rank"),
+        ({"rank": False, "world_size": 1}, "rank"),
+    ],
+)
 def test_bad_rank_world_size_or_num_workers_is_refused_naming_it(three_sources, args, name):
     recipe, _ = three_sources
     with pytest.raises(mixer.TopologyError, match=rf"^{name} must be an integer"):
         mixer.build_loader(recipe, **args)
     good = mixer.build_loader(recipe)
     with pytest.raises(mixer.TopologyError, match=rf"^{name} must be an integer"):
-        mixer.Loader(good.recipe, tables=good.tables, tokenizer=good.tokenizer,
-                     **{"rank": 0, "world_size": 1, "num_workers": 0, **args})
+        mixer.Loader(
+            good.recipe,
+            tables=good.tables,
+            tokenizer=good.tokenizer,
+            **{"rank": 0, "world_size": 1, "num_workers": 0, **args},
+        )
 
 
-@pytest.mark.parametrize("change,field", [({"seq_len": 32}, "seq_len"), ({"seed": 8}, "seed"),
-                                          ({"lanes": 8}, "lanes")])
+@pytest.mark.parametrize(
+    "change,field", [({"seq_len": 32}, "seq_len"), ({"seed": 8}, "seed"), ({"lanes": 8}, "lanes")]
+)
 def test_state_of_another_stream_is_refused_with_the_reason(three_sources, change, field):
     recipe, _ = three_sources
     state = mixer.build_loader(recipe).state_dict()
@@ -257,8 +277,10 @@ def test_weight_change_and_new_source_are_allowed(three_sources):
     loader = mixer.build_loader(recipe)
     take(loader, 5)
     state = loader.state_dict()
-    changed = {**recipe, "sources": [{**recipe["sources"][0], "weight": 0.9},
-                                     *recipe["sources"][1:]]}
+    changed = {
+        **recipe,
+        "sources": [{**recipe["sources"][0], "weight": 0.9}, *recipe["sources"][1:]],
+    }
     resumed = mixer.build_loader(changed)
     resumed.load_state_dict(state)
     assert len(take(resumed, 3)) == 3
@@ -289,8 +311,9 @@ def test_eos_token_override_and_missing_eos(tmp_path, three_sources):
     no_eos = make_tokenizer(tmp_path / "noeos.json", eos=False)
     with pytest.raises(mixer.RecipeError, match="eos_token"):
         mixer.build_loader({**recipe, "tokenizer": str(no_eos)})
-    batch = next(iter(mixer.build_loader({**recipe, "tokenizer": str(no_eos),
-                                          "eos_token": "<unk>"})))
+    batch = next(
+        iter(mixer.build_loader({**recipe, "tokenizer": str(no_eos), "eos_token": "<unk>"}))
+    )
     assert (batch["input_ids"] == EOS_ID).any()
 
 
@@ -306,43 +329,55 @@ def test_close_from_another_thread_ends_the_iteration(three_sources, monkeypatch
     real = Loader._receive
     calls = []
 
-    def receive(self, ring, data, padding):   # inside next(), in the iterating thread
+    def receive(self, ring, data, padding):  # inside next(), in the iterating thread
         calls.append(1)
         if len(calls) == 3:
+
             def close():
                 try:
                     loader.close()
                 except BaseException as exc:
                     errors.append(exc)
+
             watchdog = threading.Thread(target=close)
             watchdog.start()
             watchdog.join()
         return real(self, ring, data, padding)
 
     monkeypatch.setattr(Loader, "_receive", receive)
-    got = [batch for _, batch in zip(range(50), loader)]   # (an unlimited stream)
+    got = [batch for _, batch in zip(range(50), loader)]  # (an unlimited stream)
     assert errors == [] and len(got) == 3
     assert multiprocessing.active_children() == []
 
 
 @pytest.mark.parametrize("packing", ["concat", "best_fit"])
-def test_metrics_after_a_resume_inside_windows_are_the_uninterrupted_runs(tokenizer_path,
-                                                                          tmp_path, packing):
+def test_metrics_after_a_resume_inside_windows_are_the_uninterrupted_runs(
+    tokenizer_path, tmp_path, packing
+):
     """A resumed stream reads the window it was saved inside only when drawn again; until
     then its skips and progress are those the state holds, as in the run never cut (they
     read 0 before)."""
     from helpers import corpus, write_docs
 
     sources = []
-    for i in range(12):   # many sources, unequal weights: some sit inside a window for long
+    for i in range(12):  # many sources, unequal weights: some sit inside a window for long
         path = tmp_path / f"s{i}.jsonl"
         write_docs(path, corpus(100 * i, 40, max_len=30, seed=i), "jsonl")
         with open(path, "a") as out:
             out.write("not json\n" * 3)
-        sources.append({"name": f"s{i}", "path": str(path), "weight": 1 + i % 5,
-                        "on_error": "skip"})
-    recipe = {"seed": 3, "tokenizer": str(tokenizer_path), "seq_len": 64, "batch_size": 4,
-              "lanes": 4, "shuffle_window": 256, "packing": packing, "sources": sources}
+        sources.append(
+            {"name": f"s{i}", "path": str(path), "weight": 1 + i % 5, "on_error": "skip"}
+        )
+    recipe = {
+        "seed": 3,
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 64,
+        "batch_size": 4,
+        "lanes": 4,
+        "shuffle_window": 256,
+        "packing": packing,
+        "sources": sources,
+    }
     keys = ("skipped", "epochs", "skipped_by_reason", "documents")
     full = mixer.build_loader(recipe)
     seen = {}

@@ -32,12 +32,24 @@ def indexed(three_sources, tmp_path):
 def test_a_written_manifest_is_read(indexed):
     recipe, _, data = indexed
     tables = list_sources(recipe)
-    assert [len(t.files) for t in tables] == [len(data["sources"][s.name]["files"])
-                                              for s in recipe.sources]
+    assert [len(t.files) for t in tables] == [
+        len(data["sources"][s.name]["files"]) for s in recipe.sources
+    ]
 
 
-@pytest.mark.parametrize("text", ["[]", "null", "1", '"x"', "{}", "[" * 100_000, "not json",
-                                  '{"format": "mixer.manifest", "version": 1, "sources": {}}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",
+        "null",
+        "1",
+        '"x"',
+        "{}",
+        "[" * 100_000,
+        "not json",
+        '{"format": "mixer.manifest", "version": 1, "sources": {}}',
+    ],
+)
 def test_a_manifest_that_is_not_one(indexed, text):
     recipe, path, _ = indexed
     path.write_text(text)
@@ -53,16 +65,19 @@ def test_a_manifest_without_sources(indexed):
         list_sources(recipe)
 
 
-@pytest.mark.parametrize("edit,where", [
-    (lambda s: s.update(files=5), "sources.prose.files"),
-    (lambda s: s["files"][0].__setitem__(2, "12"), r"sources.prose.files\[0\].2"),
-    (lambda s: s["files"][0].__setitem__(3, "csv"), r"sources.prose.files\[0\].3"),
-    (lambda s: s["files"][0].pop(), r"sources.prose.files\[0\]"),
-    (lambda s: s["splits"][0].__setitem__(0, 99), r"sources.prose.splits\[0\]: no such file"),
-    (lambda s: s["splits"][0].__setitem__(1, -5), r"sources.prose.splits\[0\].1"),
-    (lambda s: s.pop("key"), "sources.prose.key"),
-    (lambda s: s.update(skipped=None), "sources.prose.skipped"),
-])
+@pytest.mark.parametrize(
+    "edit,where",
+    [
+        (lambda s: s.update(files=5), "sources.prose.files"),
+        (lambda s: s["files"][0].__setitem__(2, "12"), r"sources.prose.files\[0\].2"),
+        (lambda s: s["files"][0].__setitem__(3, "csv"), r"sources.prose.files\[0\].3"),
+        (lambda s: s["files"][0].pop(), r"sources.prose.files\[0\]"),
+        (lambda s: s["splits"][0].__setitem__(0, 99), r"sources.prose.splits\[0\]: no such file"),
+        (lambda s: s["splits"][0].__setitem__(1, -5), r"sources.prose.splits\[0\].1"),
+        (lambda s: s.pop("key"), "sources.prose.key"),
+        (lambda s: s.update(skipped=None), "sources.prose.skipped"),
+    ],
+)
 def test_a_damaged_manifest_entry_is_named(indexed, edit, where):
     recipe, path, data = indexed
     edit(data["sources"]["prose"])
@@ -82,8 +97,13 @@ def read_or_refuse(recipe, path, text: str | bytes) -> None:
 def test_fuzz_structurally_edited_manifests(indexed):
     recipe, path, data = indexed
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
-              suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=DERANDOMIZE,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(structural_mutations(data))
     def run(mutated) -> None:
         read_or_refuse(recipe, path, json.dumps(mutated))
@@ -95,8 +115,13 @@ def test_fuzz_byte_mutated_manifests(indexed):
     recipe, path, _ = indexed
     original = path.read_bytes()
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
-              suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=DERANDOMIZE,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(byte_mutations(original, b'{}[]",:0123456789-'))
     def run(mutated: bytes) -> None:
         read_or_refuse(recipe, path, mutated)

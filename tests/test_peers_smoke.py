@@ -24,9 +24,25 @@ def test_peers_table_on_a_tiny_corpus(tmp_path):
     # The peer libraries (datasets, torchdata) are optional extras: only mixer and the
     # hand-written generator run here, next to the tokenizer bound.
     out = procs.run(
-        [sys.executable, str(PEERS), "--mb", "1", "--vocab", "4096", "--batches", "4",
-         "--loaders", "generator,mixer", "--workers", "0", "--workdir", str(tmp_path)],
-        timeout=240, cwd=ROOT)
+        [
+            sys.executable,
+            str(PEERS),
+            "--mb",
+            "1",
+            "--vocab",
+            "4096",
+            "--batches",
+            "4",
+            "--loaders",
+            "generator,mixer",
+            "--workers",
+            "0",
+            "--workdir",
+            str(tmp_path),
+        ],
+        timeout=240,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = _table(out.stdout)
     mixer_rows = ["mixer num_workers=0, cache cold", "mixer num_workers=0, cache warm"]
@@ -48,8 +64,11 @@ def test_missing_peer_library_becomes_a_skipped_row(monkeypatch, tmp_path):
     import peers
 
     real = peers.importlib.util.find_spec
-    monkeypatch.setattr(peers.importlib.util, "find_spec",
-                        lambda name: None if name in ("datasets", "torchdata") else real(name))
+    monkeypatch.setattr(
+        peers.importlib.util,
+        "find_spec",
+        lambda name: None if name in ("datasets", "torchdata") else real(name),
+    )
     args = peers.argparse.Namespace(workdir=tmp_path, workers=[0], loaders=None)
     notes = {label: skip for label, _, _, skip in peers.plan_rows(args)}
     assert notes["HF datasets streaming"] == "datasets not installed"
@@ -62,16 +81,36 @@ def test_paired_harness_on_a_tiny_corpus(tmp_path):
     alone in one process and reports both sides' rates and CPU."""
     for workers in ("0", "2"):
         out = procs.run(
-            [sys.executable, str(ROOT / "benchmarks" / "paired.py"), "--mb", "1", "--vocab",
-             "4096", "--rounds", "2", "--phase", "3", "--workers", workers,
-             "--workdir", str(tmp_path)], timeout=240, cwd=ROOT)
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "paired.py"),
+                "--mb",
+                "1",
+                "--vocab",
+                "4096",
+                "--rounds",
+                "2",
+                "--phase",
+                "3",
+                "--workers",
+                workers,
+                "--workdir",
+                str(tmp_path),
+            ],
+            timeout=240,
+            cwd=ROOT,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
-        rounds = [line for line in out.stdout.splitlines() if line.startswith("| 1 |")
-                  or line.startswith("| 2 |")]
+        rounds = [
+            line
+            for line in out.stdout.splitlines()
+            if line.startswith("| 1 |") or line.startswith("| 2 |")
+        ]
         assert len(rounds) == 2, out.stdout
         for line in rounds:
-            mixer_rate, bound_rate, ratio = (float(c.strip().replace(",", ""))
-                                             for c in line.strip("|").split("|")[1:])
+            mixer_rate, bound_rate, ratio = (
+                float(c.strip().replace(",", "")) for c in line.strip("|").split("|")[1:]
+            )
             assert mixer_rate > 0 and bound_rate > 0 and ratio > 0
         assert f"mixer num_workers={workers}" in out.stdout
         assert "| tokenizer alone |" in out.stdout and "| mixer |" in out.stdout

@@ -22,9 +22,9 @@ from mixer.tools.plan import SourceSize, plan, simulate
 
 # Documents of one source all have the same length and ids of the same number of digits, so
 # inspect's estimate of its size (the plan's input) is exact up to rounding.
-LENGTHS = {"a": 9, "b": 20, "c": 5}    # words; +1 EOS token each
+LENGTHS = {"a": 9, "b": 20, "c": 5}  # words; +1 EOS token each
 COUNTS = {"a": 120, "b": 90, "c": 200}
-SIZE = {n: COUNTS[n] * (LENGTHS[n] + 1) for n in LENGTHS}   # true tokens per epoch
+SIZE = {n: COUNTS[n] * (LENGTHS[n] + 1) for n in LENGTHS}  # true tokens per epoch
 
 
 @pytest.fixture
@@ -36,23 +36,43 @@ def data(tmp_path, tokenizer_path):
         for part in range(4):
             fmt = "parquet" if name == "b" else "jsonl"
             write_docs(tmp_path / name / f"{part}.{fmt}", docs[part::4], fmt)
-    return {"seed": 3, "tokenizer": str(tokenizer_path), "seq_len": 16, "batch_size": 4,
-            "lanes": 4, "shuffle_window": 16,
-            "sources": [{"name": n, "path": str(tmp_path / n / "*"), "weight": w}
-                        for n, w in (("a", 0.5), ("b", 0.3), ("c", 0.2))]}
+    return {
+        "seed": 3,
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 16,
+        "batch_size": 4,
+        "lanes": 4,
+        "shuffle_window": 16,
+        "sources": [
+            {"name": n, "path": str(tmp_path / n / "*"), "weight": w}
+            for n, w in (("a", 0.5), ("b", 0.3), ("c", 0.2))
+        ],
+    }
 
 
 def sized(**tokens: float) -> dict[str, SourceSize]:
     return {n: SourceSize(tokens=t) for n, t in tokens.items()}
 
 
-def recipe_of(sources: dict[str, float | None], caps: dict[str, int] | None = None,
-              schedule: dict | None = None):
+def recipe_of(
+    sources: dict[str, float | None],
+    caps: dict[str, int] | None = None,
+    schedule: dict | None = None,
+):
     caps = caps or {}
-    return load_recipe({
-        "tokenizer": "t.json", "seq_len": 8, "batch_size": 2, "lanes": 8, "schedule": schedule,
-        "sources": [{"name": n, "path": f"{n}/*", "weight": w, "epochs": caps.get(n)}
-                    for n, w in sources.items()]})
+    return load_recipe(
+        {
+            "tokenizer": "t.json",
+            "seq_len": 8,
+            "batch_size": 2,
+            "lanes": 8,
+            "schedule": schedule,
+            "sources": [
+                {"name": n, "path": f"{n}/*", "weight": w, "epochs": caps.get(n)}
+                for n, w in sources.items()
+            ],
+        }
+    )
 
 
 def run_tokens(recipe: dict, batches: int | None = None) -> dict[str, int]:
@@ -71,7 +91,7 @@ def test_plan_matches_a_finite_run_to_the_end(data):
     caps = {"a": 2, "b": 1, "c": 3}
     result = plan(load_recipe(recipe), 10**6)
     realized = run_tokens(recipe)
-    assert realized == {n: caps[n] * SIZE[n] for n in caps}   # the run: every epoch, whole
+    assert realized == {n: caps[n] * SIZE[n] for n in caps}  # the run: every epoch, whole
     total = sum(realized.values())
     assert result["ends_at_tokens"] == pytest.approx(total, rel=0.01)
     assert any("ends at" in w for w in result["warnings"])
@@ -88,7 +108,7 @@ def test_plan_epochs_match_an_unlimited_run(data):
     tokens = batches * batch_tokens
     result = plan(load_recipe(data), tokens)
     realized = run_tokens(data, batches)
-    assert sum(realized.values()) == tokens      # concat packing: no padding in an infinite run
+    assert sum(realized.values()) == tokens  # concat packing: no padding in an infinite run
     for name, row in result["sources"].items():
         # Tolerance: 1% of the epochs, plus one row per lane of mixing granularity.
         slack = 0.01 * row["epochs"] + data["lanes"] * data["seq_len"] / SIZE[name]
@@ -118,14 +138,22 @@ def test_capped_source_running_out_in_a_real_run(data):
 @pytest.mark.parametrize("cap", [None, 1])
 def test_plan_matches_a_scheduled_run(data, interpolate, cap):
     """Under a schedule (b capped or not), the plan's tokens per source are the loader's."""
-    if not hasattr(Loader, "set_weights"):   # schedules came into the loader with it
+    if not hasattr(Loader, "set_weights"):  # schedules came into the loader with it
         pytest.skip("this loader does not follow schedules yet")
     sources = [{**s, "weight": None} for s in data["sources"]]
     sources[1]["epochs"] = cap
-    recipe = {**data, "sources": sources, "schedule": {"interpolate": interpolate, "points": [
-        {"at_tokens": 0, "weights": {"a": 1, "b": 1}},
-        {"at_tokens": 2560, "weights": {"a": 1, "b": 3, "c": 1}},
-        {"at_tokens": 6400, "weights": {"c": 1, "b": 1}}]}}
+    recipe = {
+        **data,
+        "sources": sources,
+        "schedule": {
+            "interpolate": interpolate,
+            "points": [
+                {"at_tokens": 0, "weights": {"a": 1, "b": 1}},
+                {"at_tokens": 2560, "weights": {"a": 1, "b": 3, "c": 1}},
+                {"at_tokens": 6400, "weights": {"c": 1, "b": 1}},
+            ],
+        },
+    }
     batches = 160
     tokens = batches * data["batch_size"] * data["seq_len"]
     result = plan(load_recipe(recipe), tokens)
@@ -139,10 +167,17 @@ def test_plan_matches_a_scheduled_run(data, interpolate, cap):
 
 # -- plan's arithmetic -----------------------------------------------------------------------
 def test_step_schedule_target_tokens_are_the_piecewise_integral():
-    recipe = recipe_of({"a": None, "b": None}, schedule={"interpolate": "step", "points": [
-        {"at_tokens": 0, "weights": {"a": 1, "b": 1}},
-        {"at_tokens": 1000, "weights": {"a": 3, "b": 1}},
-        {"at_tokens": 3000, "weights": {"b": 1}}]})
+    recipe = recipe_of(
+        {"a": None, "b": None},
+        schedule={
+            "interpolate": "step",
+            "points": [
+                {"at_tokens": 0, "weights": {"a": 1, "b": 1}},
+                {"at_tokens": 1000, "weights": {"a": 3, "b": 1}},
+                {"at_tokens": 3000, "weights": {"b": 1}},
+            ],
+        },
+    )
     result = plan(recipe, 5000, sizes=sized(a=100, b=1000))
     # a: 1000·½ + 2000·¾ + 2000·0;  b: 1000·½ + 2000·¼ + 2000·1
     assert result["sources"]["a"]["target_tokens"] == 2000
@@ -152,8 +187,16 @@ def test_step_schedule_target_tokens_are_the_piecewise_integral():
 
 
 def test_linear_schedule_target_tokens_are_the_integral():
-    recipe = recipe_of({"a": None, "b": None}, schedule={"interpolate": "linear", "points": [
-        {"at_tokens": 0, "weights": {"a": 1}}, {"at_tokens": 1000, "weights": {"b": 1}}]})
+    recipe = recipe_of(
+        {"a": None, "b": None},
+        schedule={
+            "interpolate": "linear",
+            "points": [
+                {"at_tokens": 0, "weights": {"a": 1}},
+                {"at_tokens": 1000, "weights": {"b": 1}},
+            ],
+        },
+    )
     tokens = simulate(recipe, sized(a=1e9, b=1e9), 3000)["tokens"]
     assert tokens["a"] == pytest.approx(500) and tokens["b"] == pytest.approx(2500)
 
@@ -165,18 +208,21 @@ def test_capped_source_running_out_renormalizes_the_others():
     assert a["target_tokens"] == 1000 and a["runs_out_at_tokens"] == 2000 and a["epochs"] == 2
     assert b["target_tokens"] == 600 + 4800 and c["target_tokens"] == 400 + 3200
     assert result["renormalizations"] == [
-        {"at_tokens": 2000, "source": "a", "weights": {"b": 0.6, "c": 0.4}}]
+        {"at_tokens": 2000, "source": "a", "weights": {"b": 0.6, "c": 0.4}}
+    ]
     assert b["runs_out_at_tokens"] is None and result["ends_at_tokens"] is None
 
 
 @settings(max_examples=60, deadline=None)
-@given(weights=st.lists(st.floats(0.01, 10), min_size=1, max_size=4),
-       caps=st.lists(st.one_of(st.none(), st.integers(1, 5)), min_size=4, max_size=4),
-       sizes=st.lists(st.floats(1, 1e5), min_size=4, max_size=4),
-       total=st.integers(1, 10**6))
+@given(
+    weights=st.lists(st.floats(0.01, 10), min_size=1, max_size=4),
+    caps=st.lists(st.one_of(st.none(), st.integers(1, 5)), min_size=4, max_size=4),
+    sizes=st.lists(st.floats(1, 1e5), min_size=4, max_size=4),
+    total=st.integers(1, 10**6),
+)
 def test_simulation_conserves_tokens_and_respects_caps(weights, caps, sizes, total):
     names = [f"s{i}" for i in range(len(weights))]
-    caps, sizes = caps[:len(names)], sizes[:len(names)]
+    caps, sizes = caps[: len(names)], sizes[: len(names)]
     recipe = recipe_of(dict(zip(names, weights)), caps=dict(zip(names, caps)))
     sim = simulate(recipe, sized(**dict(zip(names, sizes))), total)
     capacity = sum(c * s if c else float("inf") for c, s in zip(caps, sizes))
@@ -212,8 +258,10 @@ def test_valid_workers_agree_with_the_loaders_check():
         assert topo["valid"] == (recipe.lanes % world == 0)
         for lanes in topo["valid_lanes"]:
             assert lanes % world == 0
-    assert plan(recipe, 100, world_size=2, num_workers=3, sizes=sized(a=100))["topology"][
-        "valid"] is False
+    assert (
+        plan(recipe, 100, world_size=2, num_workers=3, sizes=sized(a=100))["topology"]["valid"]
+        is False
+    )
 
 
 # -- the command line ------------------------------------------------------------------------
@@ -223,11 +271,30 @@ def write_recipe(tmp_path, recipe: dict):
     return str(path)
 
 
-PLAN_KEYS = {"training_tokens", "planned_tokens", "ends_at_tokens", "schedule", "lanes",
-             "seq_len", "batch_size", "sources", "renormalizations", "topology", "resume",
-             "warnings"}
-SOURCE_KEYS = {"target_tokens", "share", "epochs", "epochs_cap", "tokens_per_epoch",
-               "runs_out_at_tokens", "read_amplification", "resume_bytes_per_stream"}
+PLAN_KEYS = {
+    "training_tokens",
+    "planned_tokens",
+    "ends_at_tokens",
+    "schedule",
+    "lanes",
+    "seq_len",
+    "batch_size",
+    "sources",
+    "renormalizations",
+    "topology",
+    "resume",
+    "warnings",
+}
+SOURCE_KEYS = {
+    "target_tokens",
+    "share",
+    "epochs",
+    "epochs_cap",
+    "tokens_per_epoch",
+    "runs_out_at_tokens",
+    "read_amplification",
+    "resume_bytes_per_stream",
+}
 
 
 def test_plan_cli_json_and_table(data, tmp_path, capsys):
@@ -241,7 +308,7 @@ def test_plan_cli_json_and_table(data, tmp_path, capsys):
         assert set(row) == SOURCE_KEYS
     assert result["topology"]["valid_num_workers"] == [1, 2]
     assert result["resume"]["worst_bytes_per_rank"] > 0
-    assert main(["plan", path, "--tokens", "1e5"]) == 0    # warnings only: exit 0
+    assert main(["plan", path, "--tokens", "1e5"]) == 0  # warnings only: exit 0
     out = capsys.readouterr().out
     assert "target tokens" in out and "warning: source 'a' (epochs: 1) runs out" in out
     assert "warning: source 'c' repeats" in out
@@ -257,9 +324,13 @@ def test_plan_cli_json_and_table(data, tmp_path, capsys):
 def log_lines(n: int = 6, loss: bool = False) -> list[dict]:
     lines = []
     for step in range(1, n + 1):
-        line = {"step": step, "tokens": {"a": 30 * step, "b": 10 * step},
-                "target_share": {"a": 0.75, "b": 0.25}, "epochs": {"a": step / 4, "b": step / 9},
-                "global_tokens": 40 * step}
+        line = {
+            "step": step,
+            "tokens": {"a": 30 * step, "b": 10 * step},
+            "target_share": {"a": 0.75, "b": 0.25},
+            "epochs": {"a": step / 4, "b": step / 9},
+            "global_tokens": 40 * step,
+        }
         if loss:
             line.update(loss=2.0, loss_by_source={"a": 1.5, "b": 2.5})
         lines.append(line)
@@ -268,14 +339,12 @@ def log_lines(n: int = 6, loss: bool = False) -> list[dict]:
 
 def write_log(tmp_path, lines: list) -> str:
     path = tmp_path / "metrics.jsonl"
-    path.write_text("".join((json.dumps(x) if not isinstance(x, str) else x) + "\n"
-                            for x in lines))
+    path.write_text("".join((json.dumps(x) if not isinstance(x, str) else x) + "\n" for x in lines))
     return str(path)
 
 
 def panels(fig) -> dict:
-    return {ax.get_label(): ax for ax in fig.axes if ax.get_label() in ("share", "epochs",
-                                                                         "loss")}
+    return {ax.get_label(): ax for ax in fig.axes if ax.get_label() in ("share", "epochs", "loss")}
 
 
 def test_report_figure_has_a_share_line_per_source_and_loss_only_when_logged(tmp_path):
@@ -285,8 +354,9 @@ def test_report_figure_has_a_share_line_per_source_and_loss_only_when_logged(tmp
     fig = report_figure(log_lines())
     axes = panels(fig)
     assert set(axes) == {"share", "epochs"}
-    assert sorted(line.get_label() for line in axes["share"].lines
-                  if not line.get_label().startswith("_")) == ["a", "b"]
+    assert sorted(
+        line.get_label() for line in axes["share"].lines if not line.get_label().startswith("_")
+    ) == ["a", "b"]
     assert sorted(line.get_label() for line in axes["epochs"].lines) == ["a", "b"]
     assert stretch_shares(log_lines())["a"] == pytest.approx([0.75] * 6)
 
@@ -308,9 +378,15 @@ def test_report_draws_the_cumulative_share_bold_the_stretches_light_the_target_d
 
     lines, a, b = [], 0, 0
     for step in range(1, 9):
-        a, b = a + (40 if step % 2 else 20), b + (0 if step % 2 else 20)   # a: 1.0, 0.5, ...
-        lines.append({"step": step, "tokens": {"a": a, "b": b}, "global_tokens": a + b,
-                      "target_share": {"a": 0.75, "b": 0.25}})
+        a, b = a + (40 if step % 2 else 20), b + (0 if step % 2 else 20)  # a: 1.0, 0.5, ...
+        lines.append(
+            {
+                "step": step,
+                "tokens": {"a": a, "b": b},
+                "global_tokens": a + b,
+                "target_share": {"a": 0.75, "b": 0.25},
+            }
+        )
     assert stretch_shares(lines)["a"] == pytest.approx([1.0, 0.5] * 4)
     assert cumulative_shares(lines)["a"][:3] == pytest.approx([1.0, 0.75, 100 / 120])
     assert cumulative_shares(lines)["a"][1::2] == pytest.approx([0.75] * 4)
@@ -326,7 +402,7 @@ def test_report_draws_the_cumulative_share_bold_the_stretches_light_the_target_d
         assert light.get_linewidth() < bold.get_linewidth()
         assert to_rgba(light.get_color())[:3] == to_rgba(bold.get_color())[:3]
     targets = share.collections[0]
-    assert targets.get_linestyle()[0][1] is not None               # dashed
+    assert targets.get_linestyle()[0][1] is not None  # dashed
     assert [seg[:, 1].tolist() for seg in targets.get_segments()] == [[0.75] * 8, [0.25] * 8]
 
 
@@ -334,8 +410,22 @@ def test_bench_metrics_log_feeds_report(data, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     path = write_recipe(tmp_path, data)
     log = tmp_path / "m.jsonl"
-    assert main(["bench", path, "--batches", "10", "--no-progress", "--metrics-out", str(log),
-                 "--metrics-every", "4"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                path,
+                "--batches",
+                "10",
+                "--no-progress",
+                "--metrics-out",
+                str(log),
+                "--metrics-every",
+                "4",
+            ]
+        )
+        == 0
+    )
     lines = read_metrics(log)
     assert [x["step"] for x in lines] == [4, 8, 10]
     assert lines[-1]["global_tokens"] == 10 * 4 * 16
@@ -354,13 +444,16 @@ def test_complete_fills_missing_keys_only():
     assert kept["global_tokens"] == 7 and kept["target_share"] == {"a": 1.0}
 
 
-@pytest.mark.parametrize("bad, problem", [
-    ("{not json", "not JSON"),
-    ('[1, 2]', "JSON object"),
-    ('{"step": 3}', "`tokens`"),
-    ('{"step": 3, "tokens": {"a": "x"}}', "`tokens`"),
-    ('{"step": 3, "tokens": {"a": 1}, "loss": "high"}', "`loss`"),
-])
+@pytest.mark.parametrize(
+    "bad, problem",
+    [
+        ("{not json", "not JSON"),
+        ("[1, 2]", "JSON object"),
+        ('{"step": 3}', "`tokens`"),
+        ('{"step": 3, "tokens": {"a": "x"}}', "`tokens`"),
+        ('{"step": 3, "tokens": {"a": 1}, "loss": "high"}', "`loss`"),
+    ],
+)
 def test_bad_metrics_log_names_the_line(tmp_path, capsys, bad, problem):
     path = write_log(tmp_path, [*log_lines(2), "", bad])
     with pytest.raises(DataError, match=rf"line 4: .*{problem}"):

@@ -87,8 +87,11 @@ def npy_tokens(docs: list[tuple[int, int]], *, empty_every: int = 7) -> list[int
 
 # -- fixtures -------------------------------------------------------------------------------------
 
-DOCS = {"mega": corpus(0, 150, max_len=30), "npy": corpus(3000, 160, max_len=25, seed=1),
-        "text": corpus(6000, 120, max_len=20, seed=2)}
+DOCS = {
+    "mega": corpus(0, 150, max_len=30),
+    "npy": corpus(3000, 160, max_len=25, seed=1),
+    "text": corpus(6000, 120, max_len=20, seed=2),
+}
 
 
 @pytest.fixture
@@ -102,13 +105,25 @@ def mixture(tmp_path, tokenizer_path) -> dict:
     np.save(tmp_path / "npy" / "x.npy", np.array(npy_tokens(arr[:90]), dtype=np.uint16))
     np.array(npy_tokens(arr[90:]), dtype=np.uint16).tofile(tmp_path / "npy" / "y.npy")
     write_docs(tmp_path / "text" / "t.jsonl", DOCS["text"], "jsonl")
-    return {"seed": 3, "tokenizer": str(tokenizer_path), "seq_len": 16, "batch_size": 4,
-            "lanes": 4, "shuffle_window": 8, "split_bytes": 300,
-            "sources": [
-                {"name": "mega", "path": str(tmp_path / "mega" / "*.bin"), "weight": 0.4},
-                {"name": "npy", "path": str(tmp_path / "npy" / "*.npy"), "weight": 0.35,
-                 "token_dtype": "uint16"},
-                {"name": "text", "path": str(tmp_path / "text" / "*.jsonl"), "weight": 0.25}]}
+    return {
+        "seed": 3,
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 16,
+        "batch_size": 4,
+        "lanes": 4,
+        "shuffle_window": 8,
+        "split_bytes": 300,
+        "sources": [
+            {"name": "mega", "path": str(tmp_path / "mega" / "*.bin"), "weight": 0.4},
+            {
+                "name": "npy",
+                "path": str(tmp_path / "npy" / "*.npy"),
+                "weight": 0.35,
+                "token_dtype": "uint16",
+            },
+            {"name": "text", "path": str(tmp_path / "text" / "*.jsonl"), "weight": 0.25},
+        ],
+    }
 
 
 def finite(recipe: dict) -> dict:
@@ -134,8 +149,7 @@ def mid_split(payload, name: str = "") -> set[str]:
     if isinstance(payload, dict):
         if {"slot", "index", "offset"} <= payload.keys():
             return {name} if payload["index"] > 0 else set()
-        return set().union(*(mid_split(v, k if k in DOCS else name)
-                             for k, v in payload.items()))
+        return set().union(*(mid_split(v, k if k in DOCS else name) for k, v in payload.items()))
     if isinstance(payload, list):
         return set().union(*(mid_split(v, name) for v in payload))
     return set()
@@ -153,13 +167,24 @@ def records_of(recipe: dict, name: str) -> list:
     storage = Storage(name, {})
     out = []
     for split in table.splits:
-        out += list(read_split(storage=storage, entry=table.files[split.file], split=split,
-                               source=name, text_field=None, max_bytes=1 << 20, index=0,
-                               offset=0, tokenizer=info_of(recipe)))
+        out += list(
+            read_split(
+                storage=storage,
+                entry=table.files[split.file],
+                split=split,
+                source=name,
+                text_field=None,
+                max_bytes=1 << 20,
+                index=0,
+                offset=0,
+                tokenizer=info_of(recipe),
+            )
+        )
     return out
 
 
 # -- the formats --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32])
 def test_oracle_layout_is_read_document_by_document(tmp_path, tokenizer_path, dtype):
@@ -167,15 +192,25 @@ def test_oracle_layout_is_read_document_by_document(tmp_path, tokenizer_path, dt
     bin_path = write_megatron(tmp_path / "m" / "s", stored, dtype=dtype)
     index = parse_index(bin_path.with_suffix(".idx").read_bytes())
     assert index.dtype == np.dtype(dtype) and index.num_documents == 4
-    assert index.document_span(2) == (4 + 3, 43)   # two sequences, contiguous
+    assert index.document_span(2) == (4 + 3, 43)  # two sequences, contiguous
     whole = bin_path.with_suffix(".idx").read_bytes()
-    part = read_index_slice(lambda at, size: whole[at:at + size], 1, 3)
+    part = read_index_slice(lambda at, size: whole[at : at + size], 1, 3)
     assert part.num_documents == 2 and part.document_span(1) == index.document_span(2)
-    recipe = {"tokenizer": str(tokenizer_path), "seq_len": 8, "batch_size": 1, "lanes": 1,
-              "split_bytes": 12, "sources": [{"name": "m", "path": str(bin_path), "weight": 1}]}
+    recipe = {
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 8,
+        "batch_size": 1,
+        "lanes": 1,
+        "split_bytes": 12,
+        "sources": [{"name": "m", "path": str(bin_path), "weight": 1}],
+    }
     records = records_of(recipe, "m")
     assert [r.tokens.tolist() for r in records] == [
-        [5, 6, 7, EOS_ID], [8, 9, 10, EOS_ID], [11] * 40 + [12] * 3 + [EOS_ID], [13, EOS_ID]]
+        [5, 6, 7, EOS_ID],
+        [8, 9, 10, EOS_ID],
+        [11] * 40 + [12] * 3 + [EOS_ID],
+        [13, EOS_ID],
+    ]
     assert [r.offset for r in records] == [0, 1, 2, 3]
     assert all(r.chars == 4 * len(r.tokens) for r in records)
 
@@ -205,7 +240,7 @@ def test_eos_appended_and_bos_prepended_only_when_absent(ids, bos):
     if not body:
         assert out is None, "an empty document is skipped"
         return
-    assert out[-1] == 0 and out.dtype in (np.uint16, np.int64)   # stored dtype when final
+    assert out[-1] == 0 and out.dtype in (np.uint16, np.int64)  # stored dtype when final
     assert out.tolist() == ([bos] if bos is not None else []) + body + [0]
 
 
@@ -214,7 +249,7 @@ def test_headerless_npy_needs_token_dtype(mixture):
     with pytest.raises(mixer.DataError, match="token_dtype") as err:
         mixer.build_loader(mixture)
     assert err.value.source == "npy" and err.value.file.endswith("y.npy")
-    mixture["sources"][1]["token_dtype"] = "uint32"   # x.npy's header says uint16
+    mixture["sources"][1]["token_dtype"] = "uint32"  # x.npy's header says uint16
     with pytest.raises(mixer.DataError, match="header says uint16") as err:
         mixer.build_loader(mixture)
     assert err.value.file.endswith("x.npy")
@@ -224,20 +259,35 @@ def test_headerless_uint32_npy_with_token_dtype(tmp_path, tokenizer_path):
     docs = corpus(100, 30, max_len=9)
     tokens = np.array(npy_tokens(docs), dtype=np.uint32)
     tokens.tofile(tmp_path / "raw.npy")
-    recipe = {"tokenizer": str(tokenizer_path), "seq_len": 8, "batch_size": 2, "lanes": 2,
-              "split_bytes": 40, "sources": [{"name": "raw", "path": str(tmp_path / "raw.npy"),
-                                              "weight": 1, "epochs": 1, "token_dtype": "uint32"}]}
+    recipe = {
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 8,
+        "batch_size": 2,
+        "lanes": 2,
+        "split_bytes": 40,
+        "sources": [
+            {
+                "name": "raw",
+                "path": str(tmp_path / "raw.npy"),
+                "weight": 1,
+                "epochs": 1,
+                "token_dtype": "uint32",
+            }
+        ],
+    }
     assert token_counts(mixer.build_loader(recipe)) == expected_counts(docs)
 
 
 # -- the guarantees, mixed with text --------------------------------------------------------------
 
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_every_document_once_per_epoch_over_two_ranks(mixture, workers):
     seen = []
     for rank in range(2):
-        with mixer.build_loader(finite(mixture), rank=rank, world_size=2,
-                                num_workers=workers) as loader:
+        with mixer.build_loader(
+            finite(mixture), rank=rank, world_size=2, num_workers=workers
+        ) as loader:
             seen += list(loader)
     assert token_counts(seen) == everything()
 
@@ -282,10 +332,11 @@ def test_realized_token_shares_follow_the_weights(mixture):
 
 # -- bad input ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fmt", ["megatron", "npy"])
 def test_token_id_outside_the_vocabulary_names_file_and_offset(tmp_path, tokenizer_path, fmt):
     docs = corpus(0, 12, max_len=6)
-    bad = 40000   # fits uint16; the tokenizer has 30,002 ids
+    bad = 40000  # fits uint16; the tokenizer has 30,002 ids
     if fmt == "megatron":
         stored = megatron_docs(docs)
         stored[5] = [[word_id(5), bad, word_id(5)]]
@@ -298,8 +349,13 @@ def test_token_id_outside_the_vocabulary_names_file_and_offset(tmp_path, tokeniz
         path = tmp_path / "bad.npy"
         np.save(path, np.array(flat, dtype=np.uint16))
         where = f"token offset {at} "
-    recipe = {"tokenizer": str(tokenizer_path), "seq_len": 8, "batch_size": 2, "lanes": 2,
-              "sources": [{"name": "bad", "path": str(path), "weight": 1, "epochs": 1}]}
+    recipe = {
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 8,
+        "batch_size": 2,
+        "lanes": 2,
+        "sources": [{"name": "bad", "path": str(path), "weight": 1, "epochs": 1}],
+    }
     with pytest.raises(mixer.DataError, match="outside the tokenizer's vocabulary") as err:
         list(mixer.build_loader(recipe))
     assert err.value.source == "bad" and err.value.file == str(path)
@@ -312,9 +368,14 @@ def test_token_id_outside_the_vocabulary_names_file_and_offset(tmp_path, tokeniz
 
 def test_missing_or_changed_index_is_refused(tmp_path, tokenizer_path):
     path = write_megatron(tmp_path / "m", megatron_docs(corpus(0, 20)))
-    recipe = {"tokenizer": str(tokenizer_path), "seq_len": 8, "batch_size": 2, "lanes": 2,
-              "sources": [{"name": "m", "path": str(path), "weight": 1, "epochs": 1}]}
-    loader = mixer.build_loader(recipe)   # listed now
+    recipe = {
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 8,
+        "batch_size": 2,
+        "lanes": 2,
+        "sources": [{"name": "m", "path": str(path), "weight": 1, "epochs": 1}],
+    }
+    loader = mixer.build_loader(recipe)  # listed now
     idx = path.with_suffix(".idx")
     idx.write_bytes(idx.read_bytes() + b"\x00" * 8)
     with pytest.raises(mixer.DataError, match="changed since it was listed") as err:
@@ -328,17 +389,31 @@ def test_missing_or_changed_index_is_refused(tmp_path, tokenizer_path):
 
 # -- storage, manifests, inspect ------------------------------------------------------------------
 
+
 def test_megatron_source_on_s3_reads_only_its_splits(mixture, tmp_path, s3_endpoint):
     from conftest import s3_options
 
-    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
-                          aws_access_key_id="x", aws_secret_access_key="x")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="x",
+        aws_secret_access_key="x",
+    )
     client.create_bucket(Bucket="pretok")
     for path in sorted((tmp_path / "mega").iterdir()):
         client.put_object(Bucket="pretok", Key=f"mega/{path.name}", Body=path.read_bytes())
     local = {**finite(mixture), "sources": [finite(mixture)["sources"][0]]}
-    remote = {**local, "sources": [{**local["sources"][0], "path": "s3://pretok/mega/*.bin",
-                                    "storage_options": s3_options(s3_endpoint)}]}
+    remote = {
+        **local,
+        "sources": [
+            {
+                **local["sources"][0],
+                "path": "s3://pretok/mega/*.bin",
+                "storage_options": s3_options(s3_endpoint),
+            }
+        ],
+    }
     expected = [batch_digest(b) for b in mixer.build_loader(local)]
     assert [batch_digest(b) for b in mixer.build_loader(remote)] == expected
     loaded = load_recipe(remote)
@@ -346,14 +421,24 @@ def test_megatron_source_on_s3_reads_only_its_splits(mixture, tmp_path, s3_endpo
     split = table.splits[len(table.splits) // 2]
     entry = table.files[split.file]
     IO_STATS.reset()
-    records = list(read_split(storage=Storage("mega", loaded.sources[0].storage_options),
-                              entry=entry, split=split, source="mega", text_field=None,
-                              max_bytes=1 << 20, index=0, offset=0,
-                              tokenizer=info_of(mixture)))
+    records = list(
+        read_split(
+            storage=Storage("mega", loaded.sources[0].storage_options),
+            entry=entry,
+            split=split,
+            source="mega",
+            text_field=None,
+            max_bytes=1 << 20,
+            index=0,
+            offset=0,
+            tokenizer=info_of(mixture),
+        )
+    )
     assert len(records) == split.records
     payload = sum(len(r.tokens) for r in records) * 2
-    assert IO_STATS.bytes < payload + 40 * (split.end - split.start + 1) + 100, \
+    assert IO_STATS.bytes < payload + 40 * (split.end - split.start + 1) + 100, (
         "only the split's slice of the .idx and its range of the .bin are fetched"
+    )
     assert IO_STATS.bytes < entry.size
 
 
@@ -363,7 +448,7 @@ def test_manifest_keeps_index_and_dtype(mixture, tmp_path, monkeypatch):
     write_manifest(loaded, Path(mixture["manifest"]))
     listed = [list_source(loaded, s) for s in loaded.sources]
     with monkeypatch.context() as patch:
-        patch.setattr("mixer.sources.manifest.list_source", None)   # must not list again
+        patch.setattr("mixer.sources.manifest.list_source", None)  # must not list again
         saved = list_sources(loaded)
     assert [t.files for t in saved] == [t.files for t in listed]
     assert [t.splits for t in saved] == [t.splits for t in listed]
@@ -389,11 +474,15 @@ def test_a_glob_over_both_halves_of_the_pairs_lists_each_pair_once(mixture):
 
 
 @pytest.mark.parametrize("target", ["idx", "bin", "npy"])
-@settings(max_examples=int(os.environ.get("MIXER_FUZZ_EXAMPLES", "15")), deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("MIXER_FUZZ_EXAMPLES", "15")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(data=st.data(), on_error=st.sampled_from(["raise", "skip"]))
-def test_mutated_files_give_batches_or_named_data_errors(tmp_path_factory, tokenizer_path,
-                                                         target, data, on_error):
+def test_mutated_files_give_batches_or_named_data_errors(
+    tmp_path_factory, tokenizer_path, target, data, on_error
+):
     folder = tmp_path_factory.mktemp("fuzz")
     docs = corpus(0, 20, max_len=8)
     if target == "npy":
@@ -403,11 +492,18 @@ def test_mutated_files_give_batches_or_named_data_errors(tmp_path_factory, token
     else:
         path = write_megatron(folder / "x", megatron_docs(docs))
         victim = path.with_suffix("." + target)
-    victim.write_bytes(data.draw(byte_mutations(victim.read_bytes(), bytes([0, 0x75, 0xff]))))
-    recipe = {"tokenizer": str(tokenizer_path), "seq_len": 8, "batch_size": 2, "lanes": 2,
-              "split_bytes": 24, "max_document_bytes": 400,
-              "sources": [{"name": "fz", "path": str(path), "weight": 1, "epochs": 1,
-                           "on_error": on_error}]}
+    victim.write_bytes(data.draw(byte_mutations(victim.read_bytes(), bytes([0, 0x75, 0xFF]))))
+    recipe = {
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 8,
+        "batch_size": 2,
+        "lanes": 2,
+        "split_bytes": 24,
+        "max_document_bytes": 400,
+        "sources": [
+            {"name": "fz", "path": str(path), "weight": 1, "epochs": 1, "on_error": on_error}
+        ],
+    }
     try:
         for batch in mixer.build_loader(recipe):
             assert batch["input_ids"].shape == (2, 8)

@@ -29,15 +29,17 @@ def test_a_stuck_job_fails_in_time_with_every_process_stack():
     message = str(info.value)
     assert "still running after 3 s" in message
     assert "in stuck_in_grandchild\n" in message  # the grandchild's stack, via faulthandler
-    assert " in wait\n" in message                 # the child's own stack
-    grandchildren = [p for p in psutil.process_iter(["cmdline"])
-                     if "stuck_in_grandchild" in " ".join(p.info["cmdline"] or [])]
+    assert " in wait\n" in message  # the child's own stack
+    grandchildren = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "stuck_in_grandchild" in " ".join(p.info["cmdline"] or [])
+    ]
     assert not grandchildren, "the grandchild was left running"
 
 
 def test_a_quick_job_returns_its_output_and_status():
-    done = procs.run([sys.executable, "-c", "import sys; print('out'); sys.exit(3)"],
-                     timeout=60)
+    done = procs.run([sys.executable, "-c", "import sys; print('out'); sys.exit(3)"], timeout=60)
     assert (done.returncode, done.stdout.strip()) == (3, "out")
 
 
@@ -51,7 +53,10 @@ def test_an_orphan_holding_the_pipes_is_found_and_ended():
         procs.run([sys.executable, "-c", ORPHANING_JOB], timeout=3)
     assert "in stuck_in_grandchild\n" in str(info.value)
     time.sleep(0.5)
-    left = [p for p in psutil.process_iter(["cmdline", "status"])
-            if "stuck_in_grandchild" in " ".join(p.info["cmdline"] or [])
-            and p.info["status"] != psutil.STATUS_ZOMBIE]
+    left = [
+        p
+        for p in psutil.process_iter(["cmdline", "status"])
+        if "stuck_in_grandchild" in " ".join(p.info["cmdline"] or [])
+        and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]
     assert not left, "the orphan was left running"

@@ -19,7 +19,7 @@ EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "60"))
 # CI runs a fixed sequence of examples (a random one may, rarely, miss one of the outcomes the
 # tests assert they reach); MIXER_FUZZ_RANDOM=1 explores new ones.
 DERANDOMIZE = not os.environ.get("MIXER_FUZZ_RANDOM")
-SLOW = 5.0   # seconds; a bounded reader answers any of these in well under one
+SLOW = 5.0  # seconds; a bounded reader answers any of these in well under one
 
 RECIPE = """\
 seed: 1234
@@ -49,10 +49,30 @@ sources:
 """
 # Characters that mean something to YAML, and bytes that are not UTF-8.
 YAML_BYTES = b"&*!|>-?:[]{},#%@`'\"\\\n\t 0.e+\x00\xff\xc3"
-SNIPPETS = ["!!int abc", "!!float x", "!!timestamp 2020-99", "!!binary ***", "*opts", "&x",
-            "!!python/object/apply:os.system ['true']", "[" * 200, "{a: " * 80, "<<: *opts",
-            "? [a]\n: 1", "!!set {a, b}", ".nan", ".inf", "9" * 5000, "1.0e+999", "---",
-            "\"\\0\"", "\"\\ud800\"", "!!str", "~", "- - - - - - - - - - x"]
+SNIPPETS = [
+    "!!int abc",
+    "!!float x",
+    "!!timestamp 2020-99",
+    "!!binary ***",
+    "*opts",
+    "&x",
+    "!!python/object/apply:os.system ['true']",
+    "[" * 200,
+    "{a: " * 80,
+    "<<: *opts",
+    "? [a]\n: 1",
+    "!!set {a, b}",
+    ".nan",
+    ".inf",
+    "9" * 5000,
+    "1.0e+999",
+    "---",
+    '"\\0"',
+    '"\\ud800"',
+    "!!str",
+    "~",
+    "- - - - - - - - - - x",
+]
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +109,13 @@ def test_the_fuzzed_recipe_is_valid(recipe_text, tmp_path, capsys):
 def test_byte_mutated_recipe_files(recipe_text, tmp_path, capsys):
     path = tmp_path / "r.yaml"
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
-              suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=DERANDOMIZE,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(byte_mutations(recipe_text.encode(), YAML_BYTES))
     def run(data: bytes) -> None:
         path.write_bytes(data)
@@ -105,18 +130,24 @@ def test_structurally_mutated_recipe_files(recipe_text, tmp_path, capsys):
 
     outcomes: set[bool] = set()
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
-              suppress_health_check=[HealthCheck.too_slow])
-    @given(structural_mutations(data), st.lists(st.tuples(st.integers(0, 40),
-                                                          st.sampled_from(SNIPPETS)),
-                                                max_size=2))
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=DERANDOMIZE,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(
+        structural_mutations(data),
+        st.lists(st.tuples(st.integers(0, 40), st.sampled_from(SNIPPETS)), max_size=2),
+    )
     def run(mutated, snippets) -> None:
         lines = yaml.safe_dump(mutated, allow_unicode=True).splitlines(keepends=True)
         for at, snippet in snippets:  # raw YAML (tags, aliases, nesting) inside a line
             at = min(at, len(lines))
             line = lines[at] if at < len(lines) else ""
             cut = line.find(": ") + 2 if ": " in line else len(line.rstrip("\n"))
-            lines[at:at + 1] = [line[:cut] + snippet + "\n"]
+            lines[at : at + 1] = [line[:cut] + snippet + "\n"]
         path.write_text("".join(lines))
         outcomes.add(check(path, capsys))
 

@@ -27,16 +27,28 @@ def test_resume_work_is_bounded_and_independent_of_the_step(tmp_path, tokenizer_
         write_docs(tmp_path / f"p{part}.jsonl", docs[part::4], "jsonl")
     # one large single-frame .zst: resuming inside it decompresses from its start
     write_docs(tmp_path / "big.jsonl.zst", corpus(10000, 3000, max_len=12), "jsonl.zst")
-    recipe = mixer.load_recipe({
-        "tokenizer": str(tokenizer_path), "seq_len": 32, "batch_size": 4, "lanes": 2,
-        "shuffle_window": 64, "split_bytes": 20000,
-        "sources": [{"name": "plain", "path": str(tmp_path / "p*.jsonl"), "weight": 1},
-                    {"name": "zst", "path": str(tmp_path / "big.jsonl.zst"), "weight": 1}]})
+    recipe = mixer.load_recipe(
+        {
+            "tokenizer": str(tokenizer_path),
+            "seq_len": 32,
+            "batch_size": 4,
+            "lanes": 2,
+            "shuffle_window": 64,
+            "split_bytes": 20000,
+            "sources": [
+                {"name": "plain", "path": str(tmp_path / "p*.jsonl"), "weight": 1},
+                {"name": "zst", "path": str(tmp_path / "big.jsonl.zst"), "weight": 1},
+            ],
+        }
+    )
     tables = [list_source(recipe, s) for s in recipe.sources]
     encoder = Encoder(resolve_tokenizer(str(tokenizer_path)))
-    per_split = max(1 + 2000 * s.end // max(f.size for f in tables[0].files) -
-                    2000 * s.start // max(f.size for f in tables[0].files)
-                    for s in tables[0].splits)
+    per_split = max(
+        1
+        + 2000 * s.end // max(f.size for f in tables[0].files)
+        - 2000 * s.start // max(f.size for f in tables[0].files)
+        for s in tables[0].splits
+    )
     bound_plain = per_split + 2 * recipe.shuffle_window
     bound_zst = 3000 + 2 * recipe.shuffle_window  # the whole single-frame file, worst case
     for steps in (10, 1000):
@@ -52,10 +64,17 @@ def test_resume_work_is_bounded_and_independent_of_the_step(tmp_path, tokenizer_
 
 def test_resume_inside_plain_jsonl_seeks_instead_of_rereading(tmp_path, tokenizer_path):
     write_docs(tmp_path / "one.jsonl", corpus(0, 5000, max_len=6), "jsonl")
-    recipe = mixer.load_recipe({
-        "tokenizer": str(tokenizer_path), "seq_len": 16, "batch_size": 2, "lanes": 1,
-        "shuffle_window": 32, "split_bytes": 10**9,  # a single split: only seeking helps
-        "sources": [{"name": "one", "path": str(tmp_path / "one.jsonl"), "weight": 1}]})
+    recipe = mixer.load_recipe(
+        {
+            "tokenizer": str(tokenizer_path),
+            "seq_len": 16,
+            "batch_size": 2,
+            "lanes": 1,
+            "shuffle_window": 32,
+            "split_bytes": 10**9,  # a single split: only seeking helps
+            "sources": [{"name": "one", "path": str(tmp_path / "one.jsonl"), "weight": 1}],
+        }
+    )
     tables = [list_source(recipe, s) for s in recipe.sources]
     encoder = Encoder(resolve_tokenizer(str(tokenizer_path)))
     # The window to resume in, the record after it, and the next window with the record after

@@ -42,7 +42,7 @@ def test_every_batch_arrives_equal_whether_in_a_slot_or_through_the_pipe(reads_n
                 for key in LAYOUT.keys:
                     np.testing.assert_array_equal(got[key], _batch(got_seed)[key])
     filled = [item for _, item in pending if isinstance(item, InRing)]
-    assert len({item.slot for item in filled}) == len(filled)   # no slot holds two batches
+    assert len({item.slot for item in filled}) == len(filled)  # no slot holds two batches
 
 
 def test_a_batch_larger_than_a_slot_crosses_through_the_pipe():
@@ -56,19 +56,20 @@ def test_a_forked_worker_writes_where_the_parent_reads():
     ring = BatchRing.for_layout(LAYOUT, 4, workers=2, slots=3)
     read_end, write_end = os.pipe()
     pid = os.fork()
-    if pid == 0:   # the worker: put a batch, send only where it is
+    if pid == 0:  # the worker: put a batch, send only where it is
         item = ring.send(1, LAYOUT, _batch(7))
         os.write(write_end, f"{item.slot} {item.size}".encode())
         os._exit(0)
     os.waitpid(pid, 0)
     slot, size = map(int, os.read(read_end, 64).split())
-    assert slot == 1 * 3   # worker 1's first slot
+    assert slot == 1 * 3  # worker 1's first slot
     wire = LAYOUT.to_wire(_batch(7))
-    got = ring.take(InRing(slot, size, Wire(b"", wire.shapes, {})),
-                    lambda w: LAYOUT.from_wire(w, False))
+    got = ring.take(
+        InRing(slot, size, Wire(b"", wire.shapes, {})), lambda w: LAYOUT.from_wire(w, False)
+    )
     for key in LAYOUT.keys:
         np.testing.assert_array_equal(got[key], _batch(7)[key])
-    assert not ring._flags.any()   # read: the slot is free again
+    assert not ring._flags.any()  # read: the slot is free again
 
 
 class _NoCanary(Exception):
@@ -96,7 +97,7 @@ def test_a_ring_dropped_in_a_later_fork_leaves_that_process_memory_alone(keep):
     import mmap
 
     ring = BatchRing(workers=2, slots=3, slot_bytes=64 * 1024)
-    address = ring._flags.ctypes.data   # (the mapping: flags, then slots)
+    address = ring._flags.ctypes.data  # (the mapping: flags, then slots)
     size = ring._data.ctypes.data + ring._data.nbytes - address
     if keep:
         ring.keep_from_later_forks()
@@ -107,14 +108,26 @@ def test_a_ring_dropped_in_a_later_fork_leaves_that_process_memory_alone(keep):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.mmap.restype = ctypes.c_void_p
-            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                                  ctypes.c_int, ctypes.c_int, ctypes.c_long]
+            libc.mmap.argtypes = [
+                ctypes.c_void_p,
+                ctypes.c_size_t,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_long,
+            ]
             if keep:
                 assert not _mapped(address), "the ring was inherited"
                 fixed_noreplace = 0x100000
-                mine = libc.mmap(address, size, mmap.PROT_READ | mmap.PROT_WRITE,
-                                 mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | fixed_noreplace, -1, 0)
-                if mine != address:   # (kernels before 4.17 ignore MAP_FIXED_NOREPLACE)
+                mine = libc.mmap(
+                    address,
+                    size,
+                    mmap.PROT_READ | mmap.PROT_WRITE,
+                    mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | fixed_noreplace,
+                    -1,
+                    0,
+                )
+                if mine != address:  # (kernels before 4.17 ignore MAP_FIXED_NOREPLACE)
                     raise _NoCanary
             else:
                 assert _mapped(address)
@@ -126,7 +139,7 @@ def test_a_ring_dropped_in_a_later_fork_leaves_that_process_memory_alone(keep):
                 assert not _mapped(address), "an inherited ring was never unmapped"
         except _NoCanary:
             verdict = "no canary"
-        except BaseException as exc:   # (reported to the parent: pytest does not run here)
+        except BaseException as exc:  # (reported to the parent: pytest does not run here)
             verdict = repr(exc)
         os.write(write_end, verdict.encode())
         os._exit(0)
@@ -136,13 +149,13 @@ def test_a_ring_dropped_in_a_later_fork_leaves_that_process_memory_alone(keep):
     if verdict == "no canary":
         pytest.skip("this kernel will not map at a chosen free address (MAP_FIXED_NOREPLACE)")
     assert verdict == "ok"
-    assert _mapped(address)   # the parent's ring is untouched
+    assert _mapped(address)  # the parent's ring is untouched
     ring._flags[:] = 1
     del ring
     import gc
 
     gc.collect()
-    assert not _mapped(address)   # and unmapped when the parent drops it
+    assert not _mapped(address)  # and unmapped when the parent drops it
 
 
 @pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_DONTFORK"), reason="Linux only")
@@ -202,26 +215,35 @@ def _recipe(name: str, **changes) -> dict:
     return {**data, "base_dir": str(ROOT / "recipes"), **changes}
 
 
-@pytest.mark.parametrize(("name", "changes"), [
-    ("demo.yaml", {}),
-    ("multimodal_demo.yaml", {"images": {"layout": "llava", "max_patches_per_batch": None}}),
-    # qwen2_vl's positions are [4, B, L]: four tokens' worth of wire each; at B·L = 2^18 they
-    # no longer fit in slack sized for [B, L] arrays
-    ("multimodal_demo.yaml", {"seq_len": 32768, "batch_size": 8}),
-    ("video_demo.yaml", {"images": {"layout": "qwen2_5_vl", "video": {}}}),
-])
+@pytest.mark.parametrize(
+    ("name", "changes"),
+    [
+        ("demo.yaml", {}),
+        ("multimodal_demo.yaml", {"images": {"layout": "llava", "max_patches_per_batch": None}}),
+        # qwen2_vl's positions are [4, B, L]: four tokens' worth of wire each; at B·L = 2^18 they
+        # no longer fit in slack sized for [B, L] arrays
+        ("multimodal_demo.yaml", {"seq_len": 32768, "batch_size": 8}),
+        ("video_demo.yaml", {"images": {"layout": "qwen2_5_vl", "video": {}}}),
+    ],
+)
 def test_the_loader_receives_every_batch_through_the_ring(monkeypatch, name, changes):
     import mixer
     from mixer.runtime.loader import Loader
 
     recipe = _recipe(name, **changes)
-    if "images" in changes:   # (layout changes keep the recipe's other image settings)
+    if "images" in changes:  # (layout changes keep the recipe's other image settings)
         recipe["images"] = {**_recipe(name)["images"], **changes["images"]}
     expected = [_digest(b) for _, b in zip(range(4), mixer.build_loader(recipe))]
     kinds: list[str] = []
     real = Loader._receive
-    monkeypatch.setattr(Loader, "_receive", lambda self, ring, data, padding: (
-        kinds.append(type(data).__name__), real(self, ring, data, padding))[1])
+    monkeypatch.setattr(
+        Loader,
+        "_receive",
+        lambda self, ring, data, padding: (
+            kinds.append(type(data).__name__),
+            real(self, ring, data, padding),
+        )[1],
+    )
     loader = mixer.build_loader(recipe, num_workers=2)
     got = [_digest(b) for _, b in zip(range(4), loader)]
     loader.close()
@@ -257,7 +279,7 @@ def test_a_process_forked_later_does_not_inherit_a_loaders_ring():
     not keep its ring mapped after it is closed."""
     import mixer
 
-    def shared_maps(pid: int) -> int:   # MAP_SHARED|MAP_ANONYMOUS regions
+    def shared_maps(pid: int) -> int:  # MAP_SHARED|MAP_ANONYMOUS regions
         with open(f"/proc/{pid}/maps") as maps:
             return sum("/dev/zero (deleted)" in line or "SYSV" in line for line in maps)
 
@@ -267,7 +289,7 @@ def test_a_process_forked_later_does_not_inherit_a_loaders_ring():
     inside = shared_maps(os.getpid())
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:   # the child reports its count and waits to be killed
+    if pid == 0:  # the child reports its count and waits to be killed
         os.write(write, str(shared_maps(os.getpid())).encode())
         os._exit(0)
     os.close(write)

@@ -24,8 +24,7 @@ DEMO_TOKENIZER = ROOT / "data" / "tokenizer.json"
 
 @settings(max_examples=25, deadline=None)
 @given(units=st.lists(st.integers(0, 5), min_size=1, max_size=40), limit=st.integers(1, 12))
-def test_a_rotating_thread_runs_tasks_in_order_one_thread_at_a_time_with_fresh_state(
-        units, limit):
+def test_a_rotating_thread_runs_tasks_in_order_one_thread_at_a_time_with_fresh_state(units, limit):
     """Tasks run in submission order; a replaced thread's successor starts only after it has
     exited (never two at once); thread-local state starts fresh in each, so it never holds
     more than `limit` units (less one, plus the task that crossed it)."""
@@ -49,7 +48,7 @@ def test_a_rotating_thread_runs_tasks_in_order_one_thread_at_a_time_with_fresh_s
     assert done == list(range(len(units)))
     assert max(peak) <= limit + max(units)
     crossings, ran = 0, 0
-    for u in units:   # a thread hands over once what it ran reaches the limit
+    for u in units:  # a thread hands over once what it ran reaches the limit
         ran += u
         if ran >= limit:
             crossings, ran = crossings + 1, 0
@@ -68,7 +67,7 @@ def _settles(condition, seconds: float = 10.0) -> bool:
 
 def test_a_pool_without_limit_is_never_replaced():
     pool = RotatingPool(2, "test-rotating")
-    idents = {pool.submit(threading.get_ident, units=10 ** 9).result() for _ in range(20)}
+    idents = {pool.submit(threading.get_ident, units=10**9).result() for _ in range(20)}
     assert pool.replaced == 0 and len(idents) <= 2
 
 
@@ -77,12 +76,27 @@ def recipe(tmp_path: Path, monkeypatch) -> dict:
     monkeypatch.setattr(verify, "_verdicts", {})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     words = "the quick brown fox jumps over a lazy dog naïve café 東京 Ölgemälde 😀 3.14".split()
-    lines = [json.dumps({"text": " ".join(words[(d * 7 + i * 3) % len(words)] + str(i % (d + 2))
-                                          for i in range(20 + d % 50))}) for d in range(400)]
+    lines = [
+        json.dumps(
+            {
+                "text": " ".join(
+                    words[(d * 7 + i * 3) % len(words)] + str(i % (d + 2))
+                    for i in range(20 + d % 50)
+                )
+            }
+        )
+        for d in range(400)
+    ]
     (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
-    return {"seed": 5, "tokenizer": str(DEMO_TOKENIZER), "seq_len": 64, "batch_size": 2,
-            "lanes": 4, "shuffle_window": 16,
-            "sources": [{"name": "a", "path": str(tmp_path / "a.jsonl"), "weight": 1}]}
+    return {
+        "seed": 5,
+        "tokenizer": str(DEMO_TOKENIZER),
+        "seq_len": 64,
+        "batch_size": 2,
+        "lanes": 4,
+        "shuffle_window": 16,
+        "sources": [{"name": "a", "path": str(tmp_path / "a.jsonl"), "weight": 1}],
+    }
 
 
 def _digests(recipe: dict, n: int = 150) -> list[str]:
@@ -90,7 +104,8 @@ def _digests(recipe: dict, n: int = 150) -> list[str]:
 
 
 def test_threads_calling_fastokens_are_replaced_and_the_packing_thread_never_calls_it(
-        recipe, monkeypatch):
+    recipe, monkeypatch
+):
     """With fastokens the encoding thread is replaced every few kilobytes here (every
     `FASTOKENS_THREAD_TEXT` characters in use), chunks needed at once are encoded there and
     the verification on a thread of its own, never on the packing thread (whose words cache
@@ -104,7 +119,7 @@ def test_threads_calling_fastokens_are_replaced_and_the_packing_thread_never_cal
         callers.add(threading.current_thread().name)
         return real_docs(self, texts, bos, eos)
 
-    def spying_batch(self, texts):   # (the verification's calls)
+    def spying_batch(self, texts):  # (the verification's calls)
         callers.add(threading.current_thread().name)
         return real_batch(self, texts)
 
@@ -112,7 +127,7 @@ def test_threads_calling_fastokens_are_replaced_and_the_packing_thread_never_cal
     monkeypatch.setattr(backends.FastokensBackend, "encode_batch", spying_batch)
     monkeypatch.setattr(encoding, "FASTOKENS_THREAD_TEXT", 2000)
     monkeypatch.setattr(encoding, "_rotate_after", None)
-    monkeypatch.setattr(encoding, "_pools", type(encoding._pools)())   # (none made before)
+    monkeypatch.setattr(encoding, "_pools", type(encoding._pools)())  # (none made before)
     got = _digests({**recipe, "tokenizer_backend": "fastokens"})
     assert got == expected
     assert callers and "MainThread" not in callers, callers
@@ -157,13 +172,13 @@ def test_a_process_exits_cleanly_with_a_task_running_and_others_queued(tmp_path)
         "pool = RotatingPool(1, 'exiting', limit=3)\n"
         "pool.submit(time.sleep, 0.3, units=1)\n"
         "queued = [pool.submit(time.sleep, 5, units=1) for _ in range(20)]\n"
-        "print('submitted', flush=True)\n")
+        "print('submitted', flush=True)\n"
+    )
     start = time.monotonic()
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == "submitted\n", done
     assert done.stderr == ""
-    assert time.monotonic() - start < 20   # (not the 100 s of the queued tasks)
+    assert time.monotonic() - start < 20  # (not the 100 s of the queued tasks)
 
 
 def test_a_successor_starts_once_its_predecessors_thread_state_is_gone():
@@ -185,7 +200,7 @@ def test_a_successor_starts_once_its_predecessors_thread_state_is_gone():
 
     def task() -> None:
         if not hasattr(local, "state"):
-            seen.append(len(alive))   # other threads' states alive when this one begins
+            seen.append(len(alive))  # other threads' states alive when this one begins
             local.state = State()
             alive.append(1)
             weakref.finalize(local.state, slowly_freed)
@@ -214,7 +229,7 @@ def test_a_thread_that_cannot_start_leaves_no_task_unrun(monkeypatch):
     with pytest.raises(RuntimeError):
         pool.submit(len, "ab", units=1)
     assert pool.submit(len, "abc", units=0).result(timeout=10) == 3
-    failing["next"] = True   # the handover after the next task fails: the thread goes on
+    failing["next"] = True  # the handover after the next task fails: the thread goes on
     assert [pool.submit(len, "abcd", units=1).result(timeout=10) for _ in range(4)] == [4] * 4
     assert _settles(lambda: pool.replaced == 3)
 
@@ -225,7 +240,7 @@ def test_a_pool_of_two_threads_keeps_two_after_replacements():
         pool.submit(time.sleep, 0, units=1).result(timeout=10)
     gate = threading.Event()
     blocked = pool.submit(gate.wait, 30)
-    assert pool.submit(len, "ab").result(timeout=10) == 2   # (the other thread runs it)
+    assert pool.submit(len, "ab").result(timeout=10) == 2  # (the other thread runs it)
     gate.set()
     blocked.result(timeout=10)
 
@@ -253,18 +268,28 @@ def test_an_interrupted_verification_stops_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     words = "the quick brown fox jumps over a lazy dog naïve café 東京 Ölgemälde".split()
     sources = []
-    for k in range(12):   # 12 × 256 KB sampled: seconds of `tokenizers` one text at a time
-        lines = [json.dumps({"text": " ".join(words[(d + i * k) % len(words)] + str(d)
-                                              for i in range(300))}) for d in range(400)]
+    for k in range(12):  # 12 × 256 KB sampled: seconds of `tokenizers` one text at a time
+        lines = [
+            json.dumps(
+                {"text": " ".join(words[(d + i * k) % len(words)] + str(d) for i in range(300))}
+            )
+            for d in range(400)
+        ]
         (tmp_path / f"s{k}.jsonl").write_text("\n".join(lines) + "\n")
         sources.append({"name": f"s{k}", "path": str(tmp_path / f"s{k}.jsonl"), "weight": 1})
-    recipe = {"tokenizer": str(DEMO_TOKENIZER), "seq_len": 64, "batch_size": 2,
-              "tokenizer_backend": "fastokens", "sources": sources}
+    recipe = {
+        "tokenizer": str(DEMO_TOKENIZER),
+        "seq_len": 64,
+        "batch_size": 2,
+        "tokenizer_backend": "fastokens",
+        "sources": sources,
+    }
     sent: list[float] = []
 
-    def interrupt() -> None:   # once the verification runs (and has samples to encode)
-        _settles(lambda: any(t.name.startswith("mixer-verify") for t in threading.enumerate()),
-                 60.0)
+    def interrupt() -> None:  # once the verification runs (and has samples to encode)
+        _settles(
+            lambda: any(t.name.startswith("mixer-verify") for t in threading.enumerate()), 60.0
+        )
         time.sleep(0.3)
         sent.append(time.monotonic())
         os.kill(os.getpid(), signal.SIGINT)
@@ -272,9 +297,10 @@ def test_an_interrupted_verification_stops_at_once(tmp_path, monkeypatch):
     threading.Thread(target=interrupt).start()
     with pytest.raises(KeyboardInterrupt):
         mixer.build_loader(recipe)
-        time.sleep(30)   # (built before the interrupt came: wait for it here)
+        time.sleep(30)  # (built before the interrupt came: wait for it here)
     waited = time.monotonic() - sent[0]
     assert waited < 0.5, waited
-    assert not verify._verdicts   # (it came during the verification, which gave up)
-    assert _settles(lambda: not any(t.name.startswith("mixer-verify")
-                                    for t in threading.enumerate()), 2.0)
+    assert not verify._verdicts  # (it came during the verification, which gave up)
+    assert _settles(
+        lambda: not any(t.name.startswith("mixer-verify") for t in threading.enumerate()), 2.0
+    )

@@ -33,22 +33,38 @@ def shards(s3_endpoint, tmp_path_factory):
     """The same shards on local disk and in the bucket (several MB, incompressible padding)."""
     root = tmp_path_factory.mktemp("s3data")
     rng = random.Random(5)
-    docs = {"prose": corpus(0, 2600, max_len=20), "web": corpus(5000, 1800, max_len=20, seed=3),
-            "code": corpus(9000, 900, max_len=30, seed=4)}
+    docs = {
+        "prose": corpus(0, 2600, max_len=20),
+        "web": corpus(5000, 1800, max_len=20, seed=3),
+        "code": corpus(9000, 900, max_len=30, seed=4),
+    }
     files = {}
-    lines = "".join(json.dumps({"text": doc_text(d, n), "pad": _noise(rng, 1200)}) + "\n"
-                    for d, n in docs["prose"])
+    lines = "".join(
+        json.dumps({"text": doc_text(d, n), "pad": _noise(rng, 1200)}) + "\n"
+        for d, n in docs["prose"]
+    )
     files["prose/p0.jsonl"] = lines.encode()
-    lines = "".join(json.dumps({"text": doc_text(d, n), "pad": _noise(rng, 1200)}) + "\n"
-                    for d, n in docs["web"])
+    lines = "".join(
+        json.dumps({"text": doc_text(d, n), "pad": _noise(rng, 1200)}) + "\n"
+        for d, n in docs["web"]
+    )
     files["web/w0.jsonl.zst"] = zstandard.ZstdCompressor().compress(lines.encode())
-    table = pa.table({"content": [doc_text(d, n) for d, n in docs["code"]],
-                      "pad": [_noise(rng, 1500) for _ in docs["code"]]})
+    table = pa.table(
+        {
+            "content": [doc_text(d, n) for d, n in docs["code"]],
+            "pad": [_noise(rng, 1500) for _ in docs["code"]],
+        }
+    )
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, row_group_size=150)
     files["code/c0.parquet"] = sink.getvalue().to_pybytes()
-    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
-                          aws_access_key_id="x", aws_secret_access_key="x")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="x",
+        aws_secret_access_key="x",
+    )
     client.create_bucket(Bucket=BUCKET)
     for key, data in files.items():
         (root / key).parent.mkdir(parents=True, exist_ok=True)
@@ -62,14 +78,28 @@ def shards(s3_endpoint, tmp_path_factory):
 def recipe(shards, base: str, options: dict | None = None, **overrides) -> dict:
     root, _, tok, _ = shards
     opts = {"storage_options": options} if options is not None else {}
-    r = {"seed": 11, "tokenizer": str(tok), "seq_len": 64, "batch_size": 4, "lanes": 4,
-         "shuffle_window": 64, "split_bytes": 1 << 20, "read_ahead_bytes": 1 << 20,
-         "sources": [{"name": "prose", "path": f"{base}/prose/*.jsonl", "weight": 0.5,
-                      "epochs": 1, **opts},
-                     {"name": "web", "path": f"{base}/web/*.jsonl.zst", "weight": 0.3,
-                      "epochs": 1, **opts},
-                     {"name": "code", "path": f"{base}/code/*.parquet", "weight": 0.2,
-                      "text_field": "content", "epochs": 1, **opts}]}
+    r = {
+        "seed": 11,
+        "tokenizer": str(tok),
+        "seq_len": 64,
+        "batch_size": 4,
+        "lanes": 4,
+        "shuffle_window": 64,
+        "split_bytes": 1 << 20,
+        "read_ahead_bytes": 1 << 20,
+        "sources": [
+            {"name": "prose", "path": f"{base}/prose/*.jsonl", "weight": 0.5, "epochs": 1, **opts},
+            {"name": "web", "path": f"{base}/web/*.jsonl.zst", "weight": 0.3, "epochs": 1, **opts},
+            {
+                "name": "code",
+                "path": f"{base}/code/*.parquet",
+                "weight": 0.2,
+                "text_field": "content",
+                "epochs": 1,
+                **opts,
+            },
+        ],
+    }
     r.update(overrides)
     return r
 
@@ -84,8 +114,9 @@ def local_digests(shards):
     return digests(mixer.build_loader(recipe(shards, str(shards[0]))))
 
 
-def test_s3_stream_equals_local_disk_and_states_are_interchangeable(shards, s3_endpoint,
-                                                                    local_digests):
+def test_s3_stream_equals_local_disk_and_states_are_interchangeable(
+    shards, s3_endpoint, local_digests
+):
     s3 = recipe(shards, f"s3://{BUCKET}/data", s3_options(s3_endpoint))
     assert digests(mixer.build_loader(s3, num_workers=2)) == local_digests
     # a state taken on S3 resumes on the local copy (the fingerprint ignores scheme/options)
@@ -135,8 +166,11 @@ def test_every_document_once_from_s3(shards, s3_endpoint):
     for rank in range(2):
         with mixer.build_loader(r, rank=rank, world_size=2, num_workers=2) as loader:
             seen.extend(list(loader))
-    expected = expected_counts(docs["prose"]) + expected_counts(docs["web"]) + expected_counts(
-        docs["code"])
+    expected = (
+        expected_counts(docs["prose"])
+        + expected_counts(docs["web"])
+        + expected_counts(docs["code"])
+    )
     assert token_counts(seen) == expected
 
 
@@ -188,13 +222,21 @@ def test_canary_secret_never_leaks(shards, s3_endpoint, tmp_path, capsys, caplog
     assert cli(["inspect", str(tmp_path / "r.yaml"), "--json"]) == 0
     out = capsys.readouterr()
     assert cli(["validate", str(tmp_path / "r.yaml")]) == 0
-    for text in (state, str(err.value), repr(mixer.load_recipe(r)), out.out, out.err,
-                 caplog.text, repr(mixer.load_recipe(r).sources)):
+    for text in (
+        state,
+        str(err.value),
+        repr(mixer.load_recipe(r)),
+        out.out,
+        out.err,
+        caplog.text,
+        repr(mixer.load_recipe(r).sources),
+    ):
         assert CANARY not in text
 
 
-def test_standard_aws_environment_variables_are_the_fallback(shards, s3_endpoint, monkeypatch,
-                                                             local_digests):
+def test_standard_aws_environment_variables_are_the_fallback(
+    shards, s3_endpoint, monkeypatch, local_digests
+):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDENV")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CANARY)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
@@ -203,13 +245,18 @@ def test_standard_aws_environment_variables_are_the_fallback(shards, s3_endpoint
     assert digests(mixer.build_loader(r)) == local_digests
 
 
-def test_manifest_skips_listing_at_start_up_and_catches_changed_objects(shards, s3_endpoint,
-                                                                        tmp_path, local_digests):
+def test_manifest_skips_listing_at_start_up_and_catches_changed_objects(
+    shards, s3_endpoint, tmp_path, local_digests
+):
     root, _, _, client = shards
     proxy = FaultProxy(s3_endpoint, faults=False)
     try:
-        r = recipe(shards, f"s3://{BUCKET}/data", s3_options(proxy.url),
-                   manifest=str(tmp_path / "corpus.manifest.json"))
+        r = recipe(
+            shards,
+            f"s3://{BUCKET}/data",
+            s3_options(proxy.url),
+            manifest=str(tmp_path / "corpus.manifest.json"),
+        )
         (tmp_path / "r.yaml").write_text(json.dumps(r))
         assert cli(["index", str(tmp_path / "r.yaml")]) == 0
         listed = [p for m, p in proxy.requests if "list-type" in p]
@@ -238,8 +285,13 @@ def test_one_rank_lists_under_torchrun(shards, s3_endpoint, tmp_path):
     try:
         r = recipe(shards, f"s3://{BUCKET}/data", s3_options(proxy.url))
         (tmp_path / "r.yaml").write_text(json.dumps(r))
-        torchrun(2, str(ROOT / "tests" / "dist_finite_worker.py"), str(tmp_path / "r.yaml"),
-                 str(tmp_path / "out"), "1")
+        torchrun(
+            2,
+            str(ROOT / "tests" / "dist_finite_worker.py"),
+            str(tmp_path / "r.yaml"),
+            str(tmp_path / "out"),
+            "1",
+        )
         listed = [p for m, p in proxy.requests if "list-type" in p]
         assert len(listed) == 3, f"one listing per source, not per rank: {listed}"
     finally:
@@ -249,5 +301,8 @@ def test_one_rank_lists_under_torchrun(shards, s3_endpoint, tmp_path):
     total = Counter()
     for rank in ranks:
         total.update({int(k): v for k, v in rank["counts"].items()})
-    assert total == (expected_counts(docs["prose"]) + expected_counts(docs["web"])
-                     + expected_counts(docs["code"]))
+    assert total == (
+        expected_counts(docs["prose"])
+        + expected_counts(docs["web"])
+        + expected_counts(docs["code"])
+    )

@@ -30,21 +30,40 @@ def job(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("scale")
     tok = make_tokenizer(root / "tok.json")
-    docs = {"prose": corpus(0, 1024, max_len=12), "code": corpus(5000, 768, max_len=20, seed=1),
-            "web": corpus(10000, 640, max_len=8, seed=2)}
+    docs = {
+        "prose": corpus(0, 1024, max_len=12),
+        "code": corpus(5000, 768, max_len=20, seed=1),
+        "web": corpus(10000, 640, max_len=8, seed=2),
+    }
     for part in range(4):
         write_docs(root / "prose" / f"p{part}.jsonl", docs["prose"][part::4], "jsonl")
-        write_docs(root / "code" / f"c{part}.parquet", docs["code"][part::4], "parquet",
-                   field="content", row_group_size=3)
+        write_docs(
+            root / "code" / f"c{part}.parquet",
+            docs["code"][part::4],
+            "parquet",
+            field="content",
+            row_group_size=3,
+        )
         write_docs(root / "web" / f"w{part}.jsonl", docs["web"][part::4], "jsonl")
-    recipe = {"seed": 11, "tokenizer": str(tok), "seq_len": 16, "batch_size": 8,
-              "lanes": WORLD, "shuffle_window": 4, "split_bytes": 256,
-              "sources": [{"name": "prose", "path": str(root / "prose" / "*.jsonl"),
-                           "weight": WEIGHTS["prose"]},
-                          {"name": "code", "path": str(root / "code" / "*.parquet"),
-                           "weight": WEIGHTS["code"], "text_field": "content"},
-                          {"name": "web", "path": str(root / "web" / "*.jsonl"),
-                           "weight": WEIGHTS["web"]}]}
+    recipe = {
+        "seed": 11,
+        "tokenizer": str(tok),
+        "seq_len": 16,
+        "batch_size": 8,
+        "lanes": WORLD,
+        "shuffle_window": 4,
+        "split_bytes": 256,
+        "sources": [
+            {"name": "prose", "path": str(root / "prose" / "*.jsonl"), "weight": WEIGHTS["prose"]},
+            {
+                "name": "code",
+                "path": str(root / "code" / "*.parquet"),
+                "weight": WEIGHTS["code"],
+                "text_field": "content",
+            },
+            {"name": "web", "path": str(root / "web" / "*.jsonl"), "weight": WEIGHTS["web"]},
+        ],
+    }
     return recipe, docs
 
 
@@ -54,8 +73,10 @@ def ranks(recipe: dict, world: int) -> list[Loader]:
     tables = list_sources(r)
     assert min(len(t.splits) for t in tables) >= r.lanes, "every lane owns splits"
     tok = resolve_tokenizer(r.resolve(r.tokenizer), r.eos_token)
-    return [Loader(r, tables=tables, tokenizer=tok, rank=rank, world_size=world, num_workers=0)
-            for rank in range(world)]
+    return [
+        Loader(r, tables=tables, tokenizer=tok, rank=rank, world_size=world, num_workers=0)
+        for rank in range(world)
+    ]
 
 
 def test_finite_recipe_delivers_every_document_once_over_64_ranks(job):

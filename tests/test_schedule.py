@@ -15,7 +15,7 @@ from mixer.core.errors import RecipeError, StateError
 NAMES = ("prose", "code", "web")
 SEQ, BATCH, LANES = 16, 4, 4
 BATCH_TOKENS = SEQ * BATCH
-STRETCH = 25 * LANES * BATCH_TOKENS   # the contract's minimum stretch for the 1-point bound
+STRETCH = 25 * LANES * BATCH_TOKENS  # the contract's minimum stretch for the 1-point bound
 
 
 @pytest.fixture
@@ -30,10 +30,16 @@ def data(tmp_path, tokenizer_path):
 
 def recipe(data, schedule=None, **extra) -> dict:
     folder, tokenizer = data
-    out = {"seed": 3, "tokenizer": str(tokenizer), "seq_len": SEQ, "batch_size": BATCH,
-           "lanes": LANES, "split_bytes": 2000, "shuffle_window": 64,
-           "sources": [{"name": n, "path": str(folder / n / "*.jsonl"), "weight": 1.0}
-                       for n in NAMES]}
+    out = {
+        "seed": 3,
+        "tokenizer": str(tokenizer),
+        "seq_len": SEQ,
+        "batch_size": BATCH,
+        "lanes": LANES,
+        "split_bytes": 2000,
+        "shuffle_window": 64,
+        "sources": [{"name": n, "path": str(folder / n / "*.jsonl"), "weight": 1.0} for n in NAMES],
+    }
     if schedule is not None:
         out["schedule"] = schedule
     out.update(extra)
@@ -44,8 +50,7 @@ def global_counts(recipe_dict, world: int, steps: int, workers: int = 0) -> np.n
     """Tokens per (global batch, source), every rank's batches in their global order."""
     out = np.zeros((steps * world, len(NAMES)), dtype=np.int64)
     for rank in range(world):
-        loader = mixer.build_loader(recipe_dict, rank=rank, world_size=world,
-                                    num_workers=workers)
+        loader = mixer.build_loader(recipe_dict, rank=rank, world_size=world, num_workers=workers)
         for step, batch in enumerate(itertools.islice(loader, steps)):
             ids = batch["source_ids"].numpy().ravel()
             out[step * world + rank] = np.bincount(ids[ids >= 0], minlength=len(NAMES))
@@ -58,10 +63,14 @@ def shares(counts: np.ndarray) -> np.ndarray:
     return total / total.sum()
 
 
-STEP = {"interpolate": "step", "points": [
-    {"at_tokens": 0, "weights": {"prose": 0.6, "code": 0.3, "web": 0.1}},
-    {"at_tokens": 2 * STRETCH, "weights": {"prose": 0.2, "code": 0.3, "web": 0.5}},
-    {"at_tokens": 4 * STRETCH, "weights": {"code": 1, "web": 1}}]}
+STEP = {
+    "interpolate": "step",
+    "points": [
+        {"at_tokens": 0, "weights": {"prose": 0.6, "code": 0.3, "web": 0.1}},
+        {"at_tokens": 2 * STRETCH, "weights": {"prose": 0.2, "code": 0.3, "web": 0.5}},
+        {"at_tokens": 4 * STRETCH, "weights": {"code": 1, "web": 1}},
+    ],
+}
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
@@ -71,32 +80,37 @@ def test_step_schedule_stretches_hold_their_weights(data, world):
     per = STRETCH * 2 // BATCH_TOKENS
     targets = [(0.6, 0.3, 0.1), (0.2, 0.3, 0.5), (0.0, 0.5, 0.5)]
     for i, target in enumerate(targets):
-        realized = shares(counts[i * per:(i + 1) * per])
+        realized = shares(counts[i * per : (i + 1) * per])
         assert np.abs(realized - target).max() <= 0.01, (i, realized)
     # weight 0 supplies nothing in its stretch
-    assert counts[2 * per:3 * per, 0].sum() == 0
+    assert counts[2 * per : 3 * per, 0].sum() == 0
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_linear_schedule_follows_the_mean_target_over_each_stretch(data, world):
     end = 8 * STRETCH
-    schedule = {"interpolate": "linear", "points": [
-        {"at_tokens": 0, "weights": {"prose": 0.7, "code": 0.2, "web": 0.1}},
-        {"at_tokens": end, "weights": {"prose": 0.1, "code": 0.3, "web": 0.6}}]}
+    schedule = {
+        "interpolate": "linear",
+        "points": [
+            {"at_tokens": 0, "weights": {"prose": 0.7, "code": 0.2, "web": 0.1}},
+            {"at_tokens": end, "weights": {"prose": 0.1, "code": 0.3, "web": 0.6}},
+        ],
+    }
     r = mixer.load_recipe(recipe(data, schedule))
     steps = end // BATCH_TOKENS // world
     counts = global_counts(recipe(data, schedule), world, steps)
     per = STRETCH // BATCH_TOKENS
     for start in range(0, len(counts) - per + 1, per):
-        target = np.mean([r.weights_at(g * BATCH_TOKENS) for g in range(start, start + per)],
-                         axis=0)
-        realized = shares(counts[start:start + per])
+        target = np.mean(
+            [r.weights_at(g * BATCH_TOKENS) for g in range(start, start + per)], axis=0
+        )
+        realized = shares(counts[start : start + per])
         assert np.abs(realized - target).max() <= 0.01, (start, realized, target)
 
 
 def test_schedule_stream_is_independent_of_ranks_and_workers(data):
     r = recipe(data, STEP)
-    steps = 2 * STRETCH // BATCH_TOKENS   # crosses the first change point
+    steps = 2 * STRETCH // BATCH_TOKENS  # crosses the first change point
     one = global_counts(r, 1, steps)
     assert np.array_equal(one, global_counts(r, 2, steps // 2, workers=2))
     assert np.array_equal(one, global_counts(r, 4, steps // 4))
@@ -133,7 +147,7 @@ def test_elastic_resume_across_a_change_point_continues_the_global_stream(data):
     merged = mixer.merge_states(states)
     resumed = mixer.build_loader(r)
     resumed.load_state_dict(merged)
-    assert digests(resumed, 12) == full[change - 4:]
+    assert digests(resumed, 12) == full[change - 4 :]
 
 
 def test_resume_with_another_batch_size_continues_from_the_saved_position(data):
@@ -151,18 +165,23 @@ def test_resume_with_another_batch_size_continues_from_the_saved_position(data):
 def test_editing_points_before_the_checkpoint_is_refused_later_ones_are_allowed(data):
     r = recipe(data, STEP)
     loader = mixer.build_loader(r)
-    list(itertools.islice(loader, 2 * STRETCH // BATCH_TOKENS + 3))   # past point 1
+    list(itertools.islice(loader, 2 * STRETCH // BATCH_TOKENS + 3))  # past point 1
     state = loader.state_dict()
     edited = {**STEP, "points": [dict(p) for p in STEP["points"]]}
     edited["points"][1] = {"at_tokens": 2 * STRETCH, "weights": {"prose": 1, "web": 1}}
     with pytest.raises(StateError, match=r"schedule.points\[1\] changed"):
         mixer.build_loader(recipe(data, edited)).load_state_dict(state)
-    later = {**STEP, "points": STEP["points"][:2] + [
-        {"at_tokens": 5 * STRETCH, "weights": {"prose": 1}},
-        {"at_tokens": 7 * STRETCH, "weights": {"web": 1}}]}
-    mixer.build_loader(recipe(data, later)).load_state_dict(state)   # allowed
+    later = {
+        **STEP,
+        "points": STEP["points"][:2]
+        + [
+            {"at_tokens": 5 * STRETCH, "weights": {"prose": 1}},
+            {"at_tokens": 7 * STRETCH, "weights": {"web": 1}},
+        ],
+    }
+    mixer.build_loader(recipe(data, later)).load_state_dict(state)  # allowed
     with pytest.raises(StateError, match="schedule"):
-        mixer.build_loader(recipe(data)).load_state_dict(state)      # schedule removed
+        mixer.build_loader(recipe(data)).load_state_dict(state)  # schedule removed
 
 
 def test_set_weights_applies_to_the_next_batch_and_resume_reproduces_it(data):
@@ -172,7 +191,7 @@ def test_set_weights_applies_to_the_next_batch_and_resume_reproduces_it(data):
     before = [batch_digest(next(it)) for _ in range(4)]
     loader.set_weights({"web": 1.0})
     after = [next(it) for _ in range(3)]
-    for batch in after:   # every batch handed out after the call follows the new weights
+    for batch in after:  # every batch handed out after the call follows the new weights
         ids = batch["source_ids"].numpy()
         assert set(np.unique(ids[ids >= 0])) == {2}
     state = loader.state_dict()
@@ -192,8 +211,14 @@ def test_set_weights_applies_to_the_next_batch_and_resume_reproduces_it(data):
 
 def test_set_weights_refuses_bad_weights(data):
     loader = mixer.build_loader(recipe(data))
-    for bad in ({"nope": 1}, {"prose": -1}, {"prose": 0}, {"prose": float("nan")}, {},
-                {"prose": True}):
+    for bad in (
+        {"nope": 1},
+        {"prose": -1},
+        {"prose": 0},
+        {"prose": float("nan")},
+        {},
+        {"prose": True},
+    ):
         with pytest.raises(RecipeError, match="set_weights"):
             loader.set_weights(bad)
 
@@ -214,9 +239,18 @@ def test_metrics_add_up_to_the_delivered_batches(data):
         assert m["next_global_batch"] == 30 * world + rank
         assert m["global_tokens"] == (30 * world + rank) * BATCH_TOKENS
         assert sum(m["realized_share"].values()) == pytest.approx(1.0)
-        assert set(m) >= {"tokens", "documents", "target_share", "realized_share", "epochs",
-                          "skipped", "skipped_by_reason", "io", "next_global_batch",
-                          "global_tokens"}
+        assert set(m) >= {
+            "tokens",
+            "documents",
+            "target_share",
+            "realized_share",
+            "epochs",
+            "skipped",
+            "skipped_by_reason",
+            "io",
+            "next_global_batch",
+            "global_tokens",
+        }
         assert all(m["documents"][n] > 0 for n in NAMES)
         assert all(0 < m["epochs"][n] for n in NAMES)
     assert [summed[n] for n in NAMES] == totals.tolist()
@@ -227,10 +261,22 @@ def test_skips_are_counted_by_reason(tmp_path, tokenizer_path):
     write_docs(tmp_path / "a.jsonl", good, "jsonl")
     with open(tmp_path / "a.jsonl", "a") as f:
         f.write("{not json\n" + '{"other": 1}\n' + '{"text": "' + "x" * 400 + '"}\n')
-    r = {"tokenizer": str(tokenizer_path), "seq_len": 8, "batch_size": 2, "lanes": 1,
-         "max_document_bytes": 200,
-         "sources": [{"name": "a", "path": str(tmp_path / "a.jsonl"), "weight": 1,
-                      "epochs": 1, "on_error": "skip"}]}
+    r = {
+        "tokenizer": str(tokenizer_path),
+        "seq_len": 8,
+        "batch_size": 2,
+        "lanes": 1,
+        "max_document_bytes": 200,
+        "sources": [
+            {
+                "name": "a",
+                "path": str(tmp_path / "a.jsonl"),
+                "weight": 1,
+                "epochs": 1,
+                "on_error": "skip",
+            }
+        ],
+    }
     loader = mixer.build_loader(r)
     list(loader)
     m = loader.metrics()

@@ -21,8 +21,9 @@ from mixer.sources import list_source
 from mixer.tokenize import Encoder, resolve_tokenizer
 
 
-def check_resume(make: Callable[[], Any], step: Callable[[Any], Any], total: int,
-                 points: list[int]) -> None:
+def check_resume(
+    make: Callable[[], Any], step: Callable[[Any], Any], total: int, points: list[int]
+) -> None:
     """Stopping after k outputs, saving, and loading into a fresh stage changes nothing.
 
     Covers the initial state (k = 0), mid-stream, across epoch ends, the end of a finite stream
@@ -47,22 +48,36 @@ def setup(tmp_path, tokenizer_path):
     for part in range(3):
         write_docs(tmp_path / f"d{part}.jsonl", docs[part::3], "jsonl")
     write_docs(tmp_path / "z.jsonl.zst", corpus(500, 40), "jsonl.zst")
-    recipe = mixer.load_recipe({
-        "tokenizer": str(tokenizer_path), "seq_len": 8, "batch_size": 3, "lanes": 2,
-        "shuffle_window": 7, "split_bytes": 600,
-        "sources": [{"name": "d", "path": str(tmp_path / "d*.jsonl"), "weight": 2, "epochs": 3},
-                    {"name": "z", "path": str(tmp_path / "z.jsonl.zst"), "weight": 1}]})
+    recipe = mixer.load_recipe(
+        {
+            "tokenizer": str(tokenizer_path),
+            "seq_len": 8,
+            "batch_size": 3,
+            "lanes": 2,
+            "shuffle_window": 7,
+            "split_bytes": 600,
+            "sources": [
+                {"name": "d", "path": str(tmp_path / "d*.jsonl"), "weight": 2, "epochs": 3},
+                {"name": "z", "path": str(tmp_path / "z.jsonl.zst"), "weight": 1},
+            ],
+        }
+    )
     tables = [list_source(recipe, s) for s in recipe.sources]
     return recipe, tables, Encoder(resolve_tokenizer(str(tokenizer_path)))
 
 
 def _stream(recipe, tables, encoder, index: int = 0, lane: int = 1) -> SourceStream:
     src = recipe.sources[index]
-    settings = StreamSettings(lanes=recipe.lanes, seed=recipe.seed, epochs=src.epochs,
-                              on_error=src.on_error, text_field=src.text_field,
-                              window_docs=recipe.shuffle_window,
-                              window_bytes=recipe.window_bytes,
-                              max_document_bytes=recipe.max_document_bytes)
+    settings = StreamSettings(
+        lanes=recipe.lanes,
+        seed=recipe.seed,
+        epochs=src.epochs,
+        on_error=src.on_error,
+        text_field=src.text_field,
+        window_docs=recipe.shuffle_window,
+        window_bytes=recipe.window_bytes,
+        max_document_bytes=recipe.max_document_bytes,
+    )
     return SourceStream(table=tables[index], lane=lane, settings=settings, encode=encoder)
 
 
@@ -86,8 +101,13 @@ def test_packer_resumes_exactly_with_a_partial_document(setup):
     recipe, tables, encoder = setup
 
     def make() -> Packer:
-        return Packer(_stream(recipe, tables, encoder), seq_len=8, mode="concat", pad_id=1,
-                      mask_document_boundaries=True)
+        return Packer(
+            _stream(recipe, tables, encoder),
+            seq_len=8,
+            mode="concat",
+            pad_id=1,
+            mask_document_boundaries=True,
+        )
 
     def row(packer: Packer):
         r = packer.next_row()
@@ -98,8 +118,13 @@ def test_packer_resumes_exactly_with_a_partial_document(setup):
 
 def test_packer_state_holds_a_pending_document_offset(setup):
     recipe, tables, encoder = setup
-    packer = Packer(_stream(recipe, tables, encoder), seq_len=8, mode="concat", pad_id=1,
-                    mask_document_boundaries=False)
+    packer = Packer(
+        _stream(recipe, tables, encoder),
+        seq_len=8,
+        mode="concat",
+        pad_id=1,
+        mask_document_boundaries=False,
+    )
     offsets = []
     for _ in range(40):
         packer.next_row()
@@ -126,8 +151,13 @@ def test_best_fit_packer_resumes_exactly(setup):
     recipe, tables, encoder = setup
 
     def make() -> BestFitPacker:
-        return BestFitPacker(_stream(recipe, tables, encoder), seq_len=8, pad_id=1,
-                             mask_document_boundaries=True, window=5)
+        return BestFitPacker(
+            _stream(recipe, tables, encoder),
+            seq_len=8,
+            pad_id=1,
+            mask_document_boundaries=True,
+            window=5,
+        )
 
     def row(packer: BestFitPacker):
         r = packer.next_row()
@@ -164,10 +194,15 @@ class _ListSource:
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=12),
-       seq_len=st.integers(1, 9), mask=st.booleans(), resume_at=st.integers(0, 80))
+@given(
+    lengths=st.lists(st.integers(1, 60), min_size=1, max_size=12),
+    seq_len=st.integers(1, 9),
+    mask=st.booleans(),
+    resume_at=st.integers(0, 80),
+)
 def test_concat_rows_are_the_documents_cut_in_order_and_a_packer_holds_little(
-        lengths, seq_len, mask, resume_at):
+    lengths, seq_len, mask, resume_at
+):
     """`concat` rows are the documents' tokens back to back cut every seq_len (labels -100 at
     each document's first token when masking; `starts` counts the documents begun); a pending
     document is held as at most twice
@@ -181,28 +216,35 @@ def test_concat_rows_are_the_documents_cut_in_order_and_a_packer_holds_little(
     starts = set(np.cumsum([0] + lengths[:-1]).tolist())
 
     def make() -> Packer:
-        return Packer(_ListSource(docs), seq_len=seq_len, mode="concat", pad_id=0,
-                      mask_document_boundaries=mask)
+        return Packer(
+            _ListSource(docs),
+            seq_len=seq_len,
+            mode="concat",
+            pad_id=0,
+            mask_document_boundaries=mask,
+        )
 
     packer, rows, states = make(), [], []
     while (row := packer.next_row()) is not None:
         rows.append((row.input_ids.tolist(), row.labels.tolist()))
-        assert row.starts == len(starts & set(range(len(rows) * seq_len - seq_len,
-                                                    len(rows) * seq_len)))
+        assert row.starts == len(
+            starts & set(range(len(rows) * seq_len - seq_len, len(rows) * seq_len))
+        )
         states.append(packer.state_dict())
         if packer._pending is not None:
             document, offset = packer._pending[:2]
             assert len(document) <= 2 * (len(document) - offset)
     for i, (ids, labels) in enumerate(rows):
         at = i * seq_len
-        real = flat[at:at + seq_len]
-        assert ids[:len(real)] == real and all(t == 0 for t in ids[len(real):])
-        assert labels[:len(real)] == [-100 if mask and at + k in starts else t
-                                      for k, t in enumerate(real)]
+        real = flat[at : at + seq_len]
+        assert ids[: len(real)] == real and all(t == 0 for t in ids[len(real) :])
+        assert labels[: len(real)] == [
+            -100 if mask and at + k in starts else t for k, t in enumerate(real)
+        ]
     k = resume_at % len(rows)
     resumed = make()
     resumed.load_state_dict(states[k])
     again = []
     while (row := resumed.next_row()) is not None:
         again.append((row.input_ids.tolist(), row.labels.tolist()))
-    assert again == rows[k + 1:]
+    assert again == rows[k + 1 :]

@@ -14,14 +14,24 @@ import mixer
 from mixer.runtime.state import pack, unpack
 from mixer.runtime.state_codec import decode_lanes, encode_lanes
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
-                    st.floats(allow_nan=False), st.text(max_size=4))
-values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)),
-    max_leaves=12)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=4),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
 lane_states = st.dictionaries(st.sampled_from(["a", "b", "c", "d.e", ""]), values, max_size=5)
-lanes_dicts = st.dictionaries(st.integers(0, 50).map(str), st.one_of(st.none(), lane_states),
-                              max_size=8)
+lanes_dicts = st.dictionaries(
+    st.integers(0, 50).map(str), st.one_of(st.none(), lane_states), max_size=8
+)
 
 
 def exact(value) -> str:
@@ -33,7 +43,7 @@ def exact(value) -> str:
 @given(lanes_dicts)
 @example({"0": {"a": 0.0}, "1": {"a": -0.0}, "2": {"a": True}, "3": {"a": 1}})
 def test_decoding_gives_back_exactly_what_was_encoded(lanes):
-    encoded = json.loads(json.dumps(encode_lanes(lanes)))   # through JSON, as in a state
+    encoded = json.loads(json.dumps(encode_lanes(lanes)))  # through JSON, as in a state
     assert exact(decode_lanes(encoded)) == exact(lanes)
 
 
@@ -49,14 +59,17 @@ def test_a_loader_decodes_only_the_lanes_it_keeps(lanes, keep):
             assert state == {}
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda c: c.update(codec="zip"), "codec"),
-    (lambda c: c["groups"][0]["columns"][0].__setitem__(0, "?"), "not a column"),
-    (lambda c: c["groups"][0].update(paths=[["a"]]), "as many 'columns'"),
-    (lambda c: c["empty"].append("0"), "appears twice"),
-    (lambda c: c["groups"][0]["columns"][1].__setitem__(3, "A!"), "wrong shape"),
-    (lambda c: c["groups"][0]["columns"][1].__setitem__(3, "A"), "wrong shape"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.update(codec="zip"), "codec"),
+        (lambda c: c["groups"][0]["columns"][0].__setitem__(0, "?"), "not a column"),
+        (lambda c: c["groups"][0].update(paths=[["a"]]), "as many 'columns'"),
+        (lambda c: c["empty"].append("0"), "appears twice"),
+        (lambda c: c["groups"][0]["columns"][1].__setitem__(3, "A!"), "wrong shape"),
+        (lambda c: c["groups"][0]["columns"][1].__setitem__(3, "A"), "wrong shape"),
+    ],
+)
 def test_a_damaged_encoding_is_a_state_error_naming_where(edit, message):
     encoded = encode_lanes({"0": {"a": 1, "b": {"c": 5}}, "1": {"a": 1, "b": {"c": 7}}})
     assert encoded["groups"][0]["columns"][1][0] == "+"
@@ -87,8 +100,13 @@ def test_8192_lanes_of_a_long_run_fit_in_a_megabyte(three_sources):
             entry["mix"] = entry["tokens"] - rng.randrange(2048)
             entry["packer"]["offset"] = rng.randrange(2048)
             entry["packer"]["stream"].update(
-                epoch=rng.randrange(3), window=rng.randrange(10**4), slot=rng.randrange(100),
-                index=rng.randrange(10**5), offset=rng.randrange(10**9), pos=rng.randrange(1024))
+                epoch=rng.randrange(3),
+                window=rng.randrange(10**4),
+                slot=rng.randrange(100),
+                index=rng.randrange(10**5),
+                offset=rng.randrange(10**9),
+                pos=rng.randrange(1024),
+            )
         lanes[str(index)] = lane
     payload["lanes"] = lanes
     payload["fingerprint"]["stream"]["lanes"] = 8192

@@ -37,20 +37,21 @@ def saved(request, three_sources):
 
 
 def with_json(text: str) -> dict:
-    return {"format": "mixer.loader", "version": mixer.runtime.state.STATE_VERSION,
-            "json": text}
+    return {"format": "mixer.loader", "version": mixer.runtime.state.STATE_VERSION, "json": text}
 
 
-@pytest.mark.parametrize("text", ["{}", "[]", "null", "1", '"x"', "[" * 100_000, "{" * 3000,
-                                  "NaN", '{"kind": "global"}'])
+@pytest.mark.parametrize(
+    "text", ["{}", "[]", "null", "1", '"x"', "[" * 100_000, "{" * 3000, "NaN", '{"kind": "global"}']
+)
 def test_state_json_of_the_wrong_shape(saved, text):
     loader, _, _ = saved
     with pytest.raises(mixer.StateError, match="damaged"):
         loader.load_state_dict(with_json(text))
 
 
-@pytest.mark.parametrize("key", ["kind", "fingerprint", "next_global", "world_size", "rank",
-                                 "lanes", "listing_skipped"])
+@pytest.mark.parametrize(
+    "key", ["kind", "fingerprint", "next_global", "world_size", "rank", "lanes", "listing_skipped"]
+)
 def test_state_missing_a_key_names_it(saved, key):
     loader, _, payload = saved
     del payload[key]
@@ -93,8 +94,10 @@ def test_lane_keys_and_ranks_are_checked(saved):
     for edit, message in [
         (lambda p: p["lanes"].update({"x": None}), r"\['lanes'\]\['x'\]"),
         (lambda p: p["lanes"].update({"64": None}), "lane 64 of a 4-lane recipe"),
-        (lambda p: p["lanes"].update({"0": lanes["1"] or {**lanes["0"], "lane": 1}}),
-         "lane 0 holds the state of lane 1"),
+        (
+            lambda p: p["lanes"].update({"0": lanes["1"] or {**lanes["0"], "lane": 1}}),
+            "lane 0 holds the state of lane 1",
+        ),
         (lambda p: p.update(rank=1), "rank 1 is outside world_size 1"),
         (lambda p: p.update(kind="other"), r"\['kind'\]"),
         (lambda p: p["fingerprint"].update(stream={}), r"\['fingerprint'\]\['stream'\]"),
@@ -153,8 +156,13 @@ def test_fuzz_structurally_edited_states(saved):
 
     outcomes: set[str] = set()
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
-              suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=DERANDOMIZE,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(structural_mutations(payload))
     def run(mutated) -> None:
         outcomes.add(load_or_refuse(loader, pack(mutated)))
@@ -171,10 +179,21 @@ def test_fuzz_byte_mutated_and_reshaped_states(saved):
     loader, state, payload = saved
     outer = structural_mutations(state)
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
-              suppress_health_check=[HealthCheck.too_slow])
-    @given(st.one_of(byte_mutations(state["json"].encode(), b'{}[]",:0123456789-.eE')
-                     .map(lambda b: with_json(b.decode("utf-8", "replace"))), outer))
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=DERANDOMIZE,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(
+        st.one_of(
+            byte_mutations(state["json"].encode(), b'{}[]",:0123456789-.eE').map(
+                lambda b: with_json(b.decode("utf-8", "replace"))
+            ),
+            outer,
+        )
+    )
     def run(mutated) -> None:
         load_or_refuse(loader, mutated)
 

@@ -38,15 +38,18 @@ from mixer.tokenize import resolve_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "50"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None,
-                derandomize=not os.environ.get("MIXER_FUZZ_RANDOM"),
-                suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not os.environ.get("MIXER_FUZZ_RANDOM"),
+    suppress_health_check=[HealthCheck.too_slow],
+)
 PARTS = ("bin", "idx", "rec", "json")
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-       "PYTHONWARNINGS": "ignore"}
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
 # -- data, runs and outcomes --------------------------------------------------------------------
+
 
 def write_sources(folder: Path) -> None:
     """Source a: jsonl byte-range splits, one holding a malformed line mid-split; source b:
@@ -56,22 +59,47 @@ def write_sources(folder: Path) -> None:
     lines = (folder / "a" / "a0.jsonl").read_text().splitlines(keepends=True)
     lines.insert(12, "{not json\n")
     (folder / "a" / "a0.jsonl").write_text("".join(lines))
-    write_docs(folder / "b" / "b0.parquet", corpus(1000, 24, min_len=5, max_len=40),
-               "parquet", row_group_size=9)
+    write_docs(
+        folder / "b" / "b0.parquet",
+        corpus(1000, 24, min_len=5, max_len=40),
+        "parquet",
+        row_group_size=9,
+    )
     write_docs(folder / "c" / "c0.jsonl.zst", corpus(2000, 20, max_len=12), "jsonl.zst")
 
 
-def make_recipe(folder: Path, tokenizer: Path, cache: Path | None, *, strict: bool = False,
-                sources: str = "abc", **extra) -> dict:
+def make_recipe(
+    folder: Path,
+    tokenizer: Path,
+    cache: Path | None,
+    *,
+    strict: bool = False,
+    sources: str = "abc",
+    **extra,
+) -> dict:
     """A finite recipe (one epoch of each source) over `write_sources`' data."""
-    table = {"a": {"name": "a", "path": str(folder / "a" / "*.jsonl"), "weight": 0.5,
-                   "on_error": "raise" if strict else "skip"},
-             "b": {"name": "b", "path": str(folder / "b" / "*.parquet"), "weight": 0.3},
-             "c": {"name": "c", "path": str(folder / "c" / "*.zst"), "weight": 0.2}}
-    recipe = {"seed": 5, "tokenizer": str(tokenizer), "seq_len": 16, "batch_size": 2,
-              "lanes": 1, "shuffle_window": 6, "shuffle_window_bytes": 400,
-              "split_bytes": 1200,
-              "sources": [{**table[s], "epochs": 1} for s in sources], **extra}
+    table = {
+        "a": {
+            "name": "a",
+            "path": str(folder / "a" / "*.jsonl"),
+            "weight": 0.5,
+            "on_error": "raise" if strict else "skip",
+        },
+        "b": {"name": "b", "path": str(folder / "b" / "*.parquet"), "weight": 0.3},
+        "c": {"name": "c", "path": str(folder / "c" / "*.zst"), "weight": 0.2},
+    }
+    recipe = {
+        "seed": 5,
+        "tokenizer": str(tokenizer),
+        "seq_len": 16,
+        "batch_size": 2,
+        "lanes": 1,
+        "shuffle_window": 6,
+        "shuffle_window_bytes": 400,
+        "split_bytes": 1200,
+        "sources": [{**table[s], "epochs": 1} for s in sources],
+        **extra,
+    }
     if cache is not None:
         recipe["token_cache"] = str(cache)
     return recipe
@@ -122,8 +150,7 @@ def keys_of(recipe: dict) -> set[str]:
         for split in table.splits:
             entry = table.files[split.file]
             field = src.chosen_text_field or FORMATS[entry.format].default_text_field
-            keys.add(cache.key(entry, split, text_field=field,
-                               max_bytes=loaded.max_document_bytes))
+            keys.add(cache.key(entry, split, text_field=field, max_bytes=loaded.max_document_bytes))
     return keys
 
 
@@ -145,11 +172,12 @@ def write_recipe(recipe: dict, folder: Path, name: str) -> Path:
 
 
 def cache_command(recipe_path: Path) -> list[str]:
-    return [sys.executable, "-m", "mixer.tools.cli", "cache", str(recipe_path), "--no-progress"]
+    return [sys.executable, "-m", "mixer", "cache", str(recipe_path), "--no-progress"]
 
 
 # -- 1. `mixer cache` processes filling one cache at once ---------------------------------------
 # (Two processes on one recipe: test_token_cache.py::test_two_processes_filling_one_cache_at_once.)
+
 
 def test_cache_processes_on_recipes_sharing_sources_while_a_run_reads(tmp_path):
     """Two `mixer cache` processes started together on two recipes that share a source
@@ -160,12 +188,17 @@ def test_cache_processes_on_recipes_sharing_sources_while_a_run_reads(tmp_path):
     tok = make_tokenizer(tmp_path / "tok.json")
     write_sources(tmp_path)
     first = make_recipe(tmp_path, tok, tmp_path / "cache", sources="ab", split_bytes=300)
-    second = {**make_recipe(tmp_path, tok, tmp_path / "cache", sources="bc",
-                            split_bytes=300), "seed": 9, "lanes": 3}
+    second = {
+        **make_recipe(tmp_path, tok, tmp_path / "cache", sources="bc", split_bytes=300),
+        "seed": 9,
+        "lanes": 3,
+    }
     second["sources"][0]["weight"] = 0.6
     references = [outcome(without_cache(r)) for r in (first, second)]
-    started = [procs.spawn(cache_command(write_recipe(r, tmp_path, name)), env=ENV)
-               for r, name in ((first, "first"), (second, "second"))]
+    started = [
+        procs.spawn(cache_command(write_recipe(r, tmp_path, name)), env=ENV)
+        for r, name in ((first, "first"), (second, "second"))
+    ]
     runs = 0
     while any(proc.poll() is None for proc in started) or runs < 2:
         assert outcome(first) == references[0]
@@ -185,13 +218,19 @@ def test_cache_processes_on_recipes_sharing_sources_while_a_run_reads(tmp_path):
 
 # -- 2. recipes with other tokenizers sharing a cache -------------------------------------------
 
+
 def train_bpe(path: Path, texts: list[str]) -> Path:
     """A small byte-pair tokenizer trained on `texts` (ids unlike the word-level one's)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
     tok = Tokenizer(models.BPE(unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=90, special_tokens=["<pad>", "<|endoftext|>"], show_progress=False))
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=90, special_tokens=["<pad>", "<|endoftext|>"], show_progress=False
+        ),
+    )
     tok.save(str(path))
     return path
 
@@ -199,6 +238,7 @@ def train_bpe(path: Path, texts: list[str]) -> Path:
 def wide_tokenizer(path: Path) -> Path:
     """A word-level tokenizer of more than 65,500 ids: its entries hold int32 tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers
+
     vocab = {"<pad>": 0, "<|endoftext|>": 1}
     for i in range(70000):
         vocab[f"w{(i * 7919) % 70000}"] = len(vocab)
@@ -218,35 +258,39 @@ def test_recipes_with_other_tokenizers_share_a_cache_without_mixing(tmp_path):
     texts = [doc_text(d, n) for d, n in corpus(0, 200, max_len=5)]
     bpe = train_bpe(tmp_path / "bpe.json", texts)
     wide = wide_tokenizer(tmp_path / "wide.json")
-    recipes = [make_recipe(tmp_path, word, tmp_path / "cache"),
-               {**make_recipe(tmp_path, word, tmp_path / "cache"), "eos_token": "<pad>"},
-               make_recipe(tmp_path, bpe, tmp_path / "cache"),
-               make_recipe(tmp_path, wide, tmp_path / "cache")]
+    recipes = [
+        make_recipe(tmp_path, word, tmp_path / "cache"),
+        {**make_recipe(tmp_path, word, tmp_path / "cache"), "eos_token": "<pad>"},
+        make_recipe(tmp_path, bpe, tmp_path / "cache"),
+        make_recipe(tmp_path, wide, tmp_path / "cache"),
+    ]
     references = [outcome(without_cache(r)) for r in recipes]
-    assert len(set(references)) == len(recipes)   # (the tokenizers differ in their ids)
-    for recipe, reference in zip(recipes, references):   # cold, one after the other
+    assert len(set(references)) == len(recipes)  # (the tokenizers differ in their ids)
+    for recipe, reference in zip(recipes, references):  # cold, one after the other
         CACHE_STATS.reset()
         assert outcome(recipe) == reference
         assert CACHE_STATS.hits == 0 and CACHE_STATS.writes > 0
-    for recipe, reference in zip(recipes, references):   # warm, each among the others
+    for recipe, reference in zip(recipes, references):  # warm, each among the others
         CACHE_STATS.reset()
         assert outcome(recipe) == reference
         assert CACHE_STATS.misses == 0 and CACHE_STATS.corrupt == 0
     keys = [keys_of(r) for r in recipes]
-    assert sum(map(len, keys)) == len(set().union(*keys))   # disjoint
+    assert sum(map(len, keys)) == len(set().union(*keys))  # disjoint
     assert {c.stem for c in commits(tmp_path / "cache")} == set().union(*keys)
     for recipe, own in zip(recipes, keys):
         info = resolve_tokenizer(recipe["tokenizer"], recipe.get("eos_token"))
         code = {np.dtype(np.uint16): 8, np.dtype(np.int32): 4}[token_dtype(info.vocab_size)]
         for key in own:
             idx = (tmp_path / "cache" / key[:2] / f"{key}.idx").read_bytes()
-            tokens = np.fromfile(tmp_path / "cache" / key[:2] / f"{key}.bin",
-                                 token_dtype(info.vocab_size))
+            tokens = np.fromfile(
+                tmp_path / "cache" / key[:2] / f"{key}.bin", token_dtype(info.vocab_size)
+            )
             assert idx[17] == code and int(tokens.max()) < info.vocab_size
     assert len(list((tmp_path / "cache" / "tokenizers").glob("*.json"))) == len(recipes)
 
 
 # -- 3. damaged entries -------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class World:
@@ -255,9 +299,9 @@ class World:
     folder: Path
     tokenizer: Path
     pristine: Path
-    keys: tuple[str, ...]       # entries, those with error records first
-    reference: Outcome          # on_error: skip
-    strict: Outcome             # on_error: raise
+    keys: tuple[str, ...]  # entries, those with error records first
+    reference: Outcome  # on_error: skip
+    strict: Outcome  # on_error: raise
 
 
 @pytest.fixture(scope="module")
@@ -277,9 +321,14 @@ def world(tmp_path_factory) -> World:
     with_errors = [c.stem for c in found if json.loads(c.read_text())["errors"]]
     assert with_errors and len(found) >= 6
     keys = tuple(with_errors + [c.stem for c in found if c.stem not in with_errors])
-    return World(folder, tok, folder / "pristine", keys,
-                 outcome(without_cache(recipe)),
-                 outcome(without_cache(make_recipe(folder, tok, None, strict=True))))
+    return World(
+        folder,
+        tok,
+        folder / "pristine",
+        keys,
+        outcome(without_cache(recipe)),
+        outcome(without_cache(make_recipe(folder, tok, None, strict=True))),
+    )
 
 
 _cases = itertools.count()
@@ -307,13 +356,17 @@ def reseal(base: Path, part: str) -> None:
     elif part == "bin":
         data = base.with_suffix(".bin").read_bytes()
         block = commit["bin"][1]
-        commit["bin"] = [len(data), block, [zlib.crc32(data[at:at + block])
-                                            for at in range(0, len(data), block)]]
+        commit["bin"] = [
+            len(data),
+            block,
+            [zlib.crc32(data[at : at + block]) for at in range(0, len(data), block)],
+        ]
     base.with_suffix(".json").write_bytes(seal_commit(commit))
 
 
-def check_damage(world: World, key: str, damage: Callable[[Path], bool],
-                 consistent_part: str | None = None) -> None:
+def check_damage(
+    world: World, key: str, damage: Callable[[Path], bool], consistent_part: str | None = None
+) -> None:
     """Damage entry `key` of a fresh cache; the loader (strict and skipping) gives the
     no-cache outcomes, having taken the fallback (a miss, or damage counted) when the
     damage changed anything; a second run does too, from a cache holding no bad entry."""
@@ -331,18 +384,20 @@ def check_damage(world: World, key: str, damage: Callable[[Path], bool],
         assert CACHE_STATS.corrupt + CACHE_STATS.misses >= 1, "a damaged entry was trusted"
     CACHE_STATS.reset()
     assert outcome(recipe) == world.reference
-    if not any(p.is_dir() for p in base.parent.glob(f"{key}.*")):   # (nothing in the way)
+    if not any(p.is_dir() for p in base.parent.glob(f"{key}.*")):  # (nothing in the way)
         assert CACHE_STATS.misses == 0 and CACHE_STATS.corrupt == 0
         assert_trustworthy(recipe)
 
 
 def rewrite(part: str, edit: Callable[[bytes], bytes]) -> Callable[[Path], bool]:
     """A damage that replaces the bytes of `part` with `edit(bytes)`."""
+
     def damage(base: Path) -> bool:
         path = base.with_suffix(f".{part}")
         data = path.read_bytes()
         path.write_bytes(edit(data))
         return path.read_bytes() != data
+
     return damage
 
 
@@ -352,6 +407,7 @@ def flip(at: int, mask: int = 0xFF) -> Callable[[bytes], bytes]:
         if out:
             out[at % len(out)] ^= mask or 1
         return bytes(out)
+
     return edit
 
 
@@ -363,8 +419,23 @@ def idx_boundaries(data: bytes) -> list[int]:
     """Offsets where the .idx's fields begin: magic, version, dtype, counts, lengths,
     pointers, document indices, and its last byte."""
     sequences = struct.unpack_from("<Q", data, 18)[0]
-    return [0, 1, 8, 9, 16, 17, 18, 25, 26, 33, 34, 34 + 4 * sequences, 34 + 12 * sequences,
-            len(data) - 8, len(data) - 1]
+    return [
+        0,
+        1,
+        8,
+        9,
+        16,
+        17,
+        18,
+        25,
+        26,
+        33,
+        34,
+        34 + 4 * sequences,
+        34 + 12 * sequences,
+        len(data) - 8,
+        len(data) - 1,
+    ]
 
 
 def boundaries(part: str, data: bytes, block: int) -> list[int]:
@@ -374,8 +445,9 @@ def boundaries(part: str, data: bytes, block: int) -> list[int]:
     if part == "rec":
         return [0, 8, 16, 24, 31, 32, 33, len(data) - 32, len(data) - 8, len(data) - 1]
     if part == "bin":
-        return sorted({0, 1, block - 1, block, block + 2, len(data) // 2, len(data) - 2,
-                       len(data) - 1})
+        return sorted(
+            {0, 1, block - 1, block, block + 2, len(data) // 2, len(data) - 2, len(data) - 1}
+        )
     return [0, 1, len(data) // 2, len(data) - 2, len(data) - 1]
 
 
@@ -405,7 +477,7 @@ def pointers_past_the_bin(data: bytes) -> bytes:
     """The .idx with its last sequence pointer moved past the end of the .bin."""
     sequences = struct.unpack_from("<Q", data, 18)[0]
     at = 34 + 4 * sequences + 8 * (sequences - 1)
-    return data[:at] + struct.pack("<q", 1 << 40) + data[at + 8:]
+    return data[:at] + struct.pack("<q", 1 << 40) + data[at + 8 :]
 
 
 def other_version(data: bytes) -> bytes:
@@ -448,11 +520,21 @@ def indices_out_of_order(data: bytes) -> bytes:
     return rows.tobytes()
 
 
-@pytest.mark.parametrize("part,edit", [
-    ("idx", same_width_dtype), ("idx", pointers_past_the_bin), ("idx", other_version),
-    ("idx", other_magic), ("rec", swapped_documents), ("rec", error_as_document),
-    ("rec", document_past_the_index), ("rec", unknown_error), ("rec", indices_out_of_order),
-    ("idx", lambda data: data + b"\x00" * 8)])
+@pytest.mark.parametrize(
+    "part,edit",
+    [
+        ("idx", same_width_dtype),
+        ("idx", pointers_past_the_bin),
+        ("idx", other_version),
+        ("idx", other_magic),
+        ("rec", swapped_documents),
+        ("rec", error_as_document),
+        ("rec", document_past_the_index),
+        ("rec", unknown_error),
+        ("rec", indices_out_of_order),
+        ("idx", lambda data: data + b"\x00" * 8),
+    ],
+)
 def test_a_wrong_index_or_record_table_whose_checksum_agrees(world, part, edit):
     """Objects a broken writer could have stored, with their CRCs in the commit: the entry is
     refused by its structure (or, trailing bytes, read the same)."""
@@ -462,6 +544,7 @@ def test_a_wrong_index_or_record_table_whose_checksum_agrees(world, part, edit):
 
 def replace_with(kind: str, part: str) -> Callable[[Path], bool]:
     """The object `part` missing, empty, a folder, or random bytes of the same length."""
+
     def damage(base: Path) -> bool:
         path = base.with_suffix(f".{part}")
         size = path.stat().st_size
@@ -473,6 +556,7 @@ def replace_with(kind: str, part: str) -> Callable[[Path], bool]:
         elif kind == "garbage":
             path.write_bytes(np.random.default_rng(size).bytes(size))
         return True
+
     return damage
 
 
@@ -487,6 +571,7 @@ def test_a_folder_in_one_entrys_place_leaves_the_rest_writable(world, caplog):
     """A folder where one entry's commit goes is that entry's problem: it is read from the
     source each time, and the cache still writes the others (no warning)."""
     import logging
+
     cache = fresh_cache(world)
     blocked, removed = world.keys[0], world.keys[1]
     commit = entry_base(cache, blocked).with_suffix(".json")
@@ -514,6 +599,7 @@ def test_a_deeply_nested_tokenizer_info_means_a_real_load(world):
 
 def junk_commit(path: tuple, junk: object) -> Callable[[Path], bool]:
     """The commit with the value at `path` replaced by `junk`, sealed again."""
+
     def damage(base: Path) -> bool:
         commit = json.loads(base.with_suffix(".json").read_bytes())
         commit.pop("check", None)
@@ -523,18 +609,46 @@ def junk_commit(path: tuple, junk: object) -> Callable[[Path], bool]:
                 parent = parent[part]
             before = parent[path[-1]]
         except (IndexError, KeyError):
-            return False   # (an entry without error records)
+            return False  # (an entry without error records)
         parent[path[-1]] = junk
         base.with_suffix(".json").write_bytes(seal_commit(commit))
         return type(before) is not type(junk) or before != junk
+
     return damage
 
 
-COMMIT_PATHS = [("v",), ("records",), ("documents",), ("errors",), ("errors", 0),
-                ("errors", 0, 1), ("idx",), ("idx", 0), ("idx", 1), ("rec",), ("rec", 1),
-                ("bin",), ("bin", 0), ("bin", 1), ("bin", 2), ("bin", 2, 0)]
-NASTY_JSON = [b"", b"\x00", b"[" * 100000, b"{" * 50000, b"null", b"[]", b"{}", b'"x"',
-              b"1e999", b'{"v": 3}', b"\xff\xfe{", b'{"v": NaN}']
+COMMIT_PATHS = [
+    ("v",),
+    ("records",),
+    ("documents",),
+    ("errors",),
+    ("errors", 0),
+    ("errors", 0, 1),
+    ("idx",),
+    ("idx", 0),
+    ("idx", 1),
+    ("rec",),
+    ("rec", 1),
+    ("bin",),
+    ("bin", 0),
+    ("bin", 1),
+    ("bin", 2),
+    ("bin", 2, 0),
+]
+NASTY_JSON = [
+    b"",
+    b"\x00",
+    b"[" * 100000,
+    b"{" * 50000,
+    b"null",
+    b"[]",
+    b"{}",
+    b'"x"',
+    b"1e999",
+    b'{"v": 3}',
+    b"\xff\xfe{",
+    b'{"v": NaN}',
+]
 
 
 def test_garbage_and_structurally_wrong_commits(world):
@@ -548,9 +662,15 @@ def test_garbage_and_structurally_wrong_commits(world):
             check_damage(world, key, junk_commit(path, junk))
 
 
-byte_ops = st.lists(st.tuples(st.sampled_from(["flip", "flip", "truncate", "insert"]),
-                              st.integers(0, 1 << 12), st.binary(min_size=1, max_size=8)),
-                    min_size=1, max_size=3)
+byte_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["flip", "flip", "truncate", "insert"]),
+        st.integers(0, 1 << 12),
+        st.binary(min_size=1, max_size=8),
+    ),
+    min_size=1,
+    max_size=3,
+)
 
 
 @FUZZ
@@ -584,7 +704,7 @@ def test_fuzzed_commits_never_yield_wrong_tokens(world, data):
     """A sealed commit with one of its fields replaced by junk of another type or value."""
     key = data.draw(st.sampled_from(world.keys))
     path = data.draw(st.sampled_from(COMMIT_PATHS))
-    junk = data.draw(st.sampled_from([j for j in JUNK if j == j]))   # (no NaN: never equal)
+    junk = data.draw(st.sampled_from([j for j in JUNK if j == j]))  # (no NaN: never equal)
     check_damage(world, key, junk_commit(path, junk))
 
 
@@ -622,11 +742,11 @@ class Unwritable:
     """Runs (then `mixer cache`) over caches that cannot be written, in one subprocess."""
 
     folder: Path
-    recipes: dict[str, dict]       # full, workers, read-only
+    recipes: dict[str, dict]  # full, workers, read-only
     references: dict[str, Outcome]
     reports: dict[str, dict]
     stderr: str
-    listing: list                  # the read-only cache's files and sizes before the run
+    listing: list  # the read-only cache's files and sizes before the run
 
 
 def listing(folder: Path) -> list:
@@ -653,42 +773,61 @@ def unwritable() -> Iterator[Unwritable]:
 def _run_unwritable(folder: Path) -> Unwritable:
     tok = make_tokenizer(folder / "tok.json")
     write_sources(folder)
-    recipes = {"full": make_recipe(folder, tok, folder / "full", split_bytes=3000),
-               "workers": make_recipe(folder, tok, folder / "workers", lanes=2),
-               "read-only": make_recipe(folder, tok, folder / "read-only")}
-    references = {name: outcome(without_cache(r), workers=2 if name == "workers" else 0)
-                  for name, r in recipes.items()}
-    assert outcome(recipes["read-only"]) == references["read-only"]   # (fills it)
+    recipes = {
+        "full": make_recipe(folder, tok, folder / "full", split_bytes=3000),
+        "workers": make_recipe(folder, tok, folder / "workers", lanes=2),
+        "read-only": make_recipe(folder, tok, folder / "read-only"),
+    }
+    references = {
+        name: outcome(without_cache(r), workers=2 if name == "workers" else 0)
+        for name, r in recipes.items()
+    }
+    assert outcome(recipes["read-only"]) == references["read-only"]  # (fills it)
     for commit in commits(folder / "read-only")[::2]:
         commit.unlink()
     before = listing(folder / "read-only")
     for path in [folder / "read-only", *(folder / "read-only").rglob("*")]:
         path.chmod(0o555 if path.is_dir() else 0o444)
     user = 65534 if os.geteuid() == 0 else None
-    plan = [{"recipe": recipes[name], "path": str(write_recipe(recipes[name], folder, name)),
-             "limit": limit, "user": who, "workers": workers}
-            for name, limit, who, workers in (("full", 1200, None, 0), ("workers", 100, None, 2),
-                                              ("read-only", 0, user, 0))]
+    plan = [
+        {
+            "recipe": recipes[name],
+            "path": str(write_recipe(recipes[name], folder, name)),
+            "limit": limit,
+            "user": who,
+            "workers": workers,
+        }
+        for name, limit, who, workers in (
+            ("full", 1200, None, 0),
+            ("workers", 100, None, 2),
+            ("read-only", 0, user, 0),
+        )
+    ]
     for item in plan:
         Path(item["path"]).chmod(0o644)
-    done = procs.run([sys.executable, "-c", UNWRITABLE, json.dumps(plan)], timeout=150,
-                     env={**ENV, "HOME": str(folder)}, cwd=ROOT)
+    done = procs.run(
+        [sys.executable, "-c", UNWRITABLE, json.dumps(plan)],
+        timeout=150,
+        env={**ENV, "HOME": str(folder)},
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line.split(" ", 1)[1] for line in done.stdout.splitlines()
-             if line.startswith("REPORT ")]
+    lines = [
+        line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("REPORT ")
+    ]
     reports = dict(zip(recipes, map(json.loads, lines)))
     return Unwritable(folder, recipes, references, reports, done.stderr, before)
 
 
 def warnings_about(stderr: str, cache: Path) -> list[str]:
-    return [line for line in stderr.splitlines()
-            if "cannot be written" in line and f"{cache} " in line]
+    return [
+        line for line in stderr.splitlines() if "cannot be written" in line and f"{cache} " in line
+    ]
 
 
 def same_as_reference(run: Unwritable, name: str) -> bool:
     report, reference = run.reports[name], run.references[name]
-    return (tuple(report["batches"]), report["skipped"]) == (reference.batches,
-                                                            reference.skipped)
+    return (tuple(report["batches"]), report["skipped"]) == (reference.batches, reference.skipped)
 
 
 def test_a_full_cache_keeps_training_and_leaves_no_entry_to_trust(unwritable):
@@ -697,7 +836,7 @@ def test_a_full_cache_keeps_training_and_leaves_no_entry_to_trust(unwritable):
     without the limit gives the same batches, finds nothing damaged and fills the rest."""
     run, recipe = unwritable, unwritable.recipes["full"]
     assert same_as_reference(run, "full") and run.reports["full"]["cache_exit"] == 0
-    [warning] = warnings_about(run.stderr, run.folder / "full")   # (once per process)
+    [warning] = warnings_about(run.stderr, run.folder / "full")  # (once per process)
     assert "File too large" in warning
     assert len(commits(run.folder / "full")) < len(keys_of(recipe))
     assert_trustworthy(recipe)
@@ -711,7 +850,7 @@ def test_a_full_cache_keeps_training_and_leaves_no_entry_to_trust(unwritable):
 def test_a_full_cache_under_dataloader_workers_keeps_the_stream(unwritable):
     run = unwritable
     assert same_as_reference(run, "workers") and run.reports["workers"]["cache_exit"] == 0
-    assert 1 <= len(warnings_about(run.stderr, run.folder / "workers")) <= 3   # per process
+    assert 1 <= len(warnings_about(run.stderr, run.folder / "workers")) <= 3  # per process
     assert_trustworthy(run.recipes["workers"])
 
 

@@ -33,8 +33,10 @@ from mixer.tools.cli import main as cli_main
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_TOKENIZER = ROOT / "data" / "tokenizer.json"
 MARKER = "ZEBRAMARKER"
-_WORDS = ("the quick brown fox jumps over a lazy dog; naïve café — 東京 und Ölgemälde 😀👍🏽 "
-          "def f(x):\n\treturn x**2  # ok\r\n https://example.com/?q=1 3.14159 ١٢٣").split(" ")
+_WORDS = (
+    "the quick brown fox jumps over a lazy dog; naïve café — 東京 und Ölgemälde 😀👍🏽 "
+    "def f(x):\n\treturn x**2  # ok\r\n https://example.com/?q=1 3.14159 ١٢٣"
+).split(" ")
 
 
 def _text(seed: int, words: int) -> str:
@@ -52,10 +54,18 @@ def recipe(tmp_path: Path) -> dict:
     texts = [_text(1000 + d, 10 + d % 30) for d in range(50)]
     texts[5] = texts[5] + f" and {MARKER} here"
     pq.write_table(pa.table({"text": texts}), tmp_path / "b.parquet", row_group_size=8)
-    return {"seed": 3, "tokenizer": str(DEMO_TOKENIZER), "seq_len": 64, "batch_size": 2,
-            "lanes": 4, "shuffle_window": 16,
-            "sources": [{"name": "a", "path": str(tmp_path / "a" / "*.jsonl"), "weight": 0.6},
-                        {"name": "b", "path": str(tmp_path / "b.parquet"), "weight": 0.4}]}
+    return {
+        "seed": 3,
+        "tokenizer": str(DEMO_TOKENIZER),
+        "seq_len": 64,
+        "batch_size": 2,
+        "lanes": 4,
+        "shuffle_window": 16,
+        "sources": [
+            {"name": "a", "path": str(tmp_path / "a" / "*.jsonl"), "weight": 0.6},
+            {"name": "b", "path": str(tmp_path / "b.parquet"), "weight": 0.4},
+        ],
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -97,34 +107,73 @@ def test_the_stress_text_covers_its_cases_and_fastokens_matches_on_the_demo_toke
     sections = dict(stress_sections(added))
     everything = sections["all"]
     found = {unicodedata.category(ch) for ch in everything}
-    assert found == set(GENERAL_CATEGORIES) - {"Cs"}   # (no valid UTF-8 holds a surrogate)
-    for needle in ("\r\n", "\t", "\u00a0", "\u2028", "\u3000", "\u200d", "🇫🇷", "中文",
-                   "العربية", "שָׁלוֹם", "नमस्ते", "ภาษาไทย", "e\u0301", "é", "1234567",
-                   "https://", "def f(", "a" * REPEATS, *added):
+    assert found == set(GENERAL_CATEGORIES) - {"Cs"}  # (no valid UTF-8 holds a surrogate)
+    for needle in (
+        "\r\n",
+        "\t",
+        "\u00a0",
+        "\u2028",
+        "\u3000",
+        "\u200d",
+        "🇫🇷",
+        "中文",
+        "العربية",
+        "שָׁלוֹם",
+        "नमस्ते",
+        "ภาษาไทย",
+        "e\u0301",
+        "é",
+        "1234567",
+        "https://",
+        "def f(",
+        "a" * REPEATS,
+        *added,
+    ):
         assert needle in everything, needle
     assert len(sections["long-word"]) == LONG_WORD_CHARS and " " not in sections["long-word"]
-    assert stress_sections(added) == stress_sections(added)   # the same in every process
-    recipe = mixer.load_recipe({"tokenizer": str(DEMO_TOKENIZER), "seq_len": 8, "batch_size": 1,
-                                "sources": [{"name": "a", "path": "x.jsonl", "weight": 1}]})
+    assert stress_sections(added) == stress_sections(added)  # the same in every process
+    recipe = mixer.load_recipe(
+        {
+            "tokenizer": str(DEMO_TOKENIZER),
+            "seq_len": 8,
+            "batch_size": 1,
+            "sources": [{"name": "a", "path": "x.jsonl", "weight": 1}],
+        }
+    )
     verdict, _ = verify.verify(recipe, resolve_tokenizer(str(DEMO_TOKENIZER)), None)
     assert verdict.ok, verdict.reason
 
 
-def _split_bpe_verdict(path: Path, pattern: str, texts: list[str],
-                       vocab_size: int) -> verify.Verdict:
+def _split_bpe_verdict(
+    path: Path, pattern: str, texts: list[str], vocab_size: int
+) -> verify.Verdict:
     """Verification's verdict (stress text only) on a byte-level BPE trained on `texts` behind
     a `Split(pattern)` pre-tokenizer (fastokens' generic regex path)."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), "isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tok.save(str(path))
-    recipe = mixer.load_recipe({"tokenizer": str(path), "seq_len": 8, "batch_size": 1,
-                                "sources": [{"name": "a", "path": "x.jsonl", "weight": 1}]})
+    recipe = mixer.load_recipe(
+        {
+            "tokenizer": str(path),
+            "seq_len": 8,
+            "batch_size": 1,
+            "sources": [{"name": "a", "path": "x.jsonl", "weight": 1}],
+        }
+    )
     return verify.verify(recipe, resolve_tokenizer(str(path)), None)[0]
 
 
@@ -135,8 +184,20 @@ def test_code_points_regex_engines_class_differently_are_set_where_the_class_dec
     """U+180E (a space before Unicode 6.3), marks, other numbers, enclosed letters: each
     before an apostrophe, after spaces and a newline, between letters and between digits."""
     classes = dict(stress_sections([]))["classes"]
-    for ch in ("\u180e", "\u200b", "\x1c", "\u093e", "\u0949", "\u0488", "\u00b9", "\u2074",
-               "\u248c", "\u24b6", "\U0001f131", "\U00011f34"):
+    for ch in (
+        "\u180e",
+        "\u200b",
+        "\x1c",
+        "\u093e",
+        "\u0949",
+        "\u0488",
+        "\u00b9",
+        "\u2074",
+        "\u248c",
+        "\u24b6",
+        "\U0001f131",
+        "\U00011f34",
+    ):
         for context in (f"a{ch}b", f"{ch}'s", f"  {ch}", f"\n {ch}", f"{ch}'t", f"1{ch}2"):
             assert context in classes, (ch, context)
     # spacing marks inside words of their own script too (Myanmar, Sinhala vowel signs)
@@ -147,14 +208,15 @@ def test_code_points_regex_engines_class_differently_are_set_where_the_class_dec
 def test_a_split_pattern_fastokens_reads_with_other_unicode_tables_is_refused(tmp_path):
     """The GPT-2 pattern as a `Split` (not the `ByteLevel` regex fastokens knows): fastokens
     takes U+180E for whitespace, `tokenizers` does not; the stress text shows it."""
-    text = ("It's what they don't say, isn't it? We're here, you've seen, I'm sure, she'll "
-            "go, he'd say.\n\n  indented\n two  spaces .") * 3
+    text = (
+        "It's what they don't say, isn't it? We're here, you've seen, I'm sure, she'll "
+        "go, he'd say.\n\n  indented\n two  spaces ."
+    ) * 3
     verdict = _split_bpe_verdict(tmp_path / "split.json", GPT2_PATTERN, [text] * 20, 600)
     assert not verdict.ok and "section 'classes'" in verdict.reason, verdict.reason
 
 
-def test_a_word_split_whose_vocabulary_merges_vowel_signs_with_their_letters_is_refused(
-        tmp_path):
+def test_a_word_split_whose_vocabulary_merges_vowel_signs_with_their_letters_is_refused(tmp_path):
     """`\\w` holds spacing marks for `tokenizers`, not for fastokens: a vocabulary trained with a
     `\\w+` split on Myanmar words merges each vowel sign with its letter, and fastokens would
     cut every such word. The stress text has the marks inside words of their own script."""
@@ -162,8 +224,13 @@ def test_a_word_split_whose_vocabulary_merges_vowel_signs_with_their_letters_is_
 
     r = random.Random(0)
     letters, signs = "ကခဂငစဆဇညတထဒနပဖဗဘမယရလဝသဟအ", "\u102b\u102c\u1031\u1038"
-    words = ["".join(r.choice(letters) + (r.choice(signs) if r.random() < 0.6 else "")
-                     for _ in range(r.randrange(2, 5))) for _ in range(60)]
+    words = [
+        "".join(
+            r.choice(letters) + (r.choice(signs) if r.random() < 0.6 else "")
+            for _ in range(r.randrange(2, 5))
+        )
+        for _ in range(60)
+    ]
     texts = [" ".join(r.choice(words) for _ in range(200)) for _ in range(30)]
     verdict = _split_bpe_verdict(tmp_path / "words.json", r"\w+|[^\w\s]+", texts, 800)
     assert not verdict.ok and "section 'classes'" in verdict.reason, verdict.reason
@@ -186,7 +253,7 @@ def test_a_state_taken_with_one_backend_resumes_with_the_other(recipe):
     resumed = mixer.build_loader(hf)
     resumed.load_state_dict(first.state_dict())
     assert take(resumed, 8) == reference[4:]
-    states = []   # elastic: two fastokens ranks, merged, resume on one rank with tokenizers
+    states = []  # elastic: two fastokens ranks, merged, resume on one rank with tokenizers
     for rank in range(2):
         loader = mixer.build_loader(fast, rank=rank, world_size=2)
         assert take(loader, 2) == reference[rank:4:2]
@@ -197,8 +264,11 @@ def test_a_state_taken_with_one_backend_resumes_with_the_other(recipe):
 
 
 def test_the_token_cache_serves_either_backend(recipe, tmp_path):
-    recipe = {**recipe, "token_cache": str(tmp_path / "cache"),
-              "sources": [{**s, "epochs": 1} for s in recipe["sources"]]}
+    recipe = {
+        **recipe,
+        "token_cache": str(tmp_path / "cache"),
+        "sources": [{**s, "epochs": 1} for s in recipe["sources"]],
+    }
     hf = mixer.load_recipe(backend(recipe, "hf"))
     assert fill_cache(hf, tables=list_sources(hf), progress=False)["written"] > 0
     reference = take(mixer.build_loader(hf), 10)
@@ -231,6 +301,7 @@ def test_ids_past_uint16_are_never_wrapped(monkeypatch, big, where):
     """An id that uint16 cannot hold (a larger vocabulary, or an added token past it), in
     a text or as EOS/BOS, keeps every document of the call in uint32, with either backend."""
     from mixer.tokenize.backends import FastokensBackend, HfBackend
+
     texts = ["a b", "c", ""]
     ids = [[5, big if where == "text" else 6], [7], []]
     eos, bos = (big if where == "eos" else 2), (big if where == "bos" else 1)
@@ -244,7 +315,7 @@ def test_ids_past_uint16_are_never_wrapped(monkeypatch, big, where):
 
     class Hf:
         def get_vocab_size(self, with_added_tokens):
-            return 32000   # (wrong: ids past it must still not wrap)
+            return 32000  # (wrong: ids past it must still not wrap)
 
     fast = FastokensBackend(Flat())
     hf = HfBackend(Hf())
@@ -257,10 +328,13 @@ def test_ids_past_uint16_are_never_wrapped(monkeypatch, big, where):
 
 
 # -- refusals and fallbacks --------------------------------------------------------------------
-@pytest.mark.parametrize(("kind", "component"), [("wordpiece", "BertNormalizer normalizer"),
-                                                 ("metaspace", "Metaspace pre-tokenizer")])
-def test_a_tokenizer_fastokens_cannot_load_falls_back_or_is_refused(recipe, tmp_path, caplog,
-                                                                    kind, component):
+@pytest.mark.parametrize(
+    ("kind", "component"),
+    [("wordpiece", "BertNormalizer normalizer"), ("metaspace", "Metaspace pre-tokenizer")],
+)
+def test_a_tokenizer_fastokens_cannot_load_falls_back_or_is_refused(
+    recipe, tmp_path, caplog, kind, component
+):
     recipe = {**recipe, "tokenizer": str(trained(tmp_path / f"{kind}.json", kind))}
     caplog.set_level(logging.INFO, logger="mixer.tokenizer")
     loader = mixer.build_loader(recipe)
@@ -322,14 +396,18 @@ def test_fastokens_raising_on_a_document_is_a_mismatch(recipe, monkeypatch):
 
     monkeypatch.setattr(FastokensBackend, "encode_batch", encode_batch)
     assert mixer.build_loader(recipe).tokenizer.backend == "hf"
-    with pytest.raises(mixer.RecipeError, match=r"source 'b', document 5 .*fastokens raised "
-                                                r"ValueError: no such luck"):
+    with pytest.raises(
+        mixer.RecipeError,
+        match=r"source 'b', document 5 .*fastokens raised "
+        r"ValueError: no such luck",
+    ):
         mixer.build_loader(backend(recipe, "fastokens"))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_fastokens_raising_after_verification_leaves_the_stream_as_tokenizers_makes_it(
-        recipe, monkeypatch, caplog, workers):
+    recipe, monkeypatch, caplog, workers
+):
     """A chunk fastokens raises on in the run (after it was verified) is encoded by
     `tokenizers`: same batches as `hf`, one warning, the run goes on."""
     real = FastokensBackend.encode_docs
@@ -355,31 +433,45 @@ def test_a_megabyte_of_spaces_that_fastokens_cannot_split_is_encoded_all_the_sam
     """A pre-tokenizer fastokens runs on a backtracking engine (digits, then byte-level with its
     regex: StarCoder's) raises on a run of a million spaces, after verification passed."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([_text(i, 30) for i in range(50)], trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        [_text(i, 30) for i in range(50)],
+        trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tok.save(str(tmp_path / "starcoder.json"))
     texts = [_text(d, 20) for d in range(30)]
     texts[3] = "spaces:" + " " * 1_000_000 + "end"
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    recipe = {"tokenizer": str(tmp_path / "starcoder.json"), "seq_len": 512, "batch_size": 2,
-              "lanes": 1, "sources": [{"name": "a", "path": str(tmp_path / "a.jsonl"),
-                                       "weight": 1, "epochs": 1}]}
+    recipe = {
+        "tokenizer": str(tmp_path / "starcoder.json"),
+        "seq_len": 512,
+        "batch_size": 2,
+        "lanes": 1,
+        "sources": [{"name": "a", "path": str(tmp_path / "a.jsonl"), "weight": 1, "epochs": 1}],
+    }
     fast = mixer.build_loader(recipe)
     assert fast.tokenizer.backend == "fastokens"
     assert take(fast, 10_000) == take(mixer.build_loader(backend(recipe, "hf")), 10_000)
 
 
-def test_tokenizers_panicking_on_the_stress_text_is_a_refusal_not_a_crash(recipe, monkeypatch,
-                                                                          tmp_path):
+def test_tokenizers_panicking_on_the_stress_text_is_a_refusal_not_a_crash(
+    recipe, monkeypatch, tmp_path
+):
     """`tokenizers` itself may panic on a text (pyo3's PanicException is no Exception): no
     verdict can be had, so `auto` keeps `tokenizers` and `fastokens` is a RecipeError; such a
     refusal is not kept (a library raising may be this start's trouble): the next start verifies
     again."""
+
     class PanicException(BaseException):
         pass
 
@@ -397,11 +489,12 @@ def test_tokenizers_panicking_on_the_stress_text_is_a_refusal_not_a_crash(recipe
 
     real = verify._load_hf
     monkeypatch.setattr(verify, "_load_hf", lambda *args: Panicking(real(*args)))
-    monkeypatch.setattr(verify, "_stress", {})   # (stress verdicts of earlier tests)
+    monkeypatch.setattr(verify, "_stress", {})  # (stress verdicts of earlier tests)
     loader = mixer.build_loader(recipe)
     assert loader.tokenizer.backend == "hf"
-    assert "tokenizers raised PanicException: AddedVocabulary bad split" in \
-        loader.backend.describe()
+    assert (
+        "tokenizers raised PanicException: AddedVocabulary bad split" in loader.backend.describe()
+    )
     with pytest.raises(mixer.RecipeError, match="tokenizers raised PanicException"):
         mixer.build_loader(backend(recipe, "fastokens"))
     assert not list((tmp_path / "xdg").rglob("refused-*.json"))
@@ -419,8 +512,14 @@ def test_the_tokenizer_is_set_up_before_another_thread_can_take_it(tmp_path, mon
 
     seen = []
     real = tokenizer_module.whole_documents
-    monkeypatch.setattr(tokenizer_module, "whole_documents", lambda tok: (
-        seen.append(any(t is tok for t in tokenizer_module._loaded.values())), real(tok))[1])
+    monkeypatch.setattr(
+        tokenizer_module,
+        "whole_documents",
+        lambda tok: (
+            seen.append(any(t is tok for t in tokenizer_module._loaded.values())),
+            real(tok),
+        )[1],
+    )
     monkeypatch.setattr(tokenizer_module, "_loaded", {})
     info = resolve_tokenizer(str(DEMO_TOKENIZER))
     tokenizer_module._load(info.path, info.digest)
@@ -429,12 +528,20 @@ def test_the_tokenizer_is_set_up_before_another_thread_can_take_it(tmp_path, mon
 
 def test_a_mismatch_on_the_stress_text_is_found_before_any_source(recipe, monkeypatch):
     real = FastokensBackend.encode_batch
-    monkeypatch.setattr(FastokensBackend, "encode_batch", lambda self, texts: [
-        ids[:-1] + [ids[-1] ^ 1] if "\u2028" in text and ids else ids
-        for text, ids in zip(texts, real(self, texts))])
+    monkeypatch.setattr(
+        FastokensBackend,
+        "encode_batch",
+        lambda self, texts: [
+            ids[:-1] + [ids[-1] ^ 1] if "\u2028" in text and ids else ids
+            for text, ids in zip(texts, real(self, texts))
+        ],
+    )
     monkeypatch.setattr(verify, "_stress", {})
-    with pytest.raises(mixer.RecipeError, match=r"the stress text \(section 'categories'\), "
-                                                r"character [\d,]+ \(token [\d,]+\): tokeniz"):
+    with pytest.raises(
+        mixer.RecipeError,
+        match=r"the stress text \(section 'categories'\), "
+        r"character [\d,]+ \(token [\d,]+\): tokeniz",
+    ):
         mixer.build_loader(backend(recipe, "fastokens"))
 
 
@@ -445,16 +552,22 @@ def _byte_level(path: Path, add) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([_text(i, 40) for i in range(80)], trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<unk>", "<|endoftext|>", "<pad>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        [_text(i, 40) for i in range(80)],
+        trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=["<unk>", "<|endoftext|>", "<pad>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     add(tok)
     tok.save(str(path))
     return path
 
 
 def test_added_tokens_that_trade_whitespace_are_set_side_by_side_in_the_stress_text(
-        recipe, tmp_path, monkeypatch):
+    recipe, tmp_path, monkeypatch
+):
     """A special token that strips the spaces after it, followed by an added token that
     starts with one: the libraries may disagree on who owns the space. Verified means they
     agree there; otherwise the stress text finds it, before any source."""
@@ -462,8 +575,9 @@ def test_added_tokens_that_trade_whitespace_are_set_side_by_side_in_the_stress_t
 
     def add(tok):
         tok.add_tokens(["the", " the", "é"])
-        tok.add_special_tokens([AddedToken("<|endoftext|>", special=True, lstrip=True,
-                                           rstrip=True)])
+        tok.add_special_tokens(
+            [AddedToken("<|endoftext|>", special=True, lstrip=True, rstrip=True)]
+        )
 
     path = _byte_level(tmp_path / "trading.json", add)
     monkeypatch.setattr(verify, "_stress", {})
@@ -481,6 +595,7 @@ def test_added_tokens_that_trade_whitespace_are_set_side_by_side_in_the_stress_t
 @pytest.mark.parametrize("setting", ["padding", "truncation"])
 def test_padding_and_truncation_in_tokenizer_json_change_no_token(recipe, tmp_path, setting):
     """Whole documents whatever the file says, with either backend."""
+
     def add(tok):
         if setting == "padding":
             tok.enable_padding(pad_id=2, pad_token="<pad>")
@@ -507,12 +622,14 @@ def test_a_refusal_is_kept_too_so_a_warm_fallback_pays_nothing(recipe, tmp_path,
     as_in_a_new_process(monkeypatch)
     parses = []
     real_load = backends._load_fastokens
-    monkeypatch.setattr(backends, "_load_fastokens",
-                        lambda *args: parses.append(args) or real_load(*args))
+    monkeypatch.setattr(
+        backends, "_load_fastokens", lambda *args: parses.append(args) or real_load(*args)
+    )
     second = mixer.build_loader(recipe)
     assert second.tokenizer.backend == "hf" and second.backend.cached and calls == [1]
-    assert second.backend.describe() == "tokenizers (fastokens: Metaspace pre-tokenizer "\
-                                        "unsupported)"
+    assert (
+        second.backend.describe() == "tokenizers (fastokens: Metaspace pre-tokenizer unsupported)"
+    )
     # fastokens is not even asked to parse the tokenizer again, nor for other sources
     other = {**recipe, "sources": recipe["sources"][:1]}
     for fresh in (False, True):
@@ -528,6 +645,7 @@ def test_a_refusal_is_kept_too_so_a_warm_fallback_pays_nothing(recipe, tmp_path,
 def test_a_passing_failure_to_load_fastokens_is_not_kept(recipe, tmp_path, monkeypatch):
     """fastokens failing to read the file (no memory, too many open files) is this start's
     problem: the next start tries again."""
+
     def failing(file, digest):
         raise backends.Unavailable("OSError: Too many open files")
 
@@ -539,7 +657,8 @@ def test_a_passing_failure_to_load_fastokens_is_not_kept(recipe, tmp_path, monke
 
 
 def test_a_process_where_fastokens_cannot_load_encodes_alike_unless_it_was_required(
-        recipe, monkeypatch, caplog):
+    recipe, monkeypatch, caplog
+):
     """The backend chosen by `auto` travels to workers on other machines or installs; where
     fastokens does not load there, `tokenizers` gives the same ids. Asked for by name, it is
     a RecipeError."""
@@ -570,11 +689,14 @@ loader = mixer.build_loader(sys.argv[1])   # warm: fastokens still loading on it
 
 
 def test_a_process_that_ends_while_fastokens_loads_exits_cleanly(recipe, tmp_path):
-    mixer.build_loader(recipe)   # the verdict kept (in this test's XDG_CACHE_HOME)
+    mixer.build_loader(recipe)  # the verdict kept (in this test's XDG_CACHE_HOME)
     (tmp_path / "r.json").write_text(json.dumps(recipe))
     # (before the fix, 17 of 18 such runs aborted: SIGABRT, "exception not rethrown")
-    out = procs.run([sys.executable, "-c", EXIT_EARLY_SCRIPT, str(tmp_path / "r.json")],
-                    timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = procs.run(
+        [sys.executable, "-c", EXIT_EARLY_SCRIPT, str(tmp_path / "r.json")],
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
 
 
@@ -588,8 +710,11 @@ def as_in_a_new_process(monkeypatch) -> list[str]:
 
     loads: list[str] = []
     real = tokenizer_module.Tokenizer.from_file
-    monkeypatch.setattr(tokenizer_module, "Tokenizer", SimpleNamespace(
-        from_file=lambda file: loads.append(file) or real(file)))
+    monkeypatch.setattr(
+        tokenizer_module,
+        "Tokenizer",
+        SimpleNamespace(from_file=lambda file: loads.append(file) or real(file)),
+    )
     monkeypatch.setattr(tokenizer_module, "_loaded", {})
     monkeypatch.setattr(backends, "_fast_loaded", {})
     monkeypatch.setattr(verify, "_verdicts", {})
@@ -612,17 +737,17 @@ def test_a_warm_start_does_not_verify_again(recipe, tmp_path, monkeypatch):
     assert len(calls) == 1 and not first.backend.cached
     [stored] = (tmp_path / "xdg" / "mixer" / "tokenizer-backends").glob("backend-*.json")
     hf_loads = as_in_a_new_process(monkeypatch)
-    second = mixer.build_loader(recipe)   # fastokens loads on a thread meanwhile
+    second = mixer.build_loader(recipe)  # fastokens loads on a thread meanwhile
     assert len(calls) == 1 and second.backend.cached
     assert second.backend.describe() == first.backend.describe()
     assert second.tokenizer.backend == "fastokens"
     assert take(second, 3) == take(first, 3)
     # the tokenizer's ids were kept too: a warm start loads no `tokenizers` tokenizer
     assert hf_loads == [] and len(backends._fast_loaded) == 1 and not backends._fast_loading
-    stored.write_text(stored.read_text().replace('"ok": true', '"ok": false'))   # tampered
+    stored.write_text(stored.read_text().replace('"ok": true', '"ok": false'))  # tampered
     monkeypatch.setattr(verify, "_verdicts", {})
     assert mixer.build_loader(recipe).backend.cached is False and len(calls) == 2
-    time.sleep(0.01)   # a sampled split rewritten: its version changes, so it verifies again
+    time.sleep(0.01)  # a sampled split rewritten: its version changes, so it verifies again
     parquet = Path(recipe["sources"][1]["path"])
     parquet.write_bytes(parquet.read_bytes())
     os.utime(parquet, ns=(time.time_ns(), time.time_ns() + 10**9))
@@ -632,8 +757,11 @@ def test_a_warm_start_does_not_verify_again(recipe, tmp_path, monkeypatch):
 
 def test_fastokens_loaded_ahead_is_dropped_when_tokenizers_is_chosen(recipe, monkeypatch):
     monkeypatch.setattr(backends, "_fast_loaded", {})
-    monkeypatch.setattr(verify, "_verdict", lambda *args: (
-        verify.Verdict(False, "differs on a document (test)"), True))   # a cached refusal
+    monkeypatch.setattr(
+        verify,
+        "_verdict",
+        lambda *args: (verify.Verdict(False, "differs on a document (test)"), True),
+    )  # a cached refusal
     loader = mixer.build_loader(recipe)
     assert loader.tokenizer.backend == "hf"
     assert backends._fast_loaded == {} and not backends._fast_loading
@@ -650,10 +778,11 @@ def test_an_unwritable_cache_folder_does_not_fail_the_run(recipe, tmp_path, monk
 
 # -- processes ---------------------------------------------------------------------------------
 def test_forked_workers_encode_with_fastokens_after_the_parent_did(recipe):
-    info = resolve_backend(mixer.load_recipe(recipe), resolve_tokenizer(str(DEMO_TOKENIZER)),
-                           None).info
+    info = resolve_backend(
+        mixer.load_recipe(recipe), resolve_tokenizer(str(DEMO_TOKENIZER)), None
+    ).info
     assert info.backend == "fastokens"
-    Encoder(info)([_text(i, 2000) for i in range(64)])   # the parent's pool has run
+    Encoder(info)([_text(i, 2000) for i in range(64)])  # the parent's pool has run
     reference = take(mixer.build_loader(backend(recipe, "hf")), 8)
     assert take(mixer.build_loader(recipe, num_workers=2), 8) == reference
 
@@ -686,8 +815,11 @@ print(json.dumps({"workers": got, "main": [os.environ["FASTOKENS_BPE_THREADS"], 
 
 def test_fastokens_threads_follow_mixers_budget(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"}
-    out = procs.run([sys.executable, "-c", THREADS_SCRIPT, str(DEMO_TOKENIZER)], timeout=120,
-                    env={**env, "PYTHONPATH": str(ROOT)})
+    out = procs.run(
+        [sys.executable, "-c", THREADS_SCRIPT, str(DEMO_TOKENIZER)],
+        timeout=120,
+        env={**env, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.splitlines()[-1])
     # each of 2 workers gets half of RAYON_NUM_THREADS=4: its pool has at most 1 thread
@@ -729,13 +861,16 @@ print(json.dumps(out))
 
 def test_without_fastokens_auto_falls_back_and_everything_works(recipe, tmp_path):
     (tmp_path / "r.json").write_text(json.dumps(recipe))
-    out = procs.run([sys.executable, "-c", NO_FASTOKENS_SCRIPT, str(tmp_path / "r.json")],
-                    timeout=120, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"})
+    out = procs.run(
+        [sys.executable, "-c", NO_FASTOKENS_SCRIPT, str(tmp_path / "r.json")],
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.splitlines()[-1])
     assert got["backend"] == "hf"
     assert got["line"] == "tokenizers (fastokens: fastokens not installed)"
-    assert "fastokens not installed" in out.stderr   # the one log line
+    assert "fastokens not installed" in out.stderr  # the one log line
     assert got["digests"] == take(mixer.build_loader(backend(recipe, "hf")), 4)
     assert "tokenizer_backend: fastokens" in got["refused"] and "not installed" in got["refused"]
     assert got["validate"] == 0
@@ -753,15 +888,19 @@ def test_validate_and_inspect_print_the_backend(recipe, tmp_path, capsys):
     metaspace = {**recipe, "tokenizer": str(trained(tmp_path / "meta-tok.json", "metaspace"))}
     (tmp_path / "m.json").write_text(json.dumps(metaspace))
     assert cli_main(["validate", str(tmp_path / "m.json")]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == \
-        "tokenizer backend: tokenizers (fastokens: Metaspace pre-tokenizer unsupported)"
+    assert (
+        capsys.readouterr().out.splitlines()[-1]
+        == "tokenizer backend: tokenizers (fastokens: Metaspace pre-tokenizer unsupported)"
+    )
     (tmp_path / "f.json").write_text(json.dumps(backend(metaspace, "fastokens")))
     assert cli_main(["validate", str(tmp_path / "f.json")]) != 0
     assert "Metaspace pre-tokenizer unsupported" in capsys.readouterr().err
     (tmp_path / "h.json").write_text(json.dumps(backend(recipe, "hf")))
     assert cli_main(["validate", str(tmp_path / "h.json")]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == \
-        "tokenizer backend: tokenizers (tokenizer_backend: hf)"
+    assert (
+        capsys.readouterr().out.splitlines()[-1]
+        == "tokenizer backend: tokenizers (tokenizer_backend: hf)"
+    )
 
 
 def test_an_unknown_backend_is_a_recipe_error(recipe):
@@ -771,17 +910,19 @@ def test_an_unknown_backend_is_a_recipe_error(recipe):
 
 
 def test_workers_fork_once_fastokens_has_loaded_and_building_does_not_wait_for_it(
-        recipe, monkeypatch):
+    recipe, monkeypatch
+):
     """With a warm verdict and DataLoader workers, `build_loader` returns while fastokens
     still loads (building overlaps the load); the workers fork after it has loaded, and share
     it."""
-    reference = take(mixer.build_loader(recipe, num_workers=2), 4)   # (the verdict, warm now)
+    reference = take(mixer.build_loader(recipe, num_workers=2), 4)  # (the verdict, warm now)
     as_in_a_new_process(monkeypatch)
     real = backends._load_fastokens
-    monkeypatch.setattr(backends, "_load_fastokens",
-                        lambda file, digest: (time.sleep(1.5), real(file, digest))[1])
+    monkeypatch.setattr(
+        backends, "_load_fastokens", lambda file, digest: (time.sleep(1.5), real(file, digest))[1]
+    )
     start = time.monotonic()
     loader = mixer.build_loader(recipe, num_workers=2)
-    assert time.monotonic() - start < 1.2 and backends._fast_loading   # (still loading)
+    assert time.monotonic() - start < 1.2 and backends._fast_loading  # (still loading)
     assert take(loader, 4) == reference
     assert not backends._fast_loading and len(backends._fast_loaded) == 1

@@ -24,8 +24,14 @@ STEPS = 12
 
 
 def torchrun(nproc: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        *args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     result = procs.run(cmd, timeout=JOB_TIMEOUT_S, env=env)
     if check and result.returncode != 0:
@@ -51,17 +57,40 @@ def job(tmp_path_factory):
     write_docs(root / "a" / "a0.jsonl", docs["a"][:150], "jsonl")
     write_docs(root / "a" / "a1.jsonl", docs["a"][150:], "jsonl")
     write_docs(root / "b" / "b0.parquet", docs["b"], "parquet", row_group_size=10)
-    recipe = {"seed": 3, "tokenizer": str(tok), "seq_len": 16, "batch_size": 2, "lanes": 4,
-              "shuffle_window": 16, "split_bytes": 2000,
-              "sources": [{"name": "a", "path": str(root / "a" / "*.jsonl"), "weight": 0.6},
-                          {"name": "b", "path": str(root / "b" / "*.parquet"), "weight": 0.4}]}
+    recipe = {
+        "seed": 3,
+        "tokenizer": str(tok),
+        "seq_len": 16,
+        "batch_size": 2,
+        "lanes": 4,
+        "shuffle_window": 16,
+        "split_bytes": 2000,
+        "sources": [
+            {"name": "a", "path": str(root / "a" / "*.jsonl"), "weight": 0.6},
+            {"name": "b", "path": str(root / "b" / "*.parquet"), "weight": 0.4},
+        ],
+    }
     (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     finite = {**recipe, "sources": [{**s, "epochs": 1} for s in recipe["sources"]]}
     (root / "finite.yaml").write_text(yaml.safe_dump(finite))
     # A run killed with SIGKILL after its step-4 checkpoint.
-    crashed = torchrun(2, str(TRAIN), "--recipe", str(root / "recipe.yaml"), "--steps",
-                       str(STEPS), "--ckpt-every", "4", "--ckpt-dir", str(root / "ckpt"),
-                       "--crash-at-step", "6", "--step-log", str(root / "crash"), check=False)
+    crashed = torchrun(
+        2,
+        str(TRAIN),
+        "--recipe",
+        str(root / "recipe.yaml"),
+        "--steps",
+        str(STEPS),
+        "--ckpt-every",
+        "4",
+        "--ckpt-dir",
+        str(root / "ckpt"),
+        "--crash-at-step",
+        "6",
+        "--step-log",
+        str(root / "crash"),
+        check=False,
+    )
     assert crashed.returncode != 0, "rank 0 must have been killed"
     return root, docs, reference_stream(recipe, 2 * STEPS)
 
@@ -92,9 +121,23 @@ def test_resume_after_sigkill_continues_the_global_stream(job, nproc, workers, t
     crashed = read_logs(root / "crash")
     assert max(crashed) >= 10, "the crashed run went past its last checkpoint"
     steps = 4 + (2 * STEPS - 8) // nproc  # cover the reference's remaining global batches
-    result = torchrun(nproc, str(TRAIN), "--recipe", str(root / "recipe.yaml"), "--steps",
-                      str(steps), "--ckpt-every", "0", "--ckpt-dir", str(ckpt), "--resume",
-                      "--num-workers", str(workers), "--step-log", str(tmp_path / "resumed"))
+    result = torchrun(
+        nproc,
+        str(TRAIN),
+        "--recipe",
+        str(root / "recipe.yaml"),
+        "--steps",
+        str(steps),
+        "--ckpt-every",
+        "0",
+        "--ckpt-dir",
+        str(ckpt),
+        "--resume",
+        "--num-workers",
+        str(workers),
+        "--step-log",
+        str(tmp_path / "resumed"),
+    )
     assert "resumed from" in result.stdout
     resumed = read_logs(tmp_path / "resumed")
     assert sorted(resumed) == list(range(8, 2 * STEPS))
@@ -103,8 +146,13 @@ def test_resume_after_sigkill_continues_the_global_stream(job, nproc, workers, t
 
 def test_finite_recipe_ends_on_the_same_step_on_every_rank(job, tmp_path):
     root, docs, _ = job
-    torchrun(2, str(ROOT / "tests" / "dist_finite_worker.py"), str(root / "finite.yaml"),
-             str(tmp_path / "out"), "2")
+    torchrun(
+        2,
+        str(ROOT / "tests" / "dist_finite_worker.py"),
+        str(root / "finite.yaml"),
+        str(tmp_path / "out"),
+        "2",
+    )
     ranks = [json.loads((tmp_path / f"out.rank{r}").read_text()) for r in range(2)]
     assert ranks[0]["batches"] == ranks[1]["batches"] > 3
     assert all(r["state_kind"] == "global" for r in ranks)
@@ -118,8 +166,13 @@ def test_state_dict_on_one_rank_only_fails_loudly_instead_of_hanging(job, tmp_pa
     root, _, _ = job
     os.environ["MIXER_COLLECTIVE_TIMEOUT_S"] = "2"
     try:
-        result = torchrun(2, str(ROOT / "tests" / "dist_lonely_state.py"),
-                          str(root / "recipe.yaml"), str(tmp_path / "answered"), check=False)
+        result = torchrun(
+            2,
+            str(ROOT / "tests" / "dist_lonely_state.py"),
+            str(root / "recipe.yaml"),
+            str(tmp_path / "answered"),
+            check=False,
+        )
     finally:
         del os.environ["MIXER_COLLECTIVE_TIMEOUT_S"]
     assert "RAISED" in result.stdout and "collective" in result.stdout, result.stdout

@@ -23,12 +23,20 @@ VIDEO = {"fps": 4.0, "min_pixels": 28 * 28, "max_pixels": 56 * 56}
 def _samples(first: int, count: int, rng: np.random.Generator) -> list[VideoSample]:
     out = []
     for doc in range(first, first + count):
-        clips = [Clip(width=int(rng.choice([32, 48, 64])), height=int(rng.choice([32, 40])),
-                      frames=int(rng.integers(6, 22)),
-                      codec=str(rng.choice(["libx264rgb", "ffv1"])))
-                 for _ in range(int(rng.choice([0, 1, 1, 2])))]
-        out.append(VideoSample(doc, int(rng.integers(2, 16)), clips,
-                               marker=bool(rng.integers(2)) and bool(clips)))
+        clips = [
+            Clip(
+                width=int(rng.choice([32, 48, 64])),
+                height=int(rng.choice([32, 40])),
+                frames=int(rng.integers(6, 22)),
+                codec=str(rng.choice(["libx264rgb", "ffv1"])),
+            )
+            for _ in range(int(rng.choice([0, 1, 1, 2])))
+        ]
+        out.append(
+            VideoSample(
+                doc, int(rng.integers(2, 16)), clips, marker=bool(rng.integers(2)) and bool(clips)
+            )
+        )
     return out
 
 
@@ -51,18 +59,40 @@ def corpus(tmp_path_factory):
 
 def recipe_of(corpus, *, layout="qwen2_vl", epochs=None, packing="concat", **images) -> dict:
     root, tokenizer, _, _ = corpus
-    settings = {"layout": layout, "min_pixels": 784, "max_pixels": 56 * 56, "video": VIDEO,
-                **images}
-    return {"seed": 3, "tokenizer": str(tokenizer), "seq_len": SEQ_LEN, "batch_size": 2,
-            "lanes": 4, "packing": packing, "images": settings, "shuffle_window": 4,
-            "sources": [{"name": "vids", "path": str(root / "vids" / "*.tar"), "weight": 3,
-                         "epochs": epochs},
-                        {"name": "prose", "path": str(root / "prose.jsonl"), "weight": 1,
-                         "epochs": epochs}]}
+    settings = {
+        "layout": layout,
+        "min_pixels": 784,
+        "max_pixels": 56 * 56,
+        "video": VIDEO,
+        **images,
+    }
+    return {
+        "seed": 3,
+        "tokenizer": str(tokenizer),
+        "seq_len": SEQ_LEN,
+        "batch_size": 2,
+        "lanes": 4,
+        "packing": packing,
+        "images": settings,
+        "shuffle_window": 4,
+        "sources": [
+            {"name": "vids", "path": str(root / "vids" / "*.tar"), "weight": 3, "epochs": epochs},
+            {"name": "prose", "path": str(root / "prose.jsonl"), "weight": 1, "epochs": epochs},
+        ],
+    }
 
 
-VIDEO_KEYS = {"input_ids", "labels", "position_ids", "source_ids", "mm_token_type_ids",
-              "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"}
+VIDEO_KEYS = {
+    "input_ids",
+    "labels",
+    "position_ids",
+    "source_ids",
+    "mm_token_type_ids",
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+}
 
 
 @pytest.mark.parametrize("layout", ["qwen2_vl", "qwen2_5_vl"])
@@ -95,7 +125,7 @@ def test_same_batches_with_any_worker_count_after_resume_and_elastic(corpus):
     state = json.loads(json.dumps(loader.state_dict()))
     again = mixer.build_loader(recipe)
     again.load_state_dict(state)
-    again.load_state_dict(state)   # twice in a row
+    again.load_state_dict(state)  # twice in a row
     assert head + digests(take(again, 9)) == reference
     assert_elastic_resume(recipe, reference, steps=2, rest=8, rank_workers=1, single_workers=2)
 
@@ -127,14 +157,19 @@ def test_finite_recipe_delivers_every_sample_and_video_once_within_the_caps(corp
 def test_long_video_documents_lose_pixels_then_frames_then_text_else_oversize(tmp_path):
     tokenizer = make_vlm_tokenizer(tmp_path / "tokenizer.json", (VIDEO_TOKEN,))
     clip = Clip(width=112, height=112, frames=40, rate=10)
-    write_video_tar(tmp_path / "long.tar", [VideoSample(1, 4, [clip]),
-                                            VideoSample(2, 60, [clip]),
-                                            VideoSample(3, 2, [clip] * 3)])
+    write_video_tar(
+        tmp_path / "long.tar",
+        [VideoSample(1, 4, [clip]), VideoSample(2, 60, [clip]), VideoSample(3, 2, [clip] * 3)],
+    )
     video = {"fps": 2.0, "min_frames": 4, "min_pixels": 56 * 56, "max_pixels": 112 * 112}
-    recipe = {"tokenizer": str(tokenizer), "seq_len": 16, "batch_size": 1, "lanes": 1,
-              "images": {"layout": "qwen2_vl", "video": video},
-              "sources": [{"name": "long", "path": str(tmp_path / "long.tar"), "weight": 1,
-                           "epochs": 1}]}
+    recipe = {
+        "tokenizer": str(tokenizer),
+        "seq_len": 16,
+        "batch_size": 1,
+        "lanes": 1,
+        "images": {"layout": "qwen2_vl", "video": video},
+        "sources": [{"name": "long", "path": str(tmp_path / "long.tar"), "weight": 1, "epochs": 1}],
+    }
     loader = mixer.build_loader(recipe)
     batches = take(loader, None)
     grids = [g for b in batches for g in b["video_grid_thw"].tolist()]
@@ -148,19 +183,19 @@ def test_long_video_documents_lose_pixels_then_frames_then_text_else_oversize(tm
 
 def _broken(tmp_path: Path) -> Path:
     clip = Clip(frames=8)
-    path = write_video_tar(tmp_path / "bad" / "bad.tar",
-                           [VideoSample(i, 3, [clip]) for i in range(1, 4)])
+    path = write_video_tar(
+        tmp_path / "bad" / "bad.tar", [VideoSample(i, 3, [clip]) for i in range(1, 4)]
+    )
     data = bytearray(path.read_bytes())
-    at = data.find(b"mdat", data.find(b"s000002.mp4"))   # the second sample's frame data
-    data[at + 8:at + 4000] = bytes(3992)
+    at = data.find(b"mdat", data.find(b"s000002.mp4"))  # the second sample's frame data
+    data[at + 8 : at + 4000] = bytes(3992)
     path.write_bytes(bytes(data))
     return path
 
 
 def test_bad_videos_are_data_errors_naming_the_member_or_counted_skips(corpus, tmp_path):
     recipe = recipe_of(corpus, epochs=1)
-    recipe["sources"] = [{"name": "bad", "path": str(_broken(tmp_path)), "weight": 1,
-                          "epochs": 1}]
+    recipe["sources"] = [{"name": "bad", "path": str(_broken(tmp_path)), "weight": 1, "epochs": 1}]
     with pytest.raises(mixer.DataError) as err:
         take(mixer.build_loader(recipe), None)
     assert err.value.source == "bad" and err.value.file.endswith("bad.tar")
@@ -173,12 +208,17 @@ def test_bad_videos_are_data_errors_naming_the_member_or_counted_skips(corpus, t
 
 def test_markers_not_as_many_as_videos_and_videos_without_a_video_block(corpus, tmp_path):
     clip = Clip(frames=8)
-    path = write_video_tar(tmp_path / "m" / "m.tar", [
-        VideoSample(1, 3, [clip, clip], text="w1 <video> w1"),   # 1 marker, 2 videos
-        VideoSample(2, 3, [clip])])
+    path = write_video_tar(
+        tmp_path / "m" / "m.tar",
+        [
+            VideoSample(1, 3, [clip, clip], text="w1 <video> w1"),  # 1 marker, 2 videos
+            VideoSample(2, 3, [clip]),
+        ],
+    )
     recipe = recipe_of(corpus, epochs=1)
-    recipe["sources"] = [{"name": "m", "path": str(path), "weight": 1, "epochs": 1,
-                          "on_error": "skip"}]
+    recipe["sources"] = [
+        {"name": "m", "path": str(path), "weight": 1, "epochs": 1, "on_error": "skip"}
+    ]
     loader = mixer.build_loader(recipe)
     assert sum(b["video_grid_thw"].shape[0] for b in take(loader, None)) == 1
     assert loader.metrics()["skipped_by_reason"]["m"] == {"bad_video": 1}
@@ -192,12 +232,14 @@ def test_markers_not_as_many_as_videos_and_videos_without_a_video_block(corpus, 
 def test_images_and_videos_in_one_recipe(corpus):
     root = corpus[0]
     recipe = recipe_of(corpus, epochs=1)
-    recipe["sources"].append({"name": "pics", "path": str(root / "pics" / "*.tar"),
-                              "weight": 1, "epochs": 1})
+    recipe["sources"].append(
+        {"name": "pics", "path": str(root / "pics" / "*.tar"), "weight": 1, "epochs": 1}
+    )
     batches = take(mixer.build_loader(recipe), None)
     assert sum(b["image_grid_thw"].shape[0] for b in batches) == 4
-    assert all(b["pixel_values"].shape[0] == int(b["image_grid_thw"].prod(1).sum())
-               for b in batches)
+    assert all(
+        b["pixel_values"].shape[0] == int(b["image_grid_thw"].prod(1).sum()) for b in batches
+    )
     both = [b for b in batches if len(b["image_grid_thw"]) and len(b["video_grid_thw"])]
     types = both[0]["mm_token_type_ids"] if both else batches[0]["mm_token_type_ids"]
     assert set(types.unique().tolist()) <= {0, 1, 2}
@@ -212,14 +254,20 @@ def test_loader_video_batches_train_like_their_documents_alone(corpus, layout):
 
     ids = vision_ids(corpus[1], (VIDEO_TOKEN,))
     tps = 3 if layout == "qwen2_5_vl" else None
-    model = tiny_qwen2_vl(max(ids.values()) + 1, ids["<|image_pad|>"], ids["<|vision_start|>"],
-                          ids["<|vision_end|>"], video_pad_id=ids[VIDEO_TOKEN],
-                          tokens_per_second=tps)
+    model = tiny_qwen2_vl(
+        max(ids.values()) + 1,
+        ids["<|image_pad|>"],
+        ids["<|vision_start|>"],
+        ids["<|vision_end|>"],
+        video_pad_id=ids[VIDEO_TOKEN],
+        tokens_per_second=tps,
+    )
     extra = {"tokens_per_second": tps} if tps else {}
     seen: Counter = Counter()
     for batch in take(mixer.build_loader(recipe_of(corpus, layout=layout, **extra)), 3):
-        seen.update(assert_packed_equals_alone(model, batch, layout, eos_id=EOS_ID,
-                                               require_coverage=False))
+        seen.update(
+            assert_packed_equals_alone(model, batch, layout, eos_id=EOS_ID, require_coverage=False)
+        )
     assert seen["units_with_videos"] > 0 and seen["packed_rows"] > 0, seen
 
 
@@ -250,8 +298,11 @@ def test_bundled_video_demo_previews_inspects_and_benches_videos(capsys):
 
 def test_a_state_resumes_only_under_the_same_video_settings(corpus):
     state = mixer.build_loader(recipe_of(corpus)).state_dict()
-    for change in ({"video": {**VIDEO, "fps": 3.0}}, {"max_videos_per_batch": 4},
-                   {"layout": "qwen2_5_vl"}):
+    for change in (
+        {"video": {**VIDEO, "fps": 3.0}},
+        {"max_videos_per_batch": 4},
+        {"layout": "qwen2_5_vl"},
+    ):
         with pytest.raises(mixer.StateError):
             mixer.build_loader(recipe_of(corpus, **change)).load_state_dict(state)
     mixer.build_loader(recipe_of(corpus)).load_state_dict(state)

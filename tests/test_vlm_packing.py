@@ -51,7 +51,7 @@ def qwen_doc(rng, parts, source=0, bos=False) -> Piece:
             tokens += text(rng, part)
         else:
             h, w = part
-            tokens += [VISION_START] + [IMAGE_PAD] * (h * w // MERGE ** 2) + [VISION_END]
+            tokens += [VISION_START] + [IMAGE_PAD] * (h * w // MERGE**2) + [VISION_END]
             grids.append((1, h, w))
     return Piece(tokens + [EOS], grids, source)
 
@@ -66,17 +66,18 @@ def split(piece: Piece, at: int) -> tuple[Piece, Piece]:
 
 def qwen_rows(rng: np.random.Generator) -> list[list[Piece]]:
     """Two rows: three documents and a cut one, then its continuation and two more."""
-    a = qwen_doc(rng, [3, (4, 4), 5], bos=True)                  # 16 tokens, 4 pads
-    b = qwen_doc(rng, [4, (2, 8), (6, 4), 3], source=1)          # 22 tokens, 4 + 6 pads
-    c = qwen_doc(rng, [2, (4, 6), 20])                           # 31 tokens, cut after 10
+    a = qwen_doc(rng, [3, (4, 4), 5], bos=True)  # 16 tokens, 4 pads
+    b = qwen_doc(rng, [4, (2, 8), (6, 4), 3], source=1)  # 22 tokens, 4 + 6 pads
+    c = qwen_doc(rng, [2, (4, 6), 20])  # 31 tokens, cut after 10
     c_head, c_tail = split(c, 10)
     d = qwen_doc(rng, [8], source=1)
     e = qwen_doc(rng, [(2, 2), 4])
     return [[a, b, c_head], [c_tail, d, e]]
 
 
-def pack_qwen(rows: list[list[Piece]], rng: np.random.Generator, *,
-              mode: str = "per_document") -> dict[str, torch.Tensor]:
+def pack_qwen(
+    rows: list[list[Piece]], rng: np.random.Generator, *, mode: str = "per_document"
+) -> dict[str, torch.Tensor]:
     """The qwen2_vl batch of these rows. `mode` other than per_document computes positions
     wrongly: rows 1-3 over the whole row (`mrope_over_row`), rows 1-3 equal to row 0
     (`text_only`), or row 0 not restarting at documents (`text_over_row`)."""
@@ -89,21 +90,29 @@ def pack_qwen(rows: list[list[Piece]], rng: np.random.Generator, *,
         at = 0
         for piece in row:
             n = len(piece.tokens)
-            ids[r, at:at + n] = piece.tokens
-            sources[r, at:at + n] = piece.source
-            positions[0, r, at:at + n] = np.arange(n)
+            ids[r, at : at + n] = piece.tokens
+            sources[r, at : at + n] = piece.source
+            positions[0, r, at : at + n] = np.arange(n)
             if piece.continuation:
-                positions[1:, r, at:at + n] = np.arange(n)
+                positions[1:, r, at : at + n] = np.arange(n)
             else:
-                positions[1:, r, at:at + n] = mrope_positions(
-                    np.array(piece.tokens), piece.grids, image_pad_id=IMAGE_PAD,
-                    vision_start_id=VISION_START, spatial_merge_size=MERGE)
+                positions[1:, r, at : at + n] = mrope_positions(
+                    np.array(piece.tokens),
+                    piece.grids,
+                    image_pad_id=IMAGE_PAD,
+                    vision_start_id=VISION_START,
+                    spatial_merge_size=MERGE,
+                )
             grids += piece.grids
             at += n
         if mode == "mrope_over_row":
             positions[1:, r, :at] = mrope_positions(
-                ids[r, :at], [g for p in row for g in p.grids], image_pad_id=IMAGE_PAD,
-                vision_start_id=VISION_START, spatial_merge_size=MERGE)
+                ids[r, :at],
+                [g for p in row for g in p.grids],
+                image_pad_id=IMAGE_PAD,
+                vision_start_id=VISION_START,
+                spatial_merge_size=MERGE,
+            )
         elif mode == "text_only":
             positions[1:, r] = positions[0, r]
         elif mode == "text_over_row":
@@ -111,18 +120,29 @@ def pack_qwen(rows: list[list[Piece]], rng: np.random.Generator, *,
     vision = np.isin(ids, [IMAGE_PAD, VISION_START, VISION_END])
     labels = np.where(vision | (sources < 0), IGNORE, ids)
     patches = sum(t * h * w for t, h, w in grids)
-    pixels = rng.standard_normal((patches, 3 * TEMPORAL * PATCH ** 2), dtype=np.float32)
-    return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
-            "source_ids": torch.from_numpy(sources), "position_ids": torch.from_numpy(positions),
-            "pixel_values": torch.from_numpy(pixels),
-            "image_grid_thw": torch.tensor(grids, dtype=torch.long).reshape(-1, 3),
-            "mm_token_type_ids": torch.from_numpy((ids == IMAGE_PAD).astype(np.int64))}
+    pixels = rng.standard_normal((patches, 3 * TEMPORAL * PATCH**2), dtype=np.float32)
+    return {
+        "input_ids": torch.from_numpy(ids),
+        "labels": torch.from_numpy(labels),
+        "source_ids": torch.from_numpy(sources),
+        "position_ids": torch.from_numpy(positions),
+        "pixel_values": torch.from_numpy(pixels),
+        "image_grid_thw": torch.tensor(grids, dtype=torch.long).reshape(-1, 3),
+        "mm_token_type_ids": torch.from_numpy((ids == IMAGE_PAD).astype(np.int64)),
+    }
 
 
 @pytest.fixture(scope="module")
 def qwen():
-    return tiny_qwen2_vl(VOCAB, IMAGE_PAD, VISION_START, VISION_END, patch_size=PATCH,
-                         temporal_patch_size=TEMPORAL, spatial_merge_size=MERGE)
+    return tiny_qwen2_vl(
+        VOCAB,
+        IMAGE_PAD,
+        VISION_START,
+        VISION_END,
+        patch_size=PATCH,
+        temporal_patch_size=TEMPORAL,
+        spatial_merge_size=MERGE,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -213,8 +233,9 @@ def llava_doc(rng, parts, source=0) -> Piece:
     return Piece(tokens + [EOS], images, source)
 
 
-def pack_llava(rows: list[list[Piece]], rng: np.random.Generator, *,
-               mode: str = "per_document") -> dict[str, torch.Tensor]:
+def pack_llava(
+    rows: list[list[Piece]], rng: np.random.Generator, *, mode: str = "per_document"
+) -> dict[str, torch.Tensor]:
     """The llava batch of these rows; `over_row` never restarts positions, `offset` starts each
     later document's positions at 5 instead of 0."""
     shape = (len(rows), SEQ_LEN)
@@ -226,26 +247,30 @@ def pack_llava(rows: list[list[Piece]], rng: np.random.Generator, *,
         at = 0
         for i, piece in enumerate(row):
             n = len(piece.tokens)
-            ids[r, at:at + n] = piece.tokens
-            sources[r, at:at + n] = piece.source
+            ids[r, at : at + n] = piece.tokens
+            sources[r, at : at + n] = piece.source
             start = at if mode == "over_row" else 5 if (mode == "offset" and i) else 0
-            positions[r, at:at + n] = np.arange(start, start + n)
+            positions[r, at : at + n] = np.arange(start, start + n)
             n_images += len(piece.grids)
             at += n
     labels = np.where((ids == IMAGE) | (sources < 0), IGNORE, ids)
     pixels = rng.standard_normal((n_images, 3, LLAVA_SIZE, LLAVA_SIZE), dtype=np.float32)
-    return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
-            "source_ids": torch.from_numpy(sources), "position_ids": torch.from_numpy(positions),
-            "pixel_values": torch.from_numpy(pixels)}
+    return {
+        "input_ids": torch.from_numpy(ids),
+        "labels": torch.from_numpy(labels),
+        "source_ids": torch.from_numpy(sources),
+        "position_ids": torch.from_numpy(positions),
+        "pixel_values": torch.from_numpy(pixels),
+    }
 
 
 def llava_rows(rng) -> list[list[Piece]]:
     """Three rows: two documents and a cut text one; its continuation and one more; one
     document of two images alone."""
-    a = llava_doc(rng, [3, "img", 4])                       # 24 tokens
-    b = llava_doc(rng, ["img", "img", 2], source=1)         # 35
-    c = llava_doc(rng, [6])                                 # 7
-    d = llava_doc(rng, [2, "img"])                          # 19
+    a = llava_doc(rng, [3, "img", 4])  # 24 tokens
+    b = llava_doc(rng, ["img", "img", 2], source=1)  # 35
+    c = llava_doc(rng, [6])  # 7
+    d = llava_doc(rng, [2, "img"])  # 19
     head, tail = split(llava_doc(rng, [20], source=1), 17)  # 17 + 4
     return [[a, c, head], [tail, d], [b]]
 
@@ -261,8 +286,9 @@ def test_llava_catches_images_that_do_not_match_placeholders(llava):
     rng = np.random.default_rng(1)
     batch = pack_llava(llava_rows(rng), rng)
     with pytest.raises(AssertionError, match="more image placeholders than images"):
-        assert_packed_equals_alone(llava, dict(batch, pixel_values=batch["pixel_values"][:3]),
-                                   "llava")
+        assert_packed_equals_alone(
+            llava, dict(batch, pixel_values=batch["pixel_values"][:3]), "llava"
+        )
     ids = batch["input_ids"].clone()
     ids[0, 5] = 3  # one placeholder short: image 0 now spans into text
     with pytest.raises(AssertionError, match="image 0 needs 16 placeholders"):
@@ -296,8 +322,10 @@ def test_a_cache_or_a_padding_mask_turns_packing_off(qwen, llava):
     real = (batch["source_ids"] >= 0).long()
     with torch.no_grad():
         right = qwen(**inputs, use_cache=False).logits
-        for wrong in (qwen(**inputs, use_cache=True).logits,
-                      qwen(**inputs, use_cache=False, attention_mask=real).logits):
+        for wrong in (
+            qwen(**inputs, use_cache=True).logits,
+            qwen(**inputs, use_cache=False, attention_mask=real).logits,
+        ):
             assert (wrong - right).abs().max() > 0.1
     rng = np.random.default_rng(1)
     batch = pack_llava(llava_rows(rng), rng)
@@ -319,8 +347,11 @@ def load_example():
 def test_train_vlm_model_trains_on_packed_batches(tmp_path):
     example = load_example()
     vocab = {f"w{i}": i for i in range(VOCAB)}
-    names = {IMAGE_PAD: "<|image_pad|>", VISION_START: "<|vision_start|>",
-             VISION_END: "<|vision_end|>"}
+    names = {
+        IMAGE_PAD: "<|image_pad|>",
+        VISION_START: "<|vision_start|>",
+        VISION_END: "<|vision_end|>",
+    }
     for index, name in names.items():
         del vocab[f"w{index}"]
         vocab[name] = index
@@ -328,10 +359,14 @@ def test_train_vlm_model_trains_on_packed_batches(tmp_path):
     tok.add_special_tokens(list(names.values()))
     tok.save(str(tmp_path / "tokenizer.json"))
     ids = example.vision_token_ids(str(tmp_path / "tokenizer.json"))
-    assert ids == {"<|vision_start|>": VISION_START, "<|image_pad|>": IMAGE_PAD,
-                   "<|vision_end|>": VISION_END}
-    model = example.build_model(VOCAB, SEQ_LEN, ids, patch_size=PATCH,
-                                temporal_patch_size=TEMPORAL, merge_size=MERGE)
+    assert ids == {
+        "<|vision_start|>": VISION_START,
+        "<|image_pad|>": IMAGE_PAD,
+        "<|vision_end|>": VISION_END,
+    }
+    model = example.build_model(
+        VOCAB, SEQ_LEN, ids, patch_size=PATCH, temporal_patch_size=TEMPORAL, merge_size=MERGE
+    )
     rng = np.random.default_rng(0)
     batch = pack_qwen(qwen_rows(rng), rng)
     # Its config packs exactly (no cache, sdpa): documents alone give the same logits.

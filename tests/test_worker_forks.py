@@ -45,18 +45,26 @@ SCRIPT = textwrap.dedent("""
 def test_a_worker_crash_prints_its_python_stack_under_faulthandler():
     # torch puts its own SIGSEGV handler in each worker, which prints no stack; the workers
     # mixer starts put faulthandler's back where the parent had it on.
-    run = subprocess.run([sys.executable, "-X", "faulthandler", "-c", SCRIPT],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "Fatal Python error: Segmentation fault" in run.stderr
     assert "in __iter__" in run.stderr and "string_at" in run.stderr
-    assert "parent saw:" in run.stdout   # and the loader still reports the dead worker
+    assert "parent saw:" in run.stdout  # and the loader still reports the dead worker
 
 
 def test_a_worker_crash_is_still_reported_where_stderr_has_no_descriptor():
     # faulthandler cannot write to such a stderr: torch's handler stays, which says at
     # least that the worker crashed
-    run = subprocess.run([sys.executable, "-X", "faulthandler", "-c", SCRIPT, "no-fd"],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", SCRIPT, "no-fd"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "Unexpected segmentation fault encountered in worker" in run.stderr
     assert "parent saw:" in run.stdout
 
@@ -74,8 +82,9 @@ class _Witness:
 
 
 @pytest.mark.parametrize("app_froze", [False, True])
-def test_workers_never_finalize_garbage_their_parent_had_not_collected(tmp_path, monkeypatch,
-                                                                       app_froze):
+def test_workers_never_finalize_garbage_their_parent_had_not_collected(
+    tmp_path, monkeypatch, app_froze
+):
     """Garbage of the parent's, not yet collected when workers fork, is finalized in the
     parent alone: a worker that collected it ran its finalizers on resources that were
     not its own (an earlier loader's shared ring: the worker unmapped its own memory).
@@ -87,13 +96,15 @@ def test_workers_never_finalize_garbage_their_parent_had_not_collected(tmp_path,
 
     def init_then_collect(*args, **kwargs):
         real_init(*args, **kwargs)
-        gc.collect()   # (the worker's collector would get there some time)
+        gc.collect()  # (the worker's collector would get there some time)
 
     monkeypatch.setattr(workers, "worker_init", init_then_collect)
-    recipe = {**yaml.safe_load((ROOT / "recipes" / "demo.yaml").read_text()),
-              "base_dir": str(ROOT / "recipes")}
+    recipe = {
+        **yaml.safe_load((ROOT / "recipes" / "demo.yaml").read_text()),
+        "base_dir": str(ROOT / "recipes"),
+    }
     enabled = gc.isenabled()
-    gc.disable()   # the garbage must still be there when the workers fork
+    gc.disable()  # the garbage must still be there when the workers fork
     try:
         if app_froze:
             gc.freeze()

@@ -41,8 +41,11 @@ def _as_a_dataloader(workers: int, most: int, fail_at: int | None):
 
 
 @settings(max_examples=60, deadline=None)
-@given(workers=st.integers(1, 5), most=st.integers(1, 8),
-       fail_at=st.one_of(st.none(), st.integers(0, 60)))
+@given(
+    workers=st.integers(1, 5),
+    most=st.integers(1, 8),
+    fail_at=st.one_of(st.none(), st.integers(0, 60)),
+)
 def test_batches_come_out_in_global_order_whatever_the_item_sizes(workers, most, fail_at):
     out = InOrder(_as_a_dataloader(workers, most, fail_at), workers)
     got = []
@@ -68,8 +71,11 @@ def test_text_batches_go_several_to_an_item_and_image_batches_one(three_sources,
     assert batches_per_item(recipe, layout) == torch_dataset.MAX_ITEM_BATCHES
     big = mixer.load_recipe({**three_sources[0], "seq_len": 8192, "batch_size": 8})
     assert batches_per_item(big, layout_for(big, mixer.build_loader(big).tokenizer)) == 1
-    vlm = {**three_sources[0], "tokenizer": str(make_vlm_tokenizer(tmp_path / "vlm.json")),
-           "images": {"layout": "llava", "image_size": 28}}
+    vlm = {
+        **three_sources[0],
+        "tokenizer": str(make_vlm_tokenizer(tmp_path / "vlm.json")),
+        "images": {"layout": "llava", "image_size": 28},
+    }
     images = mixer.load_recipe(vlm)
     assert batches_per_item(images, layout_for(images, mixer.build_loader(vlm).tokenizer)) == 1
 
@@ -82,7 +88,7 @@ def test_a_resume_and_set_weights_between_items_keep_the_stream(three_sources):
     def run(workers: int) -> list[str]:
         loader = mixer.build_loader(recipe, num_workers=workers)
         it = iter(loader)
-        out = [batch_digest(next(it)) for _ in range(11)]   # inside an item of 8
+        out = [batch_digest(next(it)) for _ in range(11)]  # inside an item of 8
         state = loader.state_dict()
         loader.set_weights({"prose": 0.2, "code": 0.4, "web": 0.4})
         out += [batch_digest(next(it)) for _ in range(13)]
@@ -97,13 +103,14 @@ def test_a_resume_and_set_weights_between_items_keep_the_stream(three_sources):
     assert run(2) == run(0) == run(1)
 
 
-def test_an_exception_in_a_worker_comes_after_the_batches_made_before_it(three_sources,
-                                                                         monkeypatch):
+def test_an_exception_in_a_worker_comes_after_the_batches_made_before_it(
+    three_sources, monkeypatch
+):
     """Not a data error (those travel as items): an OSError raised on lane 1's 20th batch
     reaches the user after exactly the batches num_workers 0 gives before it, mid-item too."""
     from mixer.pipeline import lanes
 
-    recipe = three_sources[0]   # (unlimited sources)
+    recipe = three_sources[0]  # (unlimited sources)
     real = lanes.Lane.next_batch
     calls: dict[int, int] = {}
 
@@ -131,5 +138,5 @@ def test_an_exception_in_a_worker_comes_after_the_batches_made_before_it(three_s
         return got
 
     reference = run(0)
-    assert len(reference) == 4 * 19 + 1   # lanes 0..3 in turn; lane 1's 20th is batch 77
+    assert len(reference) == 4 * 19 + 1  # lanes 0..3 in turn; lane 1's 20th is batch 77
     assert run(1) == reference and run(2) == reference

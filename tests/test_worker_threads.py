@@ -17,17 +17,24 @@ class _WorkerEnv(IterableDataset):
 
 
 def _worker_pools(num_workers: int) -> list[str | None]:
-    loader = DataLoader(_WorkerEnv(), batch_size=None, num_workers=num_workers,
-                        multiprocessing_context="fork", worker_init_fn=workers.init_fn())
+    loader = DataLoader(
+        _WorkerEnv(),
+        batch_size=None,
+        num_workers=num_workers,
+        multiprocessing_context="fork",
+        worker_init_fn=workers.init_fn(),
+    )
     return list(loader)
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
-@pytest.mark.parametrize(("budget", "num_workers", "share"),
-                         [("4", 2, "2"), ("2", 2, "1"), ("3", 2, "1"), ("1", 3, "1"),
-                          ("8", 3, "2")])
-def test_each_worker_gets_its_share_of_the_tokenizer_threads(monkeypatch, budget, num_workers,
-                                                             share):
+@pytest.mark.parametrize(
+    ("budget", "num_workers", "share"),
+    [("4", 2, "2"), ("2", 2, "1"), ("3", 2, "1"), ("1", 3, "1"), ("8", 3, "2")],
+)
+def test_each_worker_gets_its_share_of_the_tokenizer_threads(
+    monkeypatch, budget, num_workers, share
+):
     monkeypatch.setenv("RAYON_NUM_THREADS", budget)
     monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
     assert _worker_pools(num_workers) == [share] * num_workers
@@ -35,8 +42,7 @@ def test_each_worker_gets_its_share_of_the_tokenizer_threads(monkeypatch, budget
 
 
 @pytest.mark.parametrize("setting", [None, "0", "many"])
-def test_without_a_usable_setting_the_budget_is_the_cpus_this_process_may_use(monkeypatch,
-                                                                              setting):
+def test_without_a_usable_setting_the_budget_is_the_cpus_this_process_may_use(monkeypatch, setting):
     # rayon's own rule: unset, 0 or unparsable means its default, the CPUs available
     if setting is None:
         monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)

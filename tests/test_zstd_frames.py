@@ -27,26 +27,47 @@ def write_frames(path, docs, cuts: list[int], *, content_size: bool = True) -> b
 
 
 def _recipe(tmp_path, tok, path, split_bytes: int) -> mixer.Recipe:
-    return mixer.load_recipe({"tokenizer": str(tok), "seq_len": 16, "batch_size": 2,
-                              "lanes": 2, "split_bytes": split_bytes, "shuffle_window": 8,
-                              "sources": [{"name": "z", "path": str(path), "weight": 1,
-                                           "epochs": 1}]})
+    return mixer.load_recipe(
+        {
+            "tokenizer": str(tok),
+            "seq_len": 16,
+            "batch_size": 2,
+            "lanes": 2,
+            "split_bytes": split_bytes,
+            "shuffle_window": 8,
+            "sources": [{"name": "z", "path": str(path), "weight": 1, "epochs": 1}],
+        }
+    )
 
 
 def _texts(recipe):
     table = list_source(recipe, recipe.sources[0], deep=True)
     out = []
     for split in table.splits:
-        out += [r.text for r in READERS["jsonl.zst"](
-            storage=Storage("z", {}), entry=table.files[split.file], split=split, source="z",
-            text_field="text", max_bytes=1 << 20, index=0, offset=0)]
+        out += [
+            r.text
+            for r in READERS["jsonl.zst"](
+                storage=Storage("z", {}),
+                entry=table.files[split.file],
+                split=split,
+                source="z",
+                text_field="text",
+                max_bytes=1 << 20,
+                index=0,
+                offset=0,
+            )
+        ]
     return table, out
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lengths=st.lists(st.integers(0, 30), min_size=1, max_size=60),
-       cuts=st.lists(st.integers(0, 4000), max_size=12), split_bytes=st.integers(1, 300))
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=60),
+    cuts=st.lists(st.integers(0, 4000), max_size=12),
+    split_bytes=st.integers(1, 300),
+)
 def test_frame_groups_partition_the_lines(tmp_path_factory, lengths, cuts, split_bytes):
     folder = tmp_path_factory.mktemp("frames")
     tok = make_tokenizer(folder / "tok.json")

@@ -33,8 +33,9 @@ def frame(doc: int, index: int, f: int, width: int, height: int) -> np.ndarray:
     return ((ramp + noise) % 256).astype(np.uint8)
 
 
-def encode_video(frames: list[np.ndarray], codec: str = "libx264rgb", rate: int = 10,
-                 gop: int = 6) -> bytes:
+def encode_video(
+    frames: list[np.ndarray], codec: str = "libx264rgb", rate: int = 10, gop: int = 6
+) -> bytes:
     fmt, pix, options, _ = CODECS[codec]
     height, width = frames[0].shape[:2]
     out = io.BytesIO()
@@ -70,8 +71,11 @@ class Clip:
     codec: str = "libx264rgb"
 
     def data(self, doc: int, index: int) -> bytes:
-        return encode_video([frame(doc, index, f, self.width, self.height)
-                             for f in range(self.frames)], self.codec, self.rate)
+        return encode_video(
+            [frame(doc, index, f, self.width, self.height) for f in range(self.frames)],
+            self.codec,
+            self.rate,
+        )
 
 
 @dataclass
@@ -79,8 +83,8 @@ class VideoSample:
     doc: int
     length: int
     clips: list[Clip] = field(default_factory=list)
-    marker: bool = False   # "<video>" markers spread through the caption
-    text: str | None = None   # the caption as given (instead of the words and markers)
+    marker: bool = False  # "<video>" markers spread through the caption
+    text: str | None = None  # the caption as given (instead of the words and markers)
 
     def caption(self) -> str:
         if self.text is not None:
@@ -111,7 +115,10 @@ def write_video_tar(path: Path, samples: list[VideoSample]) -> Path:
             key = f"s{s.doc:06d}"
             for i, clip in enumerate(s.clips):
                 ext = CODECS[clip.codec][3]
-                _add(tar, f"{key}.{ext}" if len(s.clips) == 1 else f"{key}.{i}.{ext}",
-                     clip.data(s.doc, i))
+                _add(
+                    tar,
+                    f"{key}.{ext}" if len(s.clips) == 1 else f"{key}.{i}.{ext}",
+                    clip.data(s.doc, i),
+                )
             _add(tar, f"{key}.txt", s.caption().encode())
     return path

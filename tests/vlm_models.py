@@ -42,11 +42,22 @@ def _finish(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return model.eval()
 
 
-def tiny_qwen2_vl(vocab_size: int, image_pad_id: int, vision_start_id: int, vision_end_id: int,
-                  *, hidden_size: int = 32, num_layers: int = 1, num_heads: int = 2,
-                  patch_size: int = 14, temporal_patch_size: int = 2,
-                  spatial_merge_size: int = 2, seed: int = 0, video_pad_id: int | None = None,
-                  tokens_per_second: int | None = None) -> Qwen2VLForConditionalGeneration:
+def tiny_qwen2_vl(
+    vocab_size: int,
+    image_pad_id: int,
+    vision_start_id: int,
+    vision_end_id: int,
+    *,
+    hidden_size: int = 32,
+    num_layers: int = 1,
+    num_heads: int = 2,
+    patch_size: int = 14,
+    temporal_patch_size: int = 2,
+    spatial_merge_size: int = 2,
+    seed: int = 0,
+    video_pad_id: int | None = None,
+    tokens_per_second: int | None = None,
+) -> Qwen2VLForConditionalGeneration:
     """A random float32 Qwen2-VL (sdpa, no cache) whose vision tower has depth 1; with
     `tokens_per_second`, a Qwen2.5-VL (window attention over a window of one merge unit)."""
     head_dim = hidden_size // num_heads
@@ -55,56 +66,105 @@ def tiny_qwen2_vl(vocab_size: int, image_pad_id: int, vision_start_id: int, visi
     half = head_dim // 2
     section = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]  # 16:24:24 like 7B
     torch.manual_seed(seed)
-    vision = dict(depth=1, embed_dim=hidden_size, hidden_size=hidden_size,
-                  num_heads=num_heads, mlp_ratio=2, patch_size=patch_size,
-                  temporal_patch_size=temporal_patch_size,
-                  spatial_merge_size=spatial_merge_size)
+    vision = dict(
+        depth=1,
+        embed_dim=hidden_size,
+        hidden_size=hidden_size,
+        num_heads=num_heads,
+        mlp_ratio=2,
+        patch_size=patch_size,
+        temporal_patch_size=temporal_patch_size,
+        spatial_merge_size=spatial_merge_size,
+    )
     kind, model_class = Qwen2VLConfig, Qwen2VLForConditionalGeneration
     if tokens_per_second is not None:
         vision = {k: v for k, v in vision.items() if k not in ("embed_dim", "mlp_ratio")}
-        vision.update(intermediate_size=2 * hidden_size, out_hidden_size=hidden_size,
-                      tokens_per_second=tokens_per_second, fullatt_block_indexes=[0],
-                      window_size=patch_size * spatial_merge_size)
+        vision.update(
+            intermediate_size=2 * hidden_size,
+            out_hidden_size=hidden_size,
+            tokens_per_second=tokens_per_second,
+            fullatt_block_indexes=[0],
+            window_size=patch_size * spatial_merge_size,
+        )
         kind, model_class = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     config = kind(
-        text_config=dict(vocab_size=vocab_size, hidden_size=hidden_size,
-                         intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
-                         num_attention_heads=num_heads, num_key_value_heads=num_heads,
-                         max_position_embeddings=1 << 16, use_cache=False,
-                         bos_token_id=None, eos_token_id=None,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                          "mrope_section": section}),
+        text_config=dict(
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_heads,
+            max_position_embeddings=1 << 16,
+            use_cache=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": section,
+            },
+        ),
         vision_config=vision,
-        image_token_id=image_pad_id, vision_start_token_id=vision_start_id,
+        image_token_id=image_pad_id,
+        vision_start_token_id=vision_start_id,
         vision_end_token_id=vision_end_id,
-        video_token_id=vocab_size + 1 if video_pad_id is None else video_pad_id)
+        video_token_id=vocab_size + 1 if video_pad_id is None else video_pad_id,
+    )
     model = model_class._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     return _finish(model, seed)
 
 
-def tiny_llava(vocab_size: int, image_token_id: int, image_size: int, patch_size: int,
-               *, hidden_size: int = 32, num_layers: int = 1, num_heads: int = 2,
-               seed: int = 0) -> LlavaForConditionalGeneration:
+def tiny_llava(
+    vocab_size: int,
+    image_token_id: int,
+    image_size: int,
+    patch_size: int,
+    *,
+    hidden_size: int = 32,
+    num_layers: int = 1,
+    num_heads: int = 2,
+    seed: int = 0,
+) -> LlavaForConditionalGeneration:
     """A random float32 LLaVA (CLIP tower of 2 layers, Llama of `num_layers`; sdpa, no cache).
 
     LLaVA's defaults: features of the vision tower's second-to-last layer, CLS dropped, so an
     image stands for (image_size / patch_size)² `image_token_id` tokens.
     """
     torch.manual_seed(seed)
-    vision = CLIPVisionConfig(hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                              num_hidden_layers=2, num_attention_heads=num_heads,
-                              image_size=image_size, patch_size=patch_size,
-                              projection_dim=hidden_size)
-    text = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size,
-                       intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
-                       num_attention_heads=num_heads, num_key_value_heads=num_heads,
-                       max_position_embeddings=1 << 16, use_cache=False,
-                       bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=image_token_id,
-                         image_seq_length=(image_size // patch_size) ** 2,
-                         vision_feature_select_strategy="default", vision_feature_layer=-2)
-    model = LlavaForConditionalGeneration._from_config(config, attn_implementation="sdpa",
-                                                       dtype=torch.float32)
+    vision = CLIPVisionConfig(
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=num_heads,
+        image_size=image_size,
+        patch_size=patch_size,
+        projection_dim=hidden_size,
+    )
+    text = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=1 << 16,
+        use_cache=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=image_token_id,
+        image_seq_length=(image_size // patch_size) ** 2,
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-2,
+    )
+    model = LlavaForConditionalGeneration._from_config(
+        config, attn_implementation="sdpa", dtype=torch.float32
+    )
     return _finish(model, seed)
 
 
@@ -116,15 +176,16 @@ class Unit:
     start: int
     end: int
     images: list[int]  # indices into the batch's images, in placeholder order
-    videos: list[int] = field(default_factory=list)   # the same for its videos
+    videos: list[int] = field(default_factory=list)  # the same for its videos
 
 
 def _units(batch: dict[str, torch.Tensor], layout: str) -> list[Unit]:
     positions = batch["position_ids"]
     text_positions = positions[0] if layout in QWEN_LAYOUTS else positions
     units = []
-    for row, (reals, starts) in enumerate(zip((batch["source_ids"] >= 0).tolist(),
-                                              (text_positions == 0).tolist())):
+    for row, (reals, starts) in enumerate(
+        zip((batch["source_ids"] >= 0).tolist(), (text_positions == 0).tolist())
+    ):
         start = None
         for index, (is_real, at_zero) in enumerate(zip(reals, starts)):
             begins = is_real and (start is None or at_zero)
@@ -138,8 +199,9 @@ def _units(batch: dict[str, torch.Tensor], layout: str) -> list[Unit]:
     return units
 
 
-def _assign_images(units: list[Unit], batch: dict[str, torch.Tensor], model, layout: str,
-                   kind: str = "image") -> int:
+def _assign_images(
+    units: list[Unit], batch: dict[str, torch.Tensor], model, layout: str, kind: str = "image"
+) -> int:
     """Hand each unit its images (or videos) by counting placeholders in order; returns how
     many."""
     ids = batch["input_ids"]
@@ -147,28 +209,32 @@ def _assign_images(units: list[Unit], batch: dict[str, torch.Tensor], model, lay
         grids = batch[f"{kind}_grid_thw"].tolist() if f"{kind}_grid_thw" in batch else []
         merge = model.config.vision_config.spatial_merge_size
         pad = getattr(model.config, f"{kind}_token_id")
-        sizes = [t * h * w // merge ** 2 for t, h, w in grids]
+        sizes = [t * h * w // merge**2 for t, h, w in grids]
     else:
         vision = model.config.vision_config
         pad = model.config.image_token_id
         sizes = [(vision.image_size // vision.patch_size) ** 2] * batch["pixel_values"].shape[0]
     image = 0
     for unit in units:
-        is_pad = (ids[unit.row, unit.start:unit.end] == pad).tolist()
+        is_pad = (ids[unit.row, unit.start : unit.end] == pad).tolist()
         index = 0
         while index < len(is_pad):
             if not is_pad[index]:
                 index += 1
                 continue
-            assert image < len(sizes), (f"row {unit.row}: more {kind} placeholders than "
-                                        f"{kind}s ({len(sizes)}) in the batch")
+            assert image < len(sizes), (
+                f"row {unit.row}: more {kind} placeholders than {kind}s ({len(sizes)}) in the batch"
+            )
             count = sizes[image]
             if layout in QWEN_LAYOUTS:  # one run of pads is one image (llava's may touch)
-                count = next((i for i in range(index, len(is_pad)) if not is_pad[i]),
-                             len(is_pad)) - index
-            assert count == sizes[image] and all(is_pad[index:index + count]), (
+                count = (
+                    next((i for i in range(index, len(is_pad)) if not is_pad[i]), len(is_pad))
+                    - index
+                )
+            assert count == sizes[image] and all(is_pad[index : index + count]), (
                 f"row {unit.row}, token {unit.start + index}: {kind} {image} needs "
-                f"{sizes[image]} placeholders inside one unit")
+                f"{sizes[image]} placeholders inside one unit"
+            )
             (unit.videos if kind == "video" else unit.images).append(image)
             image += 1
             index += count
@@ -183,22 +249,25 @@ def _offsets(grids: torch.Tensor) -> list[int]:
     return offsets
 
 
-def _inputs(batch: dict[str, torch.Tensor], layout: str, unit: Unit,
-            offsets: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+def _inputs(
+    batch: dict[str, torch.Tensor], layout: str, unit: Unit, offsets: dict[str, list[int]]
+) -> dict[str, torch.Tensor]:
     """The model inputs of a unit's tokens, run alone (positions left to the model), with
     its images and videos."""
-    inputs = {"input_ids": batch["input_ids"][unit.row:unit.row + 1, unit.start:unit.end]}
+    inputs = {"input_ids": batch["input_ids"][unit.row : unit.row + 1, unit.start : unit.end]}
     if unit.images and layout in QWEN_LAYOUTS:
         at = offsets["image"]
-        inputs["pixel_values"] = torch.cat([batch["pixel_values"][at[i]:at[i + 1]]
-                                            for i in unit.images])
+        inputs["pixel_values"] = torch.cat(
+            [batch["pixel_values"][at[i] : at[i + 1]] for i in unit.images]
+        )
         inputs["image_grid_thw"] = batch["image_grid_thw"][unit.images]
     elif unit.images:
         inputs["pixel_values"] = batch["pixel_values"][unit.images]
     if unit.videos:
         at = offsets["video"]
-        inputs["pixel_values_videos"] = torch.cat([batch["pixel_values_videos"][at[i]:at[i + 1]]
-                                                   for i in unit.videos])
+        inputs["pixel_values_videos"] = torch.cat(
+            [batch["pixel_values_videos"][at[i] : at[i + 1]] for i in unit.videos]
+        )
         inputs["video_grid_thw"] = batch["video_grid_thw"][unit.videos]
         if "second_per_grid_ts" in batch:
             inputs["second_per_grid_ts"] = batch["second_per_grid_ts"][unit.videos]
@@ -207,8 +276,9 @@ def _inputs(batch: dict[str, torch.Tensor], layout: str, unit: Unit,
 
 def _token_types(model, input_ids: torch.Tensor) -> torch.Tensor:
     """transformers' mm_token_type_ids: 1 on image pads, 2 on video pads, 0 elsewhere."""
-    return ((input_ids == model.config.image_token_id).long()
-            + 2 * (input_ids == model.config.video_token_id).long())
+    return (input_ids == model.config.image_token_id).long() + 2 * (
+        input_ids == model.config.video_token_id
+    ).long()
 
 
 def _forward(model, layout: str, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -220,8 +290,9 @@ def _forward(model, layout: str, inputs: dict[str, torch.Tensor]) -> torch.Tenso
         return model(**inputs, use_cache=False).logits
 
 
-def _packed_inputs(batch: dict[str, torch.Tensor], layout: str, n_images: int,
-                   n_videos: int) -> dict[str, torch.Tensor]:
+def _packed_inputs(
+    batch: dict[str, torch.Tensor], layout: str, n_images: int, n_videos: int
+) -> dict[str, torch.Tensor]:
     keys = ["input_ids", "position_ids"]
     if layout in QWEN_LAYOUTS:
         keys.append("mm_token_type_ids")
@@ -232,10 +303,16 @@ def _packed_inputs(batch: dict[str, torch.Tensor], layout: str, n_images: int,
     return {key: batch[key] for key in keys if key in batch}
 
 
-def assert_packed_equals_alone(model, batch: dict[str, torch.Tensor], layout: str,
-                               atol: float = 1e-4, *, check_positions: bool = True,
-                               eos_id: int | None = None,
-                               require_coverage: bool = True) -> dict[str, int]:
+def assert_packed_equals_alone(
+    model,
+    batch: dict[str, torch.Tensor],
+    layout: str,
+    atol: float = 1e-4,
+    *,
+    check_positions: bool = True,
+    eos_id: int | None = None,
+    require_coverage: bool = True,
+) -> dict[str, int]:
     """Every document of a packed batch has the logits it has when run alone (≤ atol).
 
     A unit is a run of real tokens (`source_ids >= 0`) starting where the text positions
@@ -255,7 +332,8 @@ def assert_packed_equals_alone(model, batch: dict[str, torch.Tensor], layout: st
     rows, length = batch["input_ids"].shape
     want = (4, rows, length) if layout in QWEN_LAYOUTS else (rows, length)
     assert tuple(batch["position_ids"].shape) == want, (
-        f"position_ids has shape {tuple(batch['position_ids'].shape)}, {layout} needs {want}")
+        f"position_ids has shape {tuple(batch['position_ids'].shape)}, {layout} needs {want}"
+    )
     units = _units(batch, layout)
     n_images = _assign_images(units, batch, model, layout)
     n_videos = _assign_images(units, batch, model, layout, "video") if layout != "llava" else 0
@@ -264,30 +342,38 @@ def assert_packed_equals_alone(model, batch: dict[str, torch.Tensor], layout: st
         if layout in QWEN_LAYOUTS and f"{kind}_grid_thw" in batch:
             offsets[kind] = _offsets(batch[f"{kind}_grid_thw"])
             assert offsets[kind][-1] == batch[pixels].shape[0], (
-                f"{pixels} has {batch[pixels].shape[0]} rows, the grids need "
-                f"{offsets[kind][-1]}")
+                f"{pixels} has {batch[pixels].shape[0]} rows, the grids need {offsets[kind][-1]}"
+            )
     packed = _forward(model, layout, _packed_inputs(batch, layout, n_images, n_videos))
     for unit in units:
         where = f"row {unit.row}, tokens {unit.start}:{unit.end}"
-        ids = batch["input_ids"][unit.row, unit.start:unit.end]
+        ids = batch["input_ids"][unit.row, unit.start : unit.end]
         if eos_id is not None:
             assert not bool((ids[:-1] == eos_id).any()), (
-                f"{where}: an EOS inside the unit (a document does not restart its positions)")
+                f"{where}: an EOS inside the unit (a document does not restart its positions)"
+            )
         inputs = _inputs(batch, layout, unit, offsets)
         if check_positions:
             _check_positions(model, batch, layout, unit, inputs, where)
         alone = _forward(model, layout, inputs)[0]
-        diff = (packed[unit.row, unit.start:unit.end] - alone).abs().max().item()
-        assert diff <= atol, (f"{where} (images {unit.images}, videos {unit.videos}): packed "
-                              f"logits differ from the unit alone by {diff:.3g} > {atol}")
+        diff = (packed[unit.row, unit.start : unit.end] - alone).abs().max().item()
+        assert diff <= atol, (
+            f"{where} (images {unit.images}, videos {unit.videos}): packed "
+            f"logits differ from the unit alone by {diff:.3g} > {atol}"
+        )
     units_per_row = [sum(u.row == row for u in units) for row in range(batch["input_ids"].shape[0])]
-    seen = {"units": len(units), "units_with_images": sum(bool(u.images) for u in units),
-            "images": n_images, "packed_rows": sum(n >= 2 for n in units_per_row)}
+    seen = {
+        "units": len(units),
+        "units_with_images": sum(bool(u.images) for u in units),
+        "images": n_images,
+        "packed_rows": sum(n >= 2 for n in units_per_row),
+    }
     if "video_grid_thw" in batch:
         seen.update(units_with_videos=sum(bool(u.videos) for u in units), videos=n_videos)
     if require_coverage:
         assert seen["units_with_images"] + seen.get("units_with_videos", 0) >= 1, (
-            f"no unit with images or videos was compared: {seen}")
+            f"no unit with images or videos was compared: {seen}"
+        )
         assert seen["packed_rows"] >= 1, f"no row holds two or more documents: {seen}"
     return seen
 
@@ -297,23 +383,27 @@ def _check_positions(model, batch, layout: str, unit: Unit, inputs, where: str) 
     length = unit.end - unit.start
     text = torch.arange(length)
     if layout == "llava":
-        got = positions[unit.row, unit.start:unit.end]
+        got = positions[unit.row, unit.start : unit.end]
         assert torch.equal(got, text), f"{where}: positions {got.tolist()} are not 0, 1, ..."
         return
-    got = positions[:, unit.row, unit.start:unit.end]
+    got = positions[:, unit.row, unit.start : unit.end]
     assert torch.equal(got[0], text), f"{where}: text positions {got[0].tolist()}"
     mm = _token_types(model, inputs["input_ids"])
     if "mm_token_type_ids" in batch:
-        assert torch.equal(batch["mm_token_type_ids"][unit.row, unit.start:unit.end], mm[0]), (
-            f"{where}: mm_token_type_ids is not 1 exactly on <|image_pad|> and 2 on "
-            "<|video_pad|>")
+        assert torch.equal(batch["mm_token_type_ids"][unit.row, unit.start : unit.end], mm[0]), (
+            f"{where}: mm_token_type_ids is not 1 exactly on <|image_pad|> and 2 on <|video_pad|>"
+        )
     if "image_grid_thw" in inputs or "video_grid_thw" in inputs:
-        extra = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw",
-                                        "second_per_grid_ts") if k in inputs}
+        extra = {
+            k: inputs[k]
+            for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+            if k in inputs
+        }
         want, _ = model.model.get_rope_index(inputs["input_ids"], mm, **extra)
         want = want[:, 0]
     else:  # text alone: the model's positions are 0, 1, ... in all three rows
         want = text.expand(3, -1)
     assert torch.equal(got[1:], want), (
         f"{where}: M-RoPE rows differ from the model's get_rope_index of the unit alone:\n"
-        f"got  {got[1:].tolist()}\nwant {want.tolist()}")
+        f"got  {got[1:].tolist()}\nwant {want.tolist()}"
+    )

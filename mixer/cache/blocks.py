@@ -26,8 +26,9 @@ class TokenFile:
     descriptor for as long as any of its documents lives (one per lane and source, at least).
     """
 
-    def __init__(self, fs: Any, path: str, dtype: np.dtype, size: int, block: int,
-                 crcs: list[int]) -> None:
+    def __init__(
+        self, fs: Any, path: str, dtype: np.dtype, size: int, block: int, crcs: list[int]
+    ) -> None:
         if block <= 0 or block % 8 or len(crcs) != -(-size // block):
             raise ValueError("the .bin's blocks do not match its size")
         self.local = is_local(fs)
@@ -36,22 +37,23 @@ class TokenFile:
         self.fs, self.path, self.dtype, self.size = fs, path, dtype, size
         self.block, self.crcs = block, crcs
         self.blocks: dict[int, np.ndarray] = {}
-        self.per = block // dtype.itemsize   # elements per block
-        self._last = (np.zeros(0, dtype), 0, 0)   # the block last read: tokens, first, end
+        self.per = block // dtype.itemsize  # elements per block
+        self._last = (np.zeros(0, dtype), 0, 0)  # the block last read: tokens, first, end
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Elements [start, stop) of the file (a view where they lie in one block)."""
         held, lo, hi = self._last
-        if lo <= start and stop <= hi:   # most documents: inside the block read last
-            return held[start - lo:stop - lo]
+        if lo <= start and stop <= hi:  # most documents: inside the block read last
+            return held[start - lo : stop - lo]
         if stop <= start:
             return np.zeros(0, self.dtype)
         per = self.per
         first, last = start // per, (stop - 1) // per
         for block in [b for b in self.blocks if b < first]:
             del self.blocks[block]
-        parts = [self._block(b)[max(start - b * per, 0):stop - b * per]
-                 for b in range(first, last + 1)]
+        parts = [
+            self._block(b)[max(start - b * per, 0) : stop - b * per] for b in range(first, last + 1)
+        ]
         self._last = (self.blocks[last], last * per, last * per + len(self.blocks[last]))
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
@@ -90,5 +92,7 @@ def crc(data: Any) -> int:
 
 def is_local(fs: Any) -> bool:
     """Whether `fs` is fsspec's local filesystem."""
-    return getattr(fs, "protocol", None) in ("file", ("file", "local")) or \
-        type(fs).__name__ == "LocalFileSystem"
+    return (
+        getattr(fs, "protocol", None) in ("file", ("file", "local"))
+        or type(fs).__name__ == "LocalFileSystem"
+    )

@@ -18,16 +18,16 @@ class CachedSplit:
     """An entry whose .json, .idx and .rec are checked: its tokens, index and record table."""
 
     tokens: TokenFile
-    starts: np.ndarray     # int64[D + 1]: element offset of each document, then the end
-    records: np.ndarray    # int64[R, 4]
+    starts: np.ndarray  # int64[D + 1]: element offset of each document, then the end
+    records: np.ndarray  # int64[R, 4]
     errors: list[list[Any]]
     key: str
 
 
-CACHE_FORMAT = 4   # 3: the commit carries a CRC-32 of its fields; 4: errors keep their reason
+CACHE_FORMAT = 4  # 3: the commit carries a CRC-32 of its fields; 4: errors keep their reason
 
 
-BIN_BLOCK = 1 << 18   # bytes of .bin per CRC: what a resume inside a split over-reads at most
+BIN_BLOCK = 1 << 18  # bytes of .bin per CRC: what a resume inside a split over-reads at most
 
 
 def seal_commit(commit: dict[str, Any]) -> bytes:
@@ -62,10 +62,14 @@ def _count(value: Any) -> bool:
 
 def _is_error(value: Any) -> bool:
     """Whether `value` is an error row: [message, same_file, file, location, reason]."""
-    return (isinstance(value, list) and len(value) == 5 and isinstance(value[0], str)
-            and type(value[1]) is bool
-            and all(v is None or isinstance(v, str) for v in value[2:4])
-            and value[4] in REASONS)
+    return (
+        isinstance(value, list)
+        and len(value) == 5
+        and isinstance(value[0], str)
+        and type(value[1]) is bool
+        and all(v is None or isinstance(v, str) for v in value[2:4])
+        and value[4] in REASONS
+    )
 
 
 def _check_commit(commit: dict[str, Any]) -> None:
@@ -82,9 +86,15 @@ def _check_commit(commit: dict[str, Any]) -> None:
     if not (isinstance(tokens, list) and len(tokens) == 3):
         raise ValueError("bin is not [size, block, checksums]")
     size, block, crcs = tokens
-    if not (_count(size) and _count(block) and block > 0 and block % 8 == 0
-            and isinstance(crcs, list) and len(crcs) == -(-size // block)
-            and all(_count(c) and c <= 0xFFFFFFFF for c in crcs)):
+    if not (
+        _count(size)
+        and _count(block)
+        and block > 0
+        and block % 8 == 0
+        and isinstance(crcs, list)
+        and len(crcs) == -(-size // block)
+        and all(_count(c) and c <= 0xFFFFFFFF for c in crcs)
+    ):
         raise ValueError("bin's size, block and checksums do not agree")
     errors = commit.get("errors")
     if not (isinstance(errors, list) and all(map(_is_error, errors))):
@@ -99,6 +109,8 @@ def _check_records(records: np.ndarray, documents: int, errors: int) -> None:
         raise ValueError("record indices do not rise")
     if np.any(records[:, 2] < 0):
         raise ValueError("negative text length in the record table")
-    if not (np.array_equal(numbers[numbers >= 0], np.arange(documents))
-            and np.array_equal(numbers[numbers < 0], -1 - np.arange(errors))):
+    if not (
+        np.array_equal(numbers[numbers >= 0], np.arange(documents))
+        and np.array_equal(numbers[numbers < 0], -1 - np.arange(errors))
+    ):
         raise ValueError("record table does not number its documents and errors in order")

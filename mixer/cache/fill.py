@@ -20,8 +20,15 @@ from mixer.tokenize.tokenizer import Encoder, TokenizerInfo, resolve_tokenizer
 from mixer.tokenize.verify import resolve_backend
 
 
-def fill_split(cache: TokenCache, table: SourceTable, split_index: int, *, text_field: str | None,
-               max_bytes: int, storage_options: dict[str, Any]) -> str:
+def fill_split(
+    cache: TokenCache,
+    table: SourceTable,
+    split_index: int,
+    *,
+    text_field: str | None,
+    max_bytes: int,
+    storage_options: dict[str, Any],
+) -> str:
     """Make sure one split has a valid entry: "cached" (it had), "written", "not cached"
     (its records end in an error, hold images, or the cache cannot be written), or
     "pre-tokenized" (megatron/npy splits are read as they are, never cached)."""
@@ -34,8 +41,16 @@ def fill_split(cache: TokenCache, table: SourceTable, split_index: int, *, text_
     if cache.load(key, check_tokens=True) is not None:
         return "cached"
     storage = Storage(table.name, storage_options)
-    records = read_split(storage=storage, entry=entry, split=split, source=table.name,
-                         text_field=field, max_bytes=max_bytes, index=0, offset=0)
+    records = read_split(
+        storage=storage,
+        entry=entry,
+        split=split,
+        source=table.name,
+        text_field=field,
+        max_bytes=max_bytes,
+        index=0,
+        offset=0,
+    )
     writes = CACHE_STATS.writes
     for _ in cache.write_through(records, key, entry.url, Encoder(cache.tokenizer)):
         pass
@@ -46,26 +61,40 @@ def _job(args: tuple) -> str:
     return fill_split(*args[:3], **args[3])
 
 
-def _jobs(recipe: Recipe, cache: TokenCache, tables: list[SourceTable], rank: int,
-          world: int) -> list[tuple]:
+def _jobs(
+    recipe: Recipe, cache: TokenCache, tables: list[SourceTable], rank: int, world: int
+) -> list[tuple]:
     everything = []
     for src, table in zip(recipe.sources, tables):
-        options = {"text_field": src.chosen_text_field, "max_bytes": recipe.max_document_bytes,
-                   "storage_options": src.storage_options}
+        options = {
+            "text_field": src.chosen_text_field,
+            "max_bytes": recipe.max_document_bytes,
+            "storage_options": src.storage_options,
+        }
         everything += [(cache, table, i, options) for i in range(len(table.splits))]
     return everything[rank::world]
 
 
-def fill_cache(recipe: Recipe, *, tables: list[SourceTable], rank: int = 0, world: int = 1,
-               workers: int = 0, progress: bool = True,
-               tokenizer: TokenizerInfo | None = None) -> Counter:
+def fill_cache(
+    recipe: Recipe,
+    *,
+    tables: list[SourceTable],
+    rank: int = 0,
+    world: int = 1,
+    workers: int = 0,
+    progress: bool = True,
+    tokenizer: TokenizerInfo | None = None,
+) -> Counter:
     """Fill this rank's share of the cache; counts of "cached", "written", "not cached"."""
     if recipe.token_cache is None:
         raise RecipeError("token_cache: the recipe names no token cache to fill")
     info = tokenizer
-    if info is None:   # (the backend as build_loader chooses it: the same ids either way)
-        info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token,
-                                 info_cache=tokenizer_info_dir(recipe))
+    if info is None:  # (the backend as build_loader chooses it: the same ids either way)
+        info = resolve_tokenizer(
+            recipe.resolve(recipe.tokenizer),
+            recipe.eos_token,
+            info_cache=tokenizer_info_dir(recipe),
+        )
         info = resolve_backend(recipe, info, tables, info_cache=tokenizer_info_dir(recipe)).info
     cache = open_cache(recipe, info)
     if cache is None:
@@ -81,8 +110,13 @@ def fill_cache(recipe: Recipe, *, tables: list[SourceTable], rank: int = 0, worl
         results = map(_job, jobs)
     if progress:
         from tqdm import tqdm
-        results = tqdm(results, total=len(jobs), unit="split",
-                       desc=f"token cache (rank {rank}/{world})" if world > 1 else "token cache")
+
+        results = tqdm(
+            results,
+            total=len(jobs),
+            unit="split",
+            desc=f"token cache (rank {rank}/{world})" if world > 1 else "token cache",
+        )
     try:
         for result in results:
             counts[result] += 1
@@ -92,8 +126,9 @@ def fill_cache(recipe: Recipe, *, tables: list[SourceTable], rank: int = 0, worl
     return counts
 
 
-def cache_summary(recipe: Recipe, tables: list[SourceTable],
-                  tokenizer: TokenizerInfo) -> list[dict[str, Any]]:
+def cache_summary(
+    recipe: Recipe, tables: list[SourceTable], tokenizer: TokenizerInfo
+) -> list[dict[str, Any]]:
     """Per source: splits, splits with a committed entry, and the entries' bytes (one listing
     of the cache; checksums are checked when an entry is read, not here)."""
     cache = open_cache(recipe, tokenizer)
@@ -114,12 +149,21 @@ def cache_summary(recipe: Recipe, tables: list[SourceTable],
                 pretokenized += 1
                 continue
             field = FORMATS[entry.format].text_field(src.chosen_text_field)
-            base = cache.path(cache.key(entry, split, text_field=field,
-                                        max_bytes=recipe.max_document_bytes))
+            base = cache.path(
+                cache.key(entry, split, text_field=field, max_bytes=recipe.max_document_bytes)
+            )
             if base + ".json" in sizes:
                 cached += 1
-                size += sum(sizes.get(f"{base}.{part}", 0)
-                            for part in ("bin", "idx", "rec", "json"))
-        rows.append({"name": src.name, "splits": len(table.splits), "cached_splits": cached,
-                     "cached_bytes": size, "pretokenized_splits": pretokenized})
+                size += sum(
+                    sizes.get(f"{base}.{part}", 0) for part in ("bin", "idx", "rec", "json")
+                )
+        rows.append(
+            {
+                "name": src.name,
+                "splits": len(table.splits),
+                "cached_splits": cached,
+                "cached_bytes": size,
+                "pretokenized_splits": pretokenized,
+            }
+        )
     return rows

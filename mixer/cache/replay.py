@@ -24,11 +24,11 @@ if TYPE_CHECKING:
 class Taken:
     """What `Replay.take` read for a window."""
 
-    tokens: list[np.ndarray] = field(default_factory=list)   # the documents taken
-    size: int = 0              # what they count against the window's byte budget
-    read: int = 0              # records read (as `SourceStream.records_read` counts them)
-    skipped: list[str] = field(default_factory=list)   # reasons of the error records skipped
-    stop: tuple[int, int] | None = None   # (index, offset) of the record the window ends at
+    tokens: list[np.ndarray] = field(default_factory=list)  # the documents taken
+    size: int = 0  # what they count against the window's byte budget
+    read: int = 0  # records read (as `SourceStream.records_read` counts them)
+    skipped: list[str] = field(default_factory=list)  # reasons of the error records skipped
+    stop: tuple[int, int] | None = None  # (index, offset) of the record the window ends at
 
 
 class Replay:
@@ -40,19 +40,26 @@ class Replay:
     `read(index, offset)` from the source.
     """
 
-    def __init__(self, cached: CachedSplit, index: int, *, source: str, file: str,
-                 read: Callable[[int, int], Iterator[Record]],
-                 damaged: Callable[[int, int, CorruptBlock], None]) -> None:
+    def __init__(
+        self,
+        cached: CachedSplit,
+        index: int,
+        *,
+        source: str,
+        file: str,
+        read: Callable[[int, int], Iterator[Record]],
+        damaged: Callable[[int, int, CorruptBlock], None],
+    ) -> None:
         self.first = int(np.searchsorted(cached.records[:, 0], index))
         self._indices = cached.records[:, 0]
-        self._rows = cached.records[self.first:].tolist()
+        self._rows = cached.records[self.first :].tolist()
         self._at = 0
         self._tokens, self._starts = cached.tokens, cached.starts.tolist()
         self._errors = cached.errors
         self._source, self._file = source, file
         self._read, self._damaged = read, damaged
         self._fallback: Iterator[Record] | None = None
-        self._peeked = False   # a window stopped at the record at `_at` (and counted it read)
+        self._peeked = False  # a window stopped at the record at `_at` (and counted it read)
 
     def fraction(self, index: int) -> float:
         """The part of the split's records before record `index` (metrics' progress)."""
@@ -78,8 +85,7 @@ class Replay:
             raise StopIteration
         return next(self._fallback)
 
-    def take(self, *, stride: int, phase: int, docs: int, size: int,
-             raise_errors: bool) -> Taken:
+    def take(self, *, stride: int, phase: int, docs: int, size: int, raise_errors: bool) -> Taken:
         """A window's documents from here, read as `WindowReader.read` reads records
         one by one: records whose index is `phase` modulo `stride`, until `docs` documents
         or `size` counted bytes are taken (`stop` is then the record the window ends at: the
@@ -112,7 +118,7 @@ class Replay:
             except CorruptBlock as exc:
                 self._at = at
                 self._fall_back(doc, exc)
-                read -= 1   # (the source's record for it is counted when iterated)
+                read -= 1  # (the source's record for it is counted when iterated)
                 break
             taken.append(ids)
             taken_size += chars
@@ -129,6 +135,10 @@ class Replay:
 
     def _error(self, doc: int) -> DataError:
         message, same_file, other_file, location, reason = self._errors[-1 - doc]
-        return DataError(message, source=self._source,
-                         file=self._file if same_file else other_file, location=location,
-                         reason=reason)
+        return DataError(
+            message,
+            source=self._source,
+            file=self._file if same_file else other_file,
+            location=location,
+            reason=reason,
+        )

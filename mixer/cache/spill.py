@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-SPILL_BUFFER = 64 << 10   # bytes of ids a spill holds before it opens its file
+SPILL_BUFFER = 64 << 10  # bytes of ids a spill holds before it opens its file
 
 
 class SpillUnavailable(OSError):
@@ -64,11 +64,11 @@ class TokenSpill:
     def __init__(self, dtype: np.dtype, folder: str | None = None) -> None:
         self.dtype = np.dtype(dtype)
         self.folder = folder
-        self.lengths = array("q")   # tokens per document
-        self.nbytes = 0             # bytes appended (buffered and written)
+        self.lengths = array("q")  # tokens per document
+        self.nbytes = 0  # bytes appended (buffered and written)
         self._buffer = bytearray()
         self._fd: int | None = None
-        self._written = 0           # bytes in the file
+        self._written = 0  # bytes in the file
         self._pid = os.getpid()
         self._closed = False
         self._limit = int(np.iinfo(self.dtype).max)
@@ -94,17 +94,17 @@ class TokenSpill:
     def chunks(self, size: int) -> Iterator[bytes]:
         """The tokens appended so far, as bytes, `size` at a time (the last may be shorter)."""
         self._check_usable()
-        if self._fd is None:   # all in the buffer
+        if self._fd is None:  # all in the buffer
             data = bytes(self._buffer)
             for at in range(0, len(data), size):
-                yield data[at:at + size]
+                yield data[at : at + size]
             return
         self._flush()
         at = 0
         while at < self._written:
             want = min(size, self._written - at)
             chunk = os.pread(self._fd, want, at)
-            while len(chunk) < want:   # (a short read: blocks must be whole for their CRCs)
+            while len(chunk) < want:  # (a short read: blocks must be whole for their CRCs)
                 more = os.pread(self._fd, want - len(chunk), at + len(chunk))
                 if not more:
                     raise OSError(f"token spill file ended {self._written - at} bytes early")
@@ -115,7 +115,7 @@ class TokenSpill:
     def close(self) -> None:
         """Drop the tokens and delete the file (never writes, never raises)."""
         self._buffer = bytearray()
-        fd, self._fd = getattr(self, "_fd", None), None   # (None: __init__ did not finish)
+        fd, self._fd = getattr(self, "_fd", None), None  # (None: __init__ did not finish)
         self._closed = True
         if fd is not None and os.getpid() == self._pid:
             try:
@@ -155,6 +155,6 @@ class TokenSpill:
         except OSError as exc:
             with _open_files.lock:
                 _open_files.count -= 1
-            if exc.errno in (errno.EMFILE, errno.ENFILE):   # out of descriptors, not of disk
+            if exc.errno in (errno.EMFILE, errno.ENFILE):  # out of descriptors, not of disk
                 raise SpillUnavailable(str(exc)) from exc
             raise

@@ -72,7 +72,7 @@ def _chunks(records: Iterator[Record]) -> Iterator[list[Record]]:
 
 
 log = logging.getLogger("mixer.token_cache")
-_warned: set[Any] = set()   # cache roots this process already warned about
+_warned: set[Any] = set()  # cache roots this process already warned about
 
 
 @dataclass
@@ -95,8 +95,9 @@ CACHE_STATS = CacheStats()
 class TokenCache:
     """The token cache at `root` (a folder or fsspec URL) for one tokenizer."""
 
-    def __init__(self, root: str, tokenizer: TokenizerInfo,
-                 storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, root: str, tokenizer: TokenizerInfo, storage_options: dict[str, Any] | None = None
+    ) -> None:
         self.root = root.rstrip("/")
         self.tokenizer = tokenizer
         self.storage_options = dict(storage_options or {})
@@ -113,9 +114,20 @@ class TokenCache:
         # An ETag names content; a modification time does not (copies keep it, tools pin it),
         # so files versioned by mtime are also told apart by their path.
         where = "" if entry.etag else entry.url
-        material = [CACHE_FORMAT, info.digest, info.eos_id, info.bos_id, entry.key, where,
-                    entry.size, entry.version, entry.format, split.to_list()[1:], text_field,
-                    max_bytes]
+        material = [
+            CACHE_FORMAT,
+            info.digest,
+            info.eos_id,
+            info.bos_id,
+            entry.key,
+            where,
+            entry.size,
+            entry.version,
+            entry.format,
+            split.to_list()[1:],
+            text_field,
+            max_bytes,
+        ]
         return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
 
     def path(self, key: str) -> str:
@@ -134,7 +146,7 @@ class TokenCache:
             data = fs.cat_file(base + ".json")
         except FileNotFoundError:
             return None
-        except OSError as exc:   # (a folder in its place, an unreadable file)
+        except OSError as exc:  # (a folder in its place, an unreadable file)
             return self._damaged(base, exc)
         try:
             commit = open_commit(data)
@@ -157,14 +169,16 @@ class TokenCache:
         CACHE_STATS.corrupt += 1
         log.info("token cache entry %s is damaged (%s); rebuilding it", base, exc)
 
-    def _layout(self, idx: bytes, rec: bytes, commit: dict[str, Any]
-                ) -> tuple[np.ndarray, np.ndarray]:
+    def _layout(
+        self, idx: bytes, rec: bytes, commit: dict[str, Any]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(document starts, record table) of an entry's .idx and .rec, checked against its
         commit and the layout mixer writes (ValueError says what is wrong)."""
         index = parse_index(idx)
         if idx != encode_index(self.dtype, index.lengths):
-            raise ValueError("index is not one sequence per document in this cache's dtype, "
-                             "back to back")
+            raise ValueError(
+                "index is not one sequence per document in this cache's dtype, back to back"
+            )
         if len(rec) % 32:
             raise ValueError("record table is not whole rows")
         records = np.frombuffer(rec, np.int64).reshape(-1, 4)
@@ -177,20 +191,28 @@ class TokenCache:
             raise ValueError("index does not cover the token file")
         return starts, records
 
-    def replay(self, cached: CachedSplit, *, index: int, source: str, file: str,
-               read: Callable[[int, int], Iterator[Record]],
-               adopt: Callable[[SplitWriter], None] | None = None) -> Replay:
+    def replay(
+        self,
+        cached: CachedSplit,
+        *,
+        index: int,
+        source: str,
+        file: str,
+        read: Callable[[int, int], Iterator[Record]],
+        adopt: Callable[[SplitWriter], None] | None = None,
+    ) -> Replay:
         """The split's records from record index `index`, as its reader would yield them (see
         `Replay`). From a record whose block is damaged on, they are `read(index, offset)`
         from the source; when the replay started at the split's first record, `adopt` is
         first handed a writer holding the records replayed so far, to feed with the rest (the
         entry is rebuilt)."""
+
         def damaged(row: int, doc: int, exc: CorruptBlock) -> None:
             self._drop(cached, exc)
             if adopt is not None and replay.first == 0 and self.writable:
                 try:
                     writer = SplitWriter.prefilled(self, cached, file, row, doc)
-                except CorruptBlock as err:   # (the entry changed under us: not rebuilt)
+                except CorruptBlock as err:  # (the entry changed under us: not rebuilt)
                     log.debug("token cache entry %s not rebuilt (%s)", cached.key, err)
                     return
                 adopt(writer)
@@ -203,8 +225,11 @@ class TokenCache:
         the next full read of the split rewrites it)."""
         CACHE_STATS.corrupt += 1
         base = self.path(cached.key)
-        log.info("token cache entry %s is damaged (%s); reading its split from the source "
-                 "from here on", base, exc)
+        log.info(
+            "token cache entry %s is damaged (%s); reading its split from the source from here on",
+            base,
+            exc,
+        )
         try:
             self.filesystem()[0].rm_file(base + ".json")
         except OSError as err:
@@ -218,8 +243,7 @@ class TokenCache:
         fs, root = self.filesystem()
         return TokenSpill(self.dtype, root if is_local(fs) else None)
 
-    def store(self, key: str, records: array, tokens: TokenSpill,
-              errors: list[list[Any]]) -> bool:
+    def store(self, key: str, records: array, tokens: TokenSpill, errors: list[list[Any]]) -> bool:
         """Write an entry (data objects first, the commit last) from its record rows (int64,
         4 per record, flat), its documents' tokens and the errors; False when the cache
         cannot be written (warned once per process and root, then not tried again). Closes
@@ -231,16 +255,23 @@ class TokenCache:
             base = self.path(key)
             fs.makedirs(base.rsplit("/", 1)[0], exist_ok=True)
             bin_crcs = _put_chunks(fs, f"{base}.bin", tokens.chunks(BIN_BLOCK))
-            parts = {"idx": encode_index(self.dtype, np.array(tokens.lengths, dtype=np.int32)),
-                     "rec": records.tobytes()}
-            commit = {"v": CACHE_FORMAT, "records": len(records) // 4, "documents": len(tokens),
-                      "errors": errors, "idx": [len(parts["idx"]), crc(parts["idx"])],
-                      "rec": [len(parts["rec"]), crc(parts["rec"])],
-                      "bin": [tokens.nbytes, BIN_BLOCK, bin_crcs]}
+            parts = {
+                "idx": encode_index(self.dtype, np.array(tokens.lengths, dtype=np.int32)),
+                "rec": records.tobytes(),
+            }
+            commit = {
+                "v": CACHE_FORMAT,
+                "records": len(records) // 4,
+                "documents": len(tokens),
+                "errors": errors,
+                "idx": [len(parts["idx"]), crc(parts["idx"])],
+                "rec": [len(parts["rec"]), crc(parts["rec"])],
+                "bin": [tokens.nbytes, BIN_BLOCK, bin_crcs],
+            }
             parts["json"] = seal_commit(commit)
             for suffix in ("idx", "rec", "json"):
                 _put(fs, f"{base}.{suffix}", parts[suffix])
-        except (SpillUnavailable, IsADirectoryError) as exc:   # (this entry only)
+        except (SpillUnavailable, IsADirectoryError) as exc:  # (this entry only)
             log.debug("token cache entry %s not written (%s)", key, exc)
             return False
         except OSError as exc:
@@ -256,13 +287,26 @@ class TokenCache:
         self.writable = False
         if self.root not in _warned:
             _warned.add(self.root)
-            log.warning("token cache %s cannot be written (%s): reading tokens from the "
-                        "cache where present, tokenizing the rest", self.root, exc)
+            log.warning(
+                "token cache %s cannot be written (%s): reading tokens from the "
+                "cache where present, tokenizing the rest",
+                self.root,
+                exc,
+            )
 
-    def records(self, read: Callable[[int, int], Iterator[Record]], *, entry: FileEntry,
-                split: Split, source: str, text_field: str, max_bytes: int, index: int,
-                offset: int, adopt: Callable[[SplitWriter], None] | None = None
-                ) -> Iterator[Record]:
+    def records(
+        self,
+        read: Callable[[int, int], Iterator[Record]],
+        *,
+        entry: FileEntry,
+        split: Split,
+        source: str,
+        text_field: str,
+        max_bytes: int,
+        index: int,
+        offset: int,
+        adopt: Callable[[SplitWriter], None] | None = None,
+    ) -> Iterator[Record]:
         """The split's records from the cursor (`index`, `offset`). With `adopt`, the entry is
         to be written from what the caller reads: `adopt` is handed the `SplitWriter` that
         the caller then feeds with the records it reads and the tokens it makes of them (so
@@ -275,29 +319,35 @@ class TokenCache:
         cached = self.load(key)
         if cached is not None:
             CACHE_STATS.hits += 1
-            return self.replay(cached, index=index, source=source, file=entry.url, read=read,
-                               adopt=adopt)
+            return self.replay(
+                cached, index=index, source=source, file=entry.url, read=read, adopt=adopt
+            )
         CACHE_STATS.misses += 1
         if adopt is not None and index == 0 and self.writable:
             adopt(SplitWriter(self, key, entry.url))
         return read(index, offset)
 
-    def write_through(self, records: Iterable[Record], key: str, file: str,
-                      encode: Callable[[list[str]], list[np.ndarray]]) -> Iterator[Record]:
+    def write_through(
+        self,
+        records: Iterable[Record],
+        key: str,
+        file: str,
+        encode: Callable[[list[str]], list[np.ndarray]],
+    ) -> Iterator[Record]:
         """`records` of a whole split with their texts tokenized (token records, same
         `chars`); once they are all read, the entry `key` is stored (unless the split ends
         in an error or holds images: then it stays uncached)."""
         writer = SplitWriter(self, key, file)
 
         def texts_of(chunk: list[Record]) -> list[str]:
-            return [r.text for r in chunk if r.error is None and r.tokens is None
-                    and not r.images]
+            return [r.text for r in chunk if r.error is None and r.tokens is None and not r.images]
 
         # Pipelined: the next chunk is read and encoded in the background while the caller
         # consumes this one, so caching costs one tokenization, overlapped as without it.
         chunks = _chunks(iter(records))
         pending = None
         first = next(chunks, None)
+
         def submitted(chunk: list[Record]) -> tuple[list[Record], Future]:
             texts = texts_of(chunk)
             return chunk, encoding_thread().submit(encode, texts, units=sum(map(len, texts)))
@@ -315,8 +365,9 @@ class TokenCache:
                     ids = record.tokens if record.tokens is not None else next(encoded)
                     if doc is not None:
                         writer.add_tokens(doc, ids)
-                    record = Record(record.index, record.offset, None, tokens=ids,
-                                    chars=record.size)
+                    record = Record(
+                        record.index, record.offset, None, tokens=ids, chars=record.size
+                    )
                 yield record
         writer.end()
 
@@ -371,10 +422,11 @@ def _put_chunks(fs: Any, path: str, chunks: Iterable[bytes]) -> list[int]:
         for chunk in chunks:
             crcs.append(crc(chunk))
             yield chunk
+
     if is_local(fs):
         write_atomically(path, checked())
         return crcs
-    out = fs.open(path, "wb")   # an object store publishes the object when it is closed
+    out = fs.open(path, "wb")  # an object store publishes the object when it is closed
     try:
         for chunk in checked():
             out.write(chunk)
@@ -384,5 +436,3 @@ def _put_chunks(fs: Any, path: str, chunks: Iterable[bytes]) -> list[int]:
         raise
     out.close()
     return crcs
-
-

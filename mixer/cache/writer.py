@@ -24,8 +24,9 @@ class EntryStore(Protocol):
 
     def unwritable(self, exc: OSError) -> None: ...
 
-    def store(self, key: str, records: array, tokens: TokenSpill,
-              errors: list[list[Any]]) -> bool: ...
+    def store(
+        self, key: str, records: array, tokens: TokenSpill, errors: list[list[Any]]
+    ) -> bool: ...
 
 
 def _error_fields(error: DataError, file: str) -> list[Any]:
@@ -44,10 +45,10 @@ class SplitWriter:
         self.cache = cache
         self.key = key
         self.file = file
-        self.rows = array("q")   # (record index, offset, chars, document) per record, flat
+        self.rows = array("q")  # (record index, offset, chars, document) per record, flat
         self.errors: list[list[Any]] = []
         self.spill = cache.spill()
-        self.ahead: dict[int, np.ndarray] = {}   # documents waiting for an earlier one
+        self.ahead: dict[int, np.ndarray] = {}  # documents waiting for an earlier one
         self.documents = 0
         self.keep = True
         self.last_error = False
@@ -55,13 +56,14 @@ class SplitWriter:
         self.done = False
 
     @classmethod
-    def prefilled(cls, cache: EntryStore, cached: CachedSplit, file: str, rows: int,
-                  documents: int) -> SplitWriter:
+    def prefilled(
+        cls, cache: EntryStore, cached: CachedSplit, file: str, rows: int, documents: int
+    ) -> SplitWriter:
         """A writer holding the first `rows` records of `cached` (whose `documents` documents
         lie in blocks already checked), to be fed the split's remaining records."""
         writer = cls(cache, cached.key, file)
         writer.rows.extend(cached.records[:rows].ravel().tolist())
-        writer.errors = cached.errors[:int((cached.records[:rows, 3] < 0).sum())]
+        writer.errors = cached.errors[: int((cached.records[:rows, 3] < 0).sum())]
         starts = cached.starts
         writer.documents = documents
         for d in range(documents):
@@ -102,13 +104,13 @@ class SplitWriter:
     def _spill(self, ids: np.ndarray) -> None:
         try:
             fits = self.spill.append(ids)
-        except SpillUnavailable as exc:   # this entry only: the next may find a file
+        except SpillUnavailable as exc:  # this entry only: the next may find a file
             log.debug("token cache entry %s not written (%s)", self.key, exc)
             fits = False
         except OSError as exc:
             self.cache.unwritable(exc)
             fits = False
-        if not fits:   # pre-tokenized ids of another vocabulary, or a cache we cannot write
+        if not fits:  # pre-tokenized ids of another vocabulary, or a cache we cannot write
             self._abandon()
 
     def close(self) -> None:
@@ -127,5 +129,5 @@ class SplitWriter:
         self.done = True
         if not self.keep or self.last_error:
             self.spill.close()
-            return   # (an error at the end may be a storage failure: it must not outlive us)
+            return  # (an error at the end may be a storage failure: it must not outlive us)
         self.cache.store(self.key, self.rows, self.spill, self.errors)

@@ -26,10 +26,10 @@ from mixer.core.registry import FORMATS, PACKERS
 MAX_LANES = 1 << 16
 MAX_SEQ_LEN = 1 << 24
 MAX_BATCH_SIZE = 1 << 24
-MAX_BATCH_TOKENS = 1 << 28      # seq_len × batch_size
+MAX_BATCH_TOKENS = 1 << 28  # seq_len × batch_size
 MAX_SHUFFLE_WINDOW = 1 << 24
 MAX_PACK_WINDOW = 1 << 20
-MAX_BYTES_SETTING = 1 << 40     # every *_bytes setting
+MAX_BYTES_SETTING = 1 << 40  # every *_bytes setting
 MAX_EPOCHS = 1 << 32
 
 
@@ -39,23 +39,37 @@ class SourceConfig(_Frozen):
     name: str = Field(min_length=1, description="Unique name; seeds derive from it.")
     path: str | list[str] = Field(description="Glob, or list of globs (local or fsspec URL).")
     weight: Float | None = Field(
-        default=None, gt=0, description="Share of training tokens (normalized over sources); "
-        "required unless the recipe has a `schedule`.")
+        default=None,
+        gt=0,
+        description="Share of training tokens (normalized over sources); "
+        "required unless the recipe has a `schedule`.",
+    )
     text_field: str = Field(
-        default="text", min_length=1,
+        default="text",
+        min_length=1,
         description="Column/key with the text (webdataset: key in the json member; its "
-        "default is the txt member).")
+        "default is the txt member).",
+    )
     format: str | None = Field(
-        default=None, description="File format; inferred from each file's extension when absent.")
+        default=None, description="File format; inferred from each file's extension when absent."
+    )
     token_dtype: Literal["uint16", "uint32"] | None = Field(
-        default=None, description="Pre-tokenized sources: the ids' type in a headerless .npy "
-        "(OLMo's raw token arrays); a .npy header must agree with it.")
-    epochs: Int | None = Field(default=None, ge=1, le=MAX_EPOCHS,
-                               description="null: repeat forever; an integer caps the epochs.")
+        default=None,
+        description="Pre-tokenized sources: the ids' type in a headerless .npy "
+        "(OLMo's raw token arrays); a .npy header must agree with it.",
+    )
+    epochs: Int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_EPOCHS,
+        description="null: repeat forever; an integer caps the epochs.",
+    )
     on_error: Literal["raise", "skip"] = Field(
-        default="raise", description="raise: stop with an error; skip: skip and count bad input.")
+        default="raise", description="raise: stop with an error; skip: skip and count bad input."
+    )
     storage_options: dict[str, Any] = Field(
-        default_factory=dict, description="fsspec options (credentials, endpoint); never logged.")
+        default_factory=dict, description="fsspec options (credentials, endpoint); never logged."
+    )
 
     @property
     def chosen_text_field(self) -> str | None:
@@ -72,8 +86,11 @@ class SourceConfig(_Frozen):
         # Checked here rather than by pydantic's union, whose errors carry branch tags
         # ("str", "list[str]") in their locations.
         paths = [value] if isinstance(value, str) else value
-        if (not isinstance(paths, list) or not paths
-                or any(not isinstance(p, str) or not p for p in paths)):
+        if (
+            not isinstance(paths, list)
+            or not paths
+            or any(not isinstance(p, str) or not p for p in paths)
+        ):
             raise ValueError("path must be a non-empty glob or a non-empty list of globs")
         return value
 
@@ -93,49 +110,84 @@ class SourceConfig(_Frozen):
 class Recipe(_Frozen):
     """A validated mixture recipe. Build with `mixer.load_recipe`."""
 
-    seed: Int = Field(default=0, ge=-(1 << 63), lt=1 << 64,
-                      description="Root of every random choice (a 64-bit integer).")
+    seed: Int = Field(
+        default=0,
+        ge=-(1 << 63),
+        lt=1 << 64,
+        description="Root of every random choice (a 64-bit integer).",
+    )
     tokenizer: str = Field(min_length=1, description="tokenizer.json file or local HF folder.")
     seq_len: Int = Field(gt=0, le=MAX_SEQ_LEN, description="Tokens per row.")
     batch_size: Int = Field(gt=0, le=MAX_BATCH_SIZE, description="Rows per batch, per rank.")
-    lanes: Int = Field(default=8, gt=0, le=MAX_LANES,
-                       description="Independent pipelines; see docs.")
-    packing: str = Field(default="concat", description="A packer's name: concat | pad | "
-                         "best_fit.")
-    pack_window: Int = Field(default=256, ge=1, le=MAX_PACK_WINDOW,
-                             description="Documents per best_fit packing window.")
-    shuffle_window: Int = Field(default=1024, ge=1, le=MAX_SHUFFLE_WINDOW,
-                                description="Documents per shuffle window.")
-    shuffle_window_bytes: Int = Field(default=64 << 20, ge=1, le=MAX_BYTES_SETTING,
-                                      description="A window also ends at this many text bytes.")
+    lanes: Int = Field(
+        default=8, gt=0, le=MAX_LANES, description="Independent pipelines; see docs."
+    )
+    packing: str = Field(default="concat", description="A packer's name: concat | pad | best_fit.")
+    pack_window: Int = Field(
+        default=256, ge=1, le=MAX_PACK_WINDOW, description="Documents per best_fit packing window."
+    )
+    shuffle_window: Int = Field(
+        default=1024, ge=1, le=MAX_SHUFFLE_WINDOW, description="Documents per shuffle window."
+    )
+    shuffle_window_bytes: Int = Field(
+        default=64 << 20,
+        ge=1,
+        le=MAX_BYTES_SETTING,
+        description="A window also ends at this many text bytes.",
+    )
     shuffle_budget_bytes: Int = Field(
-        default=64 << 20, ge=1 << 16, le=MAX_BYTES_SETTING,
+        default=64 << 20,
+        ge=1 << 16,
+        le=MAX_BYTES_SETTING,
         description="Text bytes of all shuffle windows together (every lane and source): each "
-        "(lane, source) window ends at an equal share, so a worker's windows never hold more.")
-    split_bytes: Int = Field(default=64 << 20, ge=1, le=MAX_BYTES_SETTING,
-                             description="Target size of byte-range splits of plain jsonl.")
-    max_document_bytes: Int = Field(default=64 << 20, ge=1, le=MAX_BYTES_SETTING,
-                                    description="Longer records are errors (or skipped).")
-    read_ahead_bytes: Int = Field(default=64 << 20, ge=1 << 16, le=MAX_BYTES_SETTING,
-                                  description="Read-ahead budget per worker, "
-                                  "shared by its open remote streams.")
-    manifest: str | None = Field(default=None, description="Manifest file written by "
-                                 "`mixer index`; used at start-up when it exists.")
+        "(lane, source) window ends at an equal share, so a worker's windows never hold more.",
+    )
+    split_bytes: Int = Field(
+        default=64 << 20,
+        ge=1,
+        le=MAX_BYTES_SETTING,
+        description="Target size of byte-range splits of plain jsonl.",
+    )
+    max_document_bytes: Int = Field(
+        default=64 << 20,
+        ge=1,
+        le=MAX_BYTES_SETTING,
+        description="Longer records are errors (or skipped).",
+    )
+    read_ahead_bytes: Int = Field(
+        default=64 << 20,
+        ge=1 << 16,
+        le=MAX_BYTES_SETTING,
+        description="Read-ahead budget per worker, shared by its open remote streams.",
+    )
+    manifest: str | None = Field(
+        default=None,
+        description="Manifest file written by `mixer index`; used at start-up when it exists.",
+    )
     mask_document_boundaries: bool = Field(default=False)
-    token_cache: str | None = Field(default=None, min_length=1, description="Folder or URL "
-                                    "of the token cache (see docs/recipes.md); absent: none.")
+    token_cache: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Folder or URL of the token cache (see docs/recipes.md); absent: none.",
+    )
     token_cache_storage_options: dict[str, Any] = Field(
-        default_factory=dict, description="fsspec options of the token cache's URL.")
+        default_factory=dict, description="fsspec options of the token cache's URL."
+    )
     eos_token: str | None = Field(default=None, description="Overrides the tokenizer's EOS.")
     tokenizer_backend: Literal["auto", "hf", "fastokens"] = Field(
-        default="auto", description="What encodes: hf (the `tokenizers` library), fastokens "
+        default="auto",
+        description="What encodes: hf (the `tokenizers` library), fastokens "
         "(required; refused unless it loads the tokenizer and matches hf on a stress text and "
-        "the sources' first documents), auto (fastokens where it does, else hf).")
-    images: ImageSettings | None = Field(default=None, description="Image+text batches "
-                                         "(absent: text batches).")
+        "the sources' first documents), auto (fastokens where it does, else hf).",
+    )
+    images: ImageSettings | None = Field(
+        default=None, description="Image+text batches (absent: text batches)."
+    )
     sources: list[SourceConfig] = Field(min_length=1)
-    schedule: Schedule | None = Field(default=None, description="Target weights over global "
-                                      "tokens; absent: the sources' `weight`.")
+    schedule: Schedule | None = Field(
+        default=None,
+        description="Target weights over global tokens; absent: the sources' `weight`.",
+    )
     base_dir: str = Field(default=".", description="Relative paths resolve against this folder.")
 
     @field_validator("packing")
@@ -150,8 +202,10 @@ class Recipe(_Frozen):
         seen: dict[str, int] = {}
         for i, src in enumerate(self.sources):
             if src.name in seen:
-                raise ValueError(f"sources[{i}].name: duplicate source name {src.name!r} "
-                                 f"(also sources[{seen[src.name]}].name)")
+                raise ValueError(
+                    f"sources[{i}].name: duplicate source name {src.name!r} "
+                    f"(also sources[{seen[src.name]}].name)"
+                )
             seen[src.name] = i
         return self
 
@@ -159,8 +213,10 @@ class Recipe(_Frozen):
     def _bounded_batch(self) -> Recipe:
         tokens = self.seq_len * self.batch_size
         if tokens > MAX_BATCH_TOKENS:
-            raise ValueError(f"batch_size: seq_len × batch_size = {tokens:,} tokens per batch "
-                             f"is more than the limit of {MAX_BATCH_TOKENS:,}")
+            raise ValueError(
+                f"batch_size: seq_len × batch_size = {tokens:,} tokens per batch "
+                f"is more than the limit of {MAX_BATCH_TOKENS:,}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -169,34 +225,47 @@ class Recipe(_Frozen):
         if self.schedule is None:
             for i, src in enumerate(self.sources):
                 if src.weight is None:
-                    raise ValueError(f"sources[{i}].weight: field required (a recipe without "
-                                     "`schedule` weighs each source)")
+                    raise ValueError(
+                        f"sources[{i}].weight: field required (a recipe without "
+                        "`schedule` weighs each source)"
+                    )
             return self
         points = self.schedule.points
         if points[0].at_tokens != 0:
-            raise ValueError(f"schedule.points[0].at_tokens: the first point must be at 0 "
-                             f"tokens, got {points[0].at_tokens:g}")
+            raise ValueError(
+                f"schedule.points[0].at_tokens: the first point must be at 0 "
+                f"tokens, got {points[0].at_tokens:g}"
+            )
         for i, point in enumerate(points):
             if i and point.at_tokens <= points[i - 1].at_tokens:
-                raise ValueError(f"schedule.points[{i}].at_tokens: {point.at_tokens:g} is not "
-                                 f"after points[{i - 1}].at_tokens ({points[i - 1].at_tokens:g})"
-                                 "; points must be strictly increasing")
+                raise ValueError(
+                    f"schedule.points[{i}].at_tokens: {point.at_tokens:g} is not "
+                    f"after points[{i - 1}].at_tokens ({points[i - 1].at_tokens:g})"
+                    "; points must be strictly increasing"
+                )
             for name, weight in point.weights.items():
                 if weight < 0:
-                    raise ValueError(f"schedule.points[{i}].weights.{name}: weight {weight:g} "
-                                     "is negative")
+                    raise ValueError(
+                        f"schedule.points[{i}].weights.{name}: weight {weight:g} is negative"
+                    )
             if not any(w > 0 for w in point.weights.values()):
-                raise ValueError(f"schedule.points[{i}].weights: every weight is 0 (at least "
-                                 "one source must have a positive weight)")
+                raise ValueError(
+                    f"schedule.points[{i}].weights: every weight is 0 (at least "
+                    "one source must have a positive weight)"
+                )
             for name in point.weights:
                 if name not in names:
-                    raise ValueError(f"schedule.points[{i}].weights.{name}: unknown source "
-                                     f"{name!r}; sources: {', '.join(sorted(names))}")
+                    raise ValueError(
+                        f"schedule.points[{i}].weights.{name}: unknown source "
+                        f"{name!r}; sources: {', '.join(sorted(names))}"
+                    )
             shares = normalize([point.weights.get(s.name, 0.0) for s in self.sources])
             for name, share in zip([s.name for s in self.sources], shares):
                 if not math.isfinite(share) or (point.weights.get(name, 0) > 0 and share <= 0):
-                    raise ValueError(f"schedule.points[{i}].weights.{name}: its share rounds "
-                                     "to 0 next to the other weights")
+                    raise ValueError(
+                        f"schedule.points[{i}].weights.{name}: its share rounds "
+                        "to 0 next to the other weights"
+                    )
         return self
 
     @model_validator(mode="after")
@@ -205,8 +274,10 @@ class Recipe(_Frozen):
             return self
         for i, share in enumerate(self.weights):
             if not (math.isfinite(share) and share > 0):
-                raise ValueError(f"sources[{i}].weight: {self.sources[i].weight} is too small "
-                                 "next to the other weights: its share rounds to 0")
+                raise ValueError(
+                    f"sources[{i}].weight: {self.sources[i].weight} is too small "
+                    "next to the other weights: its share rounds to 0"
+                )
         return self
 
     @property
@@ -292,8 +363,9 @@ def load_recipe(path_or_dict: str | os.PathLike[str] | dict[str, Any] | Recipe) 
             raise RecipeError("base_dir: unknown key (set only for dict recipes)")
         data["base_dir"] = str(file.resolve().parent)
     else:
-        raise RecipeError(f"a recipe is a YAML file path, a dict or a Recipe, not "
-                          f"{type(path_or_dict).__name__}")
+        raise RecipeError(
+            f"a recipe is a YAML file path, a dict or a Recipe, not {type(path_or_dict).__name__}"
+        )
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:

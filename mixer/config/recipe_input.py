@@ -34,10 +34,11 @@ except ImportError:  # pragma: no cover
             Scanner.__init__(self)
             _BaseParser.__init__(self)
 
-MAX_BYTES = 1 << 20      # a recipe file
-MAX_DEPTH = 64           # nested mappings/sequences, aliases expanded
-MAX_ALIASES = 100        # `*name` references in one file
-MAX_NODES = 100_000      # values, keys and collections, aliases expanded
+
+MAX_BYTES = 1 << 20  # a recipe file
+MAX_DEPTH = 64  # nested mappings/sequences, aliases expanded
+MAX_ALIASES = 100  # `*name` references in one file
+MAX_NODES = 100_000  # values, keys and collections, aliases expanded
 
 # What PyYAML's safe constructors raise on bad scalars (`!!int abc`, `!!bool maybe`,
 # `!!timestamp 2020-99`, too many digits), besides its own YAMLError.
@@ -63,7 +64,7 @@ class _BoundedLoader(Composer, _Parser, SafeConstructor, Resolver):
         self._depth = 0
         self._aliases = 0
         self._nodes = 0
-        self._sizes: dict[int, tuple[int, int]] = {}   # id(node) -> (expanded nodes, height)
+        self._sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded nodes, height)
 
     def _fail(self, problem: str) -> None:
         raise _Limit(problem=problem, problem_mark=self.peek_event().start_mark)
@@ -84,8 +85,10 @@ class _BoundedLoader(Composer, _Parser, SafeConstructor, Resolver):
             if size is None:  # the alias points into a node still being composed
                 raise _Limit(problem="recursive alias", problem_mark=event.start_mark)
             if self._depth + size[1] > MAX_DEPTH:
-                raise _Limit(problem=f"nested deeper than {MAX_DEPTH} levels (aliases expanded)",
-                             problem_mark=event.start_mark)
+                raise _Limit(
+                    problem=f"nested deeper than {MAX_DEPTH} levels (aliases expanded)",
+                    problem_mark=event.start_mark,
+                )
             self._count(size[0])
             return node
         self._depth += 1
@@ -100,8 +103,10 @@ class _BoundedLoader(Composer, _Parser, SafeConstructor, Resolver):
         elif isinstance(node, MappingNode):
             children = [part for pair in node.value for part in pair]
         sizes = [self._sizes[id(child)] for child in children]
-        self._sizes[id(node)] = (1 + sum(s[0] for s in sizes),
-                                 1 + max((s[1] for s in sizes), default=0))
+        self._sizes[id(node)] = (
+            1 + sum(s[0] for s in sizes),
+            1 + max((s[1] for s in sizes), default=0),
+        )
         return node
 
     def construct_object(self, node: Node, deep: bool = False) -> Any:
@@ -111,7 +116,8 @@ class _BoundedLoader(Composer, _Parser, SafeConstructor, Resolver):
             what = repr(node.value[:40]) if isinstance(node.value, str) else "value"
             raise yaml.constructor.ConstructorError(
                 problem=f"cannot read {what} as {node.tag.rsplit(':', 1)[-1]}: {exc}",
-                problem_mark=node.start_mark) from None
+                problem_mark=node.start_mark,
+            ) from None
 
 
 def _describe(exc: yaml.YAMLError) -> str:
@@ -136,8 +142,9 @@ def read_yaml(file: Path) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise RecipeError(f"recipe {str(file)!r} is not UTF-8 text (byte offset "
-                          f"{exc.start})") from None
+        raise RecipeError(
+            f"recipe {str(file)!r} is not UTF-8 text (byte offset {exc.start})"
+        ) from None
     loader = None
     try:
         loader = _BoundedLoader(text)

@@ -29,8 +29,10 @@ class Schedule(_Frozen):
     """Target weights that change over global tokens (docs/recipes.md#schedules)."""
 
     interpolate: Literal["step", "linear"] = Field(
-        default="step", description="step: a point holds until the next; linear: weights "
-        "move linearly from each point to the next.")
+        default="step",
+        description="step: a point holds until the next; linear: weights "
+        "move linearly from each point to the next.",
+    )
     points: list[SchedulePoint] = Field(min_length=1, max_length=MAX_SCHEDULE_POINTS)
 
     def weights_at(self, names: list[str], tokens: int) -> list[float]:

@@ -70,7 +70,7 @@ class Document:
 
     tokens: np.ndarray
     images: tuple[Placement, ...] = ()
-    meta: dict[str, Any] = field(default_factory=dict)   # what a layout needs to rebuild it
+    meta: dict[str, Any] = field(default_factory=dict)  # what a layout needs to rebuild it
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -106,18 +106,15 @@ class Document:
 class DocumentSource(Protocol):
     """What a packer draws documents from (a `SourceStream`, or any resumable iterator)."""
 
-    name: str      # the source's name (errors name it)
+    name: str  # the source's name (errors name it)
     lane: int
-    done: bool     # True once `next_document` has returned None for good
+    done: bool  # True once `next_document` has returned None for good
 
-    def next_document(self) -> Document | None:
-        ...
+    def next_document(self) -> Document | None: ...
 
-    def state_dict(self) -> dict[str, int]:
-        ...
+    def state_dict(self) -> dict[str, int]: ...
 
-    def load_state_dict(self, state: dict[str, int] | None) -> None:
-        ...
+    def load_state_dict(self, state: dict[str, int] | None) -> None: ...
 
 
 @dataclass
@@ -130,9 +127,11 @@ class Budget:
     videos: int | None = None
 
     def allows(self, images: int, patches: int, videos: int = 0) -> bool:
-        return ((self.images is None or images <= self.images)
-                and (self.patches is None or patches <= self.patches)
-                and (self.videos is None or videos <= self.videos))
+        return (
+            (self.images is None or images <= self.images)
+            and (self.patches is None or patches <= self.patches)
+            and (self.videos is None or videos <= self.videos)
+        )
 
     def take(self, images: int, patches: int, videos: int = 0) -> None:
         if self.images is not None:
@@ -146,8 +145,13 @@ class Budget:
 class DocumentBuilder(Protocol):
     """Turns records with images into documents (`mixer.images.documents`)."""
 
-    def build(self, texts: list[str], images: list[tuple[EncodedImage, ...]],
-              files: list[str], locations: list[str]) -> list[Document | Rejected]:
+    def build(
+        self,
+        texts: list[str],
+        images: list[tuple[EncodedImage, ...]],
+        files: list[str],
+        locations: list[str],
+    ) -> list[Document | Rejected]:
         """Documents (or rejections) of records: their texts, stored images, files, and
         where each record's text lies (what an error about the text names)."""
         ...

@@ -13,8 +13,18 @@ class RecipeError(MixerError, ValueError):
 
 # Why a record was skipped, as `metrics()["skipped_by_reason"]` counts it (docs/metrics.md):
 # each `DataError` names one at its raise site.
-REASONS = ("too_long", "malformed", "bad_text", "bad_image", "bad_video", "bad_tokens",
-           "corrupt", "unreadable", "other")
+REASONS = (
+    "too_long",
+    "malformed",
+    "bad_text",
+    "bad_image",
+    "bad_video",
+    "bad_tokens",
+    "corrupt",
+    "unreadable",
+    "other",
+)
+
 
 class DataError(MixerError):
     """A source's data is missing, malformed or corrupt.
@@ -27,8 +37,15 @@ class DataError(MixerError):
     error as `DataError(text)`).
     """
 
-    def __init__(self, message: str, *, source: str | None = None, file: str | None = None,
-                 location: str | None = None, reason: str = "other") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str | None = None,
+        file: str | None = None,
+        location: str | None = None,
+        reason: str = "other",
+    ) -> None:
         # Without a source the message is taken as is: that is how torch's DataLoader
         # re-raises a worker's error in the main process, keeping its type.
         parts = [f"source {source!r}"] if source is not None else []
@@ -49,13 +66,29 @@ class DataError(MixerError):
     def __reduce__(self) -> tuple:
         # Pickled whole (message, place and reason) so an error raised in a DataLoader
         # worker keeps its `.message`, `.source`, `.file`, `.location` and `.reason`.
-        return (_restore_data_error, (type(self), str(self), self.source, self.file,
-                                      self.location, self.reason, self.message))
+        return (
+            _restore_data_error,
+            (
+                type(self),
+                str(self),
+                self.source,
+                self.file,
+                self.location,
+                self.reason,
+                self.message,
+            ),
+        )
 
 
-def _restore_data_error(cls: type[DataError], text: str, source: str | None,
-                        file: str | None, location: str | None, reason: str = "other",
-                        message: str | None = None) -> DataError:
+def _restore_data_error(
+    cls: type[DataError],
+    text: str,
+    source: str | None,
+    file: str | None,
+    location: str | None,
+    reason: str = "other",
+    message: str | None = None,
+) -> DataError:
     err = cls.__new__(cls)
     Exception.__init__(err, text)
     err.source, err.file, err.location, err.reason = source, file, location, reason

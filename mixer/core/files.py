@@ -20,7 +20,7 @@ def write_atomically(path: str | Path, data: bytes | Iterable[bytes]) -> None:
                 out.write(chunk)
         os.replace(tmp, path)
     finally:
-        with contextlib.suppress(OSError):   # (gone once renamed; or the folder is blocked)
+        with contextlib.suppress(OSError):  # (gone once renamed; or the folder is blocked)
             os.unlink(tmp)
 
 

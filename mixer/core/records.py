@@ -13,14 +13,14 @@ from mixer.core.errors import DataError
 class FileEntry:
     """One listed object of a source."""
 
-    url: str      # what fsspec opens
-    key: str      # path relative to the glob's fixed prefix: identical locally and on S3
+    url: str  # what fsspec opens
+    key: str  # path relative to the glob's fixed prefix: identical locally and on S3
     size: int
     format: str
-    etag: str = ""   # from the listing or manifest; a changed object is refused on open
-    mtime_ns: int = 0   # local files: modification time at listing; a changed file is refused
-    dtype: str = ""     # npy: the recipe's `token_dtype` (what a headerless file holds)
-    index: FileEntry | None = None   # megatron: the `.idx` beside the `.bin`, checked alike
+    etag: str = ""  # from the listing or manifest; a changed object is refused on open
+    mtime_ns: int = 0  # local files: modification time at listing; a changed file is refused
+    dtype: str = ""  # npy: the recipe's `token_dtype` (what a headerless file holds)
+    index: FileEntry | None = None  # megatron: the `.idx` beside the `.bin`, checked alike
 
     def fingerprint(self) -> list:
         """What identifies this file in a state's fingerprint: key and size (plus the token
@@ -47,17 +47,24 @@ class Split:
     parquet. `records` is the exact record count when known from metadata, else -1.
     """
 
-    file: int     # index into the source's file list
+    file: int  # index into the source's file list
     start: int
     end: int
     records: int = -1
-    seekable: bool = True   # False for whole compressed files: resume decompresses from 0
+    seekable: bool = True  # False for whole compressed files: resume decompresses from 0
     dstart: int = 0
-    dend: int = -1          # >= 0 only for zstd frame groups
+    dend: int = -1  # >= 0 only for zstd frame groups
 
     def to_list(self) -> list[int]:
-        return [self.file, self.start, self.end, self.records, int(self.seekable), self.dstart,
-                self.dend]
+        return [
+            self.file,
+            self.start,
+            self.end,
+            self.records,
+            int(self.seekable),
+            self.dstart,
+            self.dend,
+        ]
 
     @classmethod
     def from_list(cls, values: list[int]) -> Split:
@@ -69,8 +76,8 @@ class EncodedImage:
     """An image as stored (JPEG/PNG/WebP bytes), and where it was found (for errors)."""
 
     data: bytes
-    member: str      # e.g. the tar member's name
-    offset: int      # byte offset of the member's header in the file
+    member: str  # e.g. the tar member's name
+    offset: int  # byte offset of the member's header in the file
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,7 @@ class Record:
     error: DataError | None = None
     images: tuple[EncodedImage, ...] = ()
     location: str | None = None
-    tokens: Any = None       # np.ndarray of token ids, or None for a text record
+    tokens: Any = None  # np.ndarray of token ids, or None for a text record
     chars: int = 0
     consumed: int = -1
 
@@ -122,6 +129,15 @@ class Reader(Protocol):
     vocabulary size); the others are never passed it.
     """
 
-    def __call__(self, *, storage: Any, entry: FileEntry, split: Split, source: str,
-                 text_field: str, max_bytes: int, index: int, offset: int) -> Iterator[Record]:
-        ...
+    def __call__(
+        self,
+        *,
+        storage: Any,
+        entry: FileEntry,
+        split: Split,
+        source: str,
+        text_field: str,
+        max_bytes: int,
+        index: int,
+        offset: int,
+    ) -> Iterator[Record]: ...

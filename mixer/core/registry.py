@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-FORMATS: dict[str, Any] = {}    # name -> mixer.sources.formats.Format
-PACKERS: dict[str, Any] = {}    # name -> mixer.pipeline.packers.PackerFactory
+FORMATS: dict[str, Any] = {}  # name -> mixer.sources.formats.Format
+PACKERS: dict[str, Any] = {}  # name -> mixer.pipeline.packers.PackerFactory
 
 
 def infer_format(name: str) -> str | None:

@@ -24,7 +24,7 @@ class PerProcess(Generic[T]):
         self._values: dict[Hashable, T] = {}
 
     def _own(self) -> dict[Hashable, T]:
-        if self._pid != os.getpid():   # inherited through fork: the parent's, not ours
+        if self._pid != os.getpid():  # inherited through fork: the parent's, not ours
             self._pid, self._values = os.getpid(), {}
         return self._values
 
@@ -68,7 +68,7 @@ class OpenLimit:
     def __init__(self, limit: int, soft: int | None = None) -> None:
         self.limit = limit
         self.soft = limit if soft is None else soft
-        self.suspended = 0   # suspensions in this process (a measure of the bound's cost)
+        self.suspended = 0  # suspensions in this process (a measure of the bound's cost)
         self._pid = os.getpid()
         self._open: OrderedDict[int, weakref.ref[Suspendable]] = OrderedDict()
         # Re-entrant: the garbage collector may close a dropped item (`forget`) on a thread
@@ -98,7 +98,7 @@ class OpenLimit:
         for key in [k for k in self._open if k != keep]:
             if len(self._open) <= limit:
                 return
-            ref = self._open.get(key)   # (a collected item's callback may have removed it)
+            ref = self._open.get(key)  # (a collected item's callback may have removed it)
             other = ref() if ref is not None else None
             if other is None or other.suspend(cheap_only):
                 self._open.pop(key, None)
@@ -194,14 +194,15 @@ class FreedMemory:
         self._trim: Callable[[int], int] | None = None
 
     def _function(self) -> Callable[[int], int] | None:
-        if not self._looked_up:   # (ctypes only once it is needed: `import mixer` stays light)
+        if not self._looked_up:  # (ctypes only once it is needed: `import mixer` stays light)
             self._looked_up = True
             try:
                 import ctypes
+
                 # the symbols the process has loaded (not `ctypes.util.find_library`, which
                 # runs ldconfig in a subprocess: a fork of the whole process)
                 self._trim = ctypes.CDLL(None).malloc_trim
-            except (OSError, AttributeError):   # not glibc
+            except (OSError, AttributeError):  # not glibc
                 self._trim = None
         return self._trim
 
@@ -210,7 +211,7 @@ class FreedMemory:
         now = time.monotonic()
         if now < self._next:
             return
-        if self._pid != os.getpid():   # forked: the parent's lock may have been held
+        if self._pid != os.getpid():  # forked: the parent's lock may have been held
             self._pid, self._lock = os.getpid(), threading.Lock()
         if not self._lock.acquire(blocking=False):
             return

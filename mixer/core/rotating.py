@@ -33,18 +33,19 @@ class RotatingPool:
         self.threads = threads
         self.name = name
         self.limit = limit
-        self.replaced = 0            # threads that handed over to a successor so far
+        self.replaced = 0  # threads that handed over to a successor so far
         self._cond = threading.Condition()
         self._urgent: deque[_Task] = deque()
         self._queue: deque[_Task] = deque()
-        self._live = 0               # threads serving the queues (a successor replaces one)
+        self._live = 0  # threads serving the queues (a successor replaces one)
         self._spawned = 0
         self._stopping = False
         self._pid = os.getpid()
         _LIVE.add(self)
 
-    def submit(self, fn: Callable[..., Any], *args: Any, units: int = 0,
-               urgent: bool = False) -> Future:
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, units: int = 0, urgent: bool = False
+    ) -> Future:
         """Run `fn(*args)` on a thread of the pool (`units` counted against its `limit`);
         `urgent`: before the tasks waiting. Raises what starting a thread raises when the
         pool has no thread to run the task."""
@@ -58,7 +59,7 @@ class RotatingPool:
                 try:
                     self._spawn(None)
                 except Exception:
-                    if self._live == 0:   # nothing would ever run it
+                    if self._live == 0:  # nothing would ever run it
                         (self._urgent if urgent else self._queue).remove(task)
                         raise
             self._cond.notify()
@@ -66,8 +67,9 @@ class RotatingPool:
 
     def _spawn(self, predecessor: threading.Thread | None) -> None:
         """Start a thread (under the lock); it replaces `predecessor` where one is given."""
-        thread = threading.Thread(target=self._work, args=(predecessor,),
-                                  name=f"{self.name}_{self._spawned}")
+        thread = threading.Thread(
+            target=self._work, args=(predecessor,), name=f"{self.name}_{self._spawned}"
+        )
         thread.start()
         self._spawned += 1
         if predecessor is None:
@@ -95,7 +97,7 @@ class RotatingPool:
                         break
                     try:
                         self._spawn(threading.current_thread())
-                    except Exception:   # (no thread to be had now: this one goes on)
+                    except Exception:  # (no thread to be had now: this one goes on)
                         done = 0
                         continue
                     self.replaced += 1
@@ -118,13 +120,13 @@ _LIVE: weakref.WeakSet[RotatingPool] = weakref.WeakSet()
 
 def _stop_all() -> None:
     for pool in list(_LIVE):
-        if pool._pid == os.getpid():   # (a forked child's copies are its parent's)
+        if pool._pid == os.getpid():  # (a forked child's copies are its parent's)
             pool._stop()
 
 
 # Called before the interpreter joins its threads at exit (where `ThreadPoolExecutor` stops
 # its own); a Python without it (none that mixer supports) would wait for the threads.
-threading._register_atexit(_stop_all)   # type: ignore[attr-defined]
+threading._register_atexit(_stop_all)  # type: ignore[attr-defined]
 
 
 def _run(task: _Task) -> int:

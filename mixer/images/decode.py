@@ -37,8 +37,16 @@ IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 # What a PIL plugin raises when the bytes are not its format (PIL.Image.open skips to the next).
 _NOT_THIS_FORMAT = (SyntaxError, IndexError, TypeError, struct.error)
 # What decoding bad bytes raises (truncated data: OSError "image file is truncated").
-_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError,
-                  struct.error, Image.DecompressionBombError)
+_DECODE_ERRORS = (
+    OSError,
+    SyntaxError,
+    ValueError,
+    EOFError,
+    IndexError,
+    TypeError,
+    struct.error,
+    Image.DecompressionBombError,
+)
 
 
 def where(encoded: EncodedImage) -> str:
@@ -52,13 +60,13 @@ def _open(data: bytes) -> ImageFile.ImageFile | None:
     fp = io.BytesIO(data)
     prefix = data[:16]
     if any(fmt not in Image.OPEN for fmt in IMAGE_FORMATS):
-        Image.init()   # registers the plugins (WebP is not among PIL's preinit ones)
+        Image.init()  # registers the plugins (WebP is not among PIL's preinit ones)
     for fmt in IMAGE_FORMATS:
         if fmt not in Image.OPEN:
-            continue   # a PIL built without it
+            continue  # a PIL built without it
         factory, accept = Image.OPEN[fmt]
         accepted = not accept or accept(prefix)
-        if not accepted or isinstance(accepted, str):   # a str: known but unsupported
+        if not accepted or isinstance(accepted, str):  # a str: known but unsupported
             continue
         fp.seek(0)
         try:
@@ -68,11 +76,13 @@ def _open(data: bytes) -> ImageFile.ImageFile | None:
     return None
 
 
-def _opened(encoded: EncodedImage, *, source: str, file: str,
-            max_source_pixels: int) -> ImageFile.ImageFile:
+def _opened(
+    encoded: EncodedImage, *, source: str, file: str, max_source_pixels: int
+) -> ImageFile.ImageFile:
     def error(message: str) -> DataError:
-        return DataError(message, source=source, file=file, location=where(encoded),
-                         reason="bad_image")
+        return DataError(
+            message, source=source, file=file, location=where(encoded), reason="bad_image"
+        )
 
     if not encoded.data:
         raise error("empty image (0 bytes)")
@@ -81,21 +91,26 @@ def _opened(encoded: EncodedImage, *, source: str, file: str,
     except _DECODE_ERRORS as exc:
         raise error(f"cannot read the image header: {exc}") from exc
     if image is None:
-        raise error(f"not an image in a format an image member may hold "
-                    f"({', '.join(IMAGE_FORMATS)}; {len(encoded.data)} bytes, starting "
-                    f"{encoded.data[:8]!r})")
+        raise error(
+            f"not an image in a format an image member may hold "
+            f"({', '.join(IMAGE_FORMATS)}; {len(encoded.data)} bytes, starting "
+            f"{encoded.data[:8]!r})"
+        )
     width, height = image.size
     if width <= 0 or height <= 0:
         raise error(f"image of size {width}x{height} has no pixels")
     if width * height > max_source_pixels:
-        raise error(f"image of {width}x{height} = {width * height:,} pixels is more than "
-                    f"images.max_source_pixels ({max_source_pixels:,}): refused as a "
-                    "possible decompression bomb")
+        raise error(
+            f"image of {width}x{height} = {width * height:,} pixels is more than "
+            f"images.max_source_pixels ({max_source_pixels:,}): refused as a "
+            "possible decompression bomb"
+        )
     return image
 
 
-def probe(encoded: EncodedImage, *, source: str, file: str,
-          max_source_pixels: int) -> tuple[int, int]:
+def probe(
+    encoded: EncodedImage, *, source: str, file: str, max_source_pixels: int
+) -> tuple[int, int]:
     """(width, height) of a stored image, read from its header without decoding pixels.
 
     Raises `DataError` (naming source, file, member and byte offset) for an empty member,
@@ -113,8 +128,9 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
-def decode_rgb(encoded: EncodedImage, *, source: str, file: str,
-               max_source_pixels: int) -> Image.Image:
+def decode_rgb(
+    encoded: EncodedImage, *, source: str, file: str, max_source_pixels: int
+) -> Image.Image:
     """The stored image decoded to RGB (see `to_rgb`); truncated or corrupt data, and
     everything `probe` refuses, raise `DataError`."""
     image = _opened(encoded, source=source, file=file, max_source_pixels=max_source_pixels)
@@ -122,5 +138,10 @@ def decode_rgb(encoded: EncodedImage, *, source: str, file: str,
         image.load()
         return to_rgb(image)
     except _DECODE_ERRORS as exc:
-        raise DataError(f"cannot decode the image: {exc}", source=source, file=file,
-                        location=where(encoded), reason="bad_image") from exc
+        raise DataError(
+            f"cannot decode the image: {exc}",
+            source=source,
+            file=file,
+            location=where(encoded),
+            reason="bad_image",
+        ) from exc

@@ -38,9 +38,9 @@ from mixer.tokenize import Encoder
 class VisionTokens:
     """How a layout writes an image into the token sequence."""
 
-    placeholder: int                # repeated plan.tokens times
-    before: tuple[int, ...] = ()    # e.g. <|vision_start|>
-    after: tuple[int, ...] = ()     # e.g. <|vision_end|>
+    placeholder: int  # repeated plan.tokens times
+    before: tuple[int, ...] = ()  # e.g. <|vision_start|>
+    after: tuple[int, ...] = ()  # e.g. <|vision_end|>
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -51,17 +51,27 @@ class VisionTokens:
         return len(self.before) + len(self.after)
 
     def span(self, plan: ImagePlan) -> np.ndarray:
-        return np.array([*self.before, *[self.placeholder] * plan.tokens, *self.after],
-                        dtype=np.int64)
+        return np.array(
+            [*self.before, *[self.placeholder] * plan.tokens, *self.after], dtype=np.int64
+        )
 
 
 class ImageDocuments:
     """The document builder of one source under an image layout."""
 
-    def __init__(self, *, settings: ImageSettings, processing, encoder: Encoder,
-                 vision: VisionTokens, vision_names: dict[int, str], seq_len: int,
-                 source: str, videos: VideoProcessing | None = None,
-                 video_vision: VisionTokens | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        settings: ImageSettings,
+        processing,
+        encoder: Encoder,
+        vision: VisionTokens,
+        vision_names: dict[int, str],
+        seq_len: int,
+        source: str,
+        videos: VideoProcessing | None = None,
+        video_vision: VisionTokens | None = None,
+    ) -> None:
         self.settings = settings
         self.processing = processing
         self.videos = videos
@@ -75,8 +85,13 @@ class ImageDocuments:
         self._vision_ids = np.array(sorted(ids), dtype=np.int64)
 
     # -- one chunk of records ------------------------------------------------------------------
-    def build(self, texts: list[str], images: list[tuple[EncodedImage, ...]],
-              files: list[str], locations: list[str]) -> list[Document | Rejected]:
+    def build(
+        self,
+        texts: list[str],
+        images: list[tuple[EncodedImage, ...]],
+        files: list[str],
+        locations: list[str],
+    ) -> list[Document | Rejected]:
         """Documents of records (texts, stored images and videos, files, where each text
         lies); a record that cannot be one is `Rejected` with a `DataError` naming its text's
         place (errors about the text) or its image or video member (errors about a medium)."""
@@ -84,13 +99,22 @@ class ImageDocuments:
         for text, media, file, where in zip(texts, images, files, locations):
             videos = [m for m in media if isinstance(m, EncodedVideo)]
             if videos and self.videos is None:
-                parts.append(Rejected(video_error(
-                    f"the sample has {len(videos)} video(s) but the recipe has no images.video "
-                    "block (add one to train on videos)", videos[0], self.source, file)))
+                parts.append(
+                    Rejected(
+                        video_error(
+                            f"the sample has {len(videos)} video(s) but the recipe has no "
+                            "images.video block (add one to train on videos)",
+                            videos[0],
+                            self.source,
+                            file,
+                        )
+                    )
+                )
                 continue
             split = self._split(text, media)
-            parts.append(self._error(split[0], file, where, split[1]) if isinstance(split[0], str)
-                         else split)
+            parts.append(
+                self._error(split[0], file, where, split[1]) if isinstance(split[0], str) else split
+            )
         flat = [piece for p in parts if not isinstance(p, Rejected) for piece in p[0]]
         encoded = iter(self.encoder.encode_raw(flat) if flat else [])
         out: list[Document | Rejected] = []
@@ -102,8 +126,9 @@ class ImageDocuments:
             out.append(self._document(pieces, p[1], file, where))
         return out
 
-    def _split(self, text: str, media: tuple[EncodedImage, ...]
-               ) -> tuple[list[str], tuple[EncodedImage, ...]] | tuple[str, str]:
+    def _split(
+        self, text: str, media: tuple[EncodedImage, ...]
+    ) -> tuple[list[str], tuple[EncodedImage, ...]] | tuple[str, str]:
         """(text pieces, media in their order), or (error message, reason). Each kind of
         medium is placed by its markers, one per medium; a kind whose markers the text does
         not hold comes first (images, then videos), before the text."""
@@ -112,17 +137,24 @@ class ImageDocuments:
         marker, video_marker = self.settings.marker, self.settings.video_marker
         count = text.count(marker)
         if count > len(imgs):
-            return (f"sample without an image where one is required: the text holds {count} "
-                    f"image marker(s) {marker!r} but the sample has {len(imgs)} image(s)",
-                    "bad_image")
+            return (
+                f"sample without an image where one is required: the text holds {count} "
+                f"image marker(s) {marker!r} but the sample has {len(imgs)} image(s)",
+                "bad_image",
+            )
         if count and count != len(imgs):
-            return (f"the text holds {count} image marker(s) {marker!r} but the sample has "
-                    f"{len(imgs)} image(s): each marker stands for one image", "bad_image")
+            return (
+                f"the text holds {count} image marker(s) {marker!r} but the sample has "
+                f"{len(imgs)} image(s): each marker stands for one image",
+                "bad_image",
+            )
         video_count = text.count(video_marker) if self.videos is not None else 0
         if video_count and video_count != len(videos):
-            return (f"the text holds {video_count} video marker(s) {video_marker!r} but the "
-                    f"sample has {len(videos)} video(s): each marker stands for one video",
-                    "bad_video")
+            return (
+                f"the text holds {video_count} video marker(s) {video_marker!r} but the "
+                f"sample has {len(videos)} video(s): each marker stands for one video",
+                "bad_video",
+            )
         first = (() if count else imgs) + (() if video_count else videos)
         if not count and not video_count:
             return [""] * len(first) + [text], first
@@ -133,43 +165,61 @@ class ImageDocuments:
         return [""] * len(first) + pieces[0::2], first + placed
 
     def _error(self, message: str, file: str, where: str, reason: str = "bad_image") -> Rejected:
-        return Rejected(DataError(message, source=self.source, file=file, location=where,
-                                  reason=reason))
+        return Rejected(
+            DataError(message, source=self.source, file=file, location=where, reason=reason)
+        )
 
     # -- one record ----------------------------------------------------------------------------
-    def _document(self, pieces: list[list[int]], media: tuple[EncodedImage, ...],
-                  file: str, where: str) -> Document | Rejected:
+    def _document(
+        self, pieces: list[list[int]], media: tuple[EncodedImage, ...], file: str, where: str
+    ) -> Document | Rejected:
         for piece in pieces:
             found = np.intersect1d(np.asarray(piece, dtype=np.int64), self._vision_ids)
             if found.size:
                 name = self.vision_names[int(found[0])]
-                return self._error(f"the text holds the image token {name!r} itself; only the "
-                                   "image marker may stand for an image", file, where)
+                return self._error(
+                    f"the text holds the image token {name!r} itself; only the "
+                    "image marker may stand for an image",
+                    file,
+                    where,
+                )
         sizes: list = []
         for medium in media:
             try:
-                sizes.append(self._video_info(medium, file) if isinstance(medium, EncodedVideo)
-                             else self._image_size(medium, file))
+                sizes.append(
+                    self._video_info(medium, file)
+                    if isinstance(medium, EncodedVideo)
+                    else self._image_size(medium, file)
+                )
             except DataError as exc:
                 return Rejected(exc)
         return self._fit(pieces, media, sizes, file)
 
     def _image_size(self, image: EncodedImage, file: str) -> tuple[int, int]:
-        size = probe(image, source=self.source, file=file,
-                     max_source_pixels=self.settings.max_source_pixels)
+        size = probe(
+            image, source=self.source, file=file, max_source_pixels=self.settings.max_source_pixels
+        )
         try:
             self.processing.plan(*size)
-        except ValueError as exc:   # a shape the layout cannot plan (aspect ratio)
-            raise DataError(f"image of {size[0]}x{size[1]}: {exc}", source=self.source,
-                            file=file, location=f"member {image.member} at byte offset "
-                            f"{image.offset}", reason="bad_image") from exc
+        except ValueError as exc:  # a shape the layout cannot plan (aspect ratio)
+            raise DataError(
+                f"image of {size[0]}x{size[1]}: {exc}",
+                source=self.source,
+                file=file,
+                location=f"member {image.member} at byte offset {image.offset}",
+                reason="bad_image",
+            ) from exc
         return size
 
     def _video_info(self, video: EncodedImage, file: str) -> VideoInfo:
-        assert self.videos is not None   # (`build` rejected the sample otherwise)
-        info = probe_video(video, source=self.source, file=file,
-                           max_source_pixels=self.settings.max_source_pixels,
-                           max_source_frames=self.videos.video.max_source_frames)
+        assert self.videos is not None  # (`build` rejected the sample otherwise)
+        info = probe_video(
+            video,
+            source=self.source,
+            file=file,
+            max_source_pixels=self.settings.max_source_pixels,
+            max_source_frames=self.videos.video.max_source_frames,
+        )
         try:
             self.videos.plan(info)
         except ValueError as exc:
@@ -206,7 +256,7 @@ class ImageDocuments:
         base = [self.processing.plan(w, h) for w, h in sizes]
         yield base
         if self.settings.layout == "llava" or not sizes:
-            return   # llava: one resolution
+            return  # llava: one resolution
         floors = [min(self.settings.min_pixels, plan.width * plan.height) for plan in base]
         steps = [self.processing.lower_steps(i, w, h) for i, (w, h) in enumerate(sizes)]
         current = list(base)
@@ -222,18 +272,20 @@ class ImageDocuments:
         caps = self.settings
         videos = sum(isinstance(p, VideoPlan) for p in plans)
         if caps.max_images_per_batch is not None and (
-                len(plans) - videos > caps.max_images_per_batch):
+            len(plans) - videos > caps.max_images_per_batch
+        ):
             return False
         if caps.max_videos_per_batch is not None and videos > caps.max_videos_per_batch:
             return False
         patches = sum(p.rows for p in plans)
         return caps.max_patches_per_batch is None or patches <= caps.max_patches_per_batch
 
-    def _fit(self, pieces: list[list[int]], media: tuple[EncodedImage, ...],
-             sizes: list, file: str) -> Document | Rejected:
+    def _fit(
+        self, pieces: list[list[int]], media: tuple[EncodedImage, ...], sizes: list, file: str
+    ) -> Document | Rejected:
         bos, eos = self.encoder.info.bos_id, self.encoder.info.eos_id
         head = [bos] if bos is not None else []
-        if not media:   # text only: packers may cut it like any text document
+        if not media:  # text only: packers may cut it like any text document
             return self._assemble(head, pieces, media, sizes, [], file, eos)
         text_tokens = sum(len(p) for p in pieces) + len(head) + 1
         last: list = []
@@ -247,28 +299,55 @@ class ImageDocuments:
         if self._fits_caps(last) and through_last <= self.seq_len:
             # Cut the text after the last medium (no EOS then: the document is truncated).
             document = self._assemble(head, pieces, media, sizes, last, file, eos)
-            return Document(document.tokens[:self.seq_len], document.images, document.meta)
+            return Document(document.tokens[: self.seq_len], document.images, document.meta)
         first = media[0]
         videos = sum(isinstance(m, EncodedVideo) for m in media)
-        what = (f"{len(media) - videos} image(s)" + (f" and {videos} video(s)" if videos else ""))
-        return Rejected(DataError(
-            f"document of {text_tokens + media_tokens} tokens with {what} does "
-            f"not fit seq_len {self.seq_len} (or the per-batch image caps) even at the lowest "
-            "resolution", source=self.source, file=file,
-            location=f"member {first.member} at byte offset {first.offset}",
-            reason="bad_video" if videos else "bad_image"), oversize=True)
+        what = f"{len(media) - videos} image(s)" + (f" and {videos} video(s)" if videos else "")
+        return Rejected(
+            DataError(
+                f"document of {text_tokens + media_tokens} tokens with {what} does "
+                f"not fit seq_len {self.seq_len} (or the per-batch image caps) even at the lowest "
+                "resolution",
+                source=self.source,
+                file=file,
+                location=f"member {first.member} at byte offset {first.offset}",
+                reason="bad_video" if videos else "bad_image",
+            ),
+            oversize=True,
+        )
 
     def _handle(self, medium: EncodedImage, size, plan, file: str) -> LazyImage:
         if isinstance(plan, VideoPlan):
-            return LazyVideo(medium, size, plan, self.videos, extra_tokens=self.vision.extra,
-                             source=self.source, file=file)
-        return LazyImage(medium, size, plan, self.processing, extra_tokens=self.vision.extra,
-                         source=self.source, file=file,
-                         max_source_pixels=self.settings.max_source_pixels)
+            return LazyVideo(
+                medium,
+                size,
+                plan,
+                self.videos,
+                extra_tokens=self.vision.extra,
+                source=self.source,
+                file=file,
+            )
+        return LazyImage(
+            medium,
+            size,
+            plan,
+            self.processing,
+            extra_tokens=self.vision.extra,
+            source=self.source,
+            file=file,
+            max_source_pixels=self.settings.max_source_pixels,
+        )
 
-    def _assemble(self, head: list[int], pieces: list[list[int]],
-                  media: tuple[EncodedImage, ...], sizes: list,
-                  plans: list, file: str, eos: int) -> Document:
+    def _assemble(
+        self,
+        head: list[int],
+        pieces: list[list[int]],
+        media: tuple[EncodedImage, ...],
+        sizes: list,
+        plans: list,
+        file: str,
+        eos: int,
+    ) -> Document:
         chunks: list[np.ndarray] = [np.array(head, dtype=np.int64)]
         placements = []
         at = len(head)
@@ -276,8 +355,9 @@ class ImageDocuments:
             chunks.append(np.array(piece, dtype=np.int64))
             at += len(piece)
             if i < len(media):
-                span = (self.video_vision if isinstance(plans[i], VideoPlan)
-                        else self.vision).span(plans[i])
+                span = (self.video_vision if isinstance(plans[i], VideoPlan) else self.vision).span(
+                    plans[i]
+                )
                 handle = self._handle(media[i], sizes[i], plans[i], file)
                 placements.append(Placement(handle, at, len(span)))
                 chunks.append(span)

@@ -38,9 +38,9 @@ from mixer.images.processing import ImagePlan, Processing
 
 _lock = threading.Lock()
 _threads = min(4, os.cpu_count() or 1)
-_pools: PerProcess[PriorityPool] = PerProcess()   # this process's decode pool
-_budget = 256 << 20                  # bytes of pixels a process may hold ahead of need
-_held = [os.getpid(), 0]             # [pid, bytes held ahead of need in that process]
+_pools: PerProcess[PriorityPool] = PerProcess()  # this process's decode pool
+_budget = 256 << 20  # bytes of pixels a process may hold ahead of need
+_held = [os.getpid(), 0]  # [pid, bytes held ahead of need in that process]
 # Re-entrant: a handle's finalizer (`_unreserve`) may run from the garbage collector while
 # this thread is inside `_reserve`; nothing between the read and the write of `_held[1]`
 # allocates, so the nested update is never lost.
@@ -77,7 +77,7 @@ def _reserve(nbytes: int, ahead: bool) -> bool:
     # (`check`), which would otherwise be made twice: checked, dropped, made for the batch.
     limit = _budget - _budget // 4 if ahead else _budget
     with _budget_lock:
-        if _held[0] != pid:   # a forked child: the parent's holdings are not its own
+        if _held[0] != pid:  # a forked child: the parent's holdings are not its own
             _held[0], _held[1] = pid, 0
         if _held[1] + nbytes > limit:
             return False
@@ -114,7 +114,7 @@ def _decode_pool() -> PriorityPool:
         return _pools.get("decode", lambda: PriorityPool(_threads))
 
 
-_stopping = threading.Event()   # set at interpreter exit: long jobs (videos) end early
+_stopping = threading.Event()  # set at interpreter exit: long jobs (videos) end early
 
 
 def stopping() -> bool:
@@ -137,7 +137,7 @@ def _after_fork_in_child() -> None:
     global _lock, _budget_lock
     _lock = threading.Lock()
     _budget_lock = threading.RLock()
-    _held[0], _held[1] = os.getpid(), 0   # the parent's holdings are not this process's
+    _held[0], _held[1] = os.getpid(), 0  # the parent's holdings are not this process's
     _waiting.clear()
 
 
@@ -150,7 +150,7 @@ def start_waiting() -> None:
     them and the pool has no more jobs queued than threads (called where either may have
     freed: a release, a new prefetch, a job done). Started only as threads take them, the
     queued jobs do not hold the budget that a document being checked now needs."""
-    if not _waiting or _stopping.is_set():   # (no pool made for nothing, none at exit)
+    if not _waiting or _stopping.is_set():  # (no pool made for nothing, none at exit)
         return
     pool = _decode_pool()
     starting = []
@@ -159,7 +159,7 @@ def start_waiting() -> None:
             priority, ticket, ref = _waiting[0]
             image = ref()
             if image is None or image._ticket != ticket:
-                heapq.heappop(_waiting)   # dropped, released, or made as needed meanwhile
+                heapq.heappop(_waiting)  # dropped, released, or made as needed meanwhile
                 continue
             if not image._reserve(ahead=True):
                 break
@@ -177,36 +177,65 @@ class LazyImage:
 
     kind = "image"
 
-    def __init__(self, encoded: EncodedImage, size: tuple[int, int], plan: ImagePlan,
-                 processing: Processing, extra_tokens: int, source: str, file: str,
-                 max_source_pixels: int) -> None:
+    def __init__(
+        self,
+        encoded: EncodedImage,
+        size: tuple[int, int],
+        plan: ImagePlan,
+        processing: Processing,
+        extra_tokens: int,
+        source: str,
+        file: str,
+        max_source_pixels: int,
+    ) -> None:
         self.encoded = encoded
         self._size = size
         self.plan = plan
         self.processing = processing
-        self.extra_tokens = extra_tokens      # tokens the layout wraps around the placeholders
+        self.extra_tokens = extra_tokens  # tokens the layout wraps around the placeholders
         self.source = source
         self.file = file
         self.max_source_pixels = max_source_pixels
-        self._future: tuple[int, Future[np.ndarray]] | None = None   # (pid, pending pixels)
+        self._future: tuple[int, Future[np.ndarray]] | None = None  # (pid, pending pixels)
         self._pixels: np.ndarray | None = None
-        self._reserved: weakref.finalize | None = None   # its share of the budget, if held
-        self._ticket: int | None = None   # its entry in the waiting heap, while it waits
+        self._reserved: weakref.finalize | None = None  # its share of the budget, if held
+        self._ticket: int | None = None  # its entry in the waiting heap, while it waits
 
     @classmethod
-    def probe(cls, encoded: EncodedImage, processing: Processing, *, extra_tokens: int,
-              source: str, file: str, max_source_pixels: int,
-              max_pixels: int | None = None) -> LazyImage:
+    def probe(
+        cls,
+        encoded: EncodedImage,
+        processing: Processing,
+        *,
+        extra_tokens: int,
+        source: str,
+        file: str,
+        max_source_pixels: int,
+        max_pixels: int | None = None,
+    ) -> LazyImage:
         """The image's handle from its header alone (see `decode.probe`); an image the layout
         cannot plan (qwen2_vl: aspect ratio past 200) raises `DataError` too."""
         size = probe(encoded, source=source, file=file, max_source_pixels=max_source_pixels)
         try:
             plan = processing.plan(*size, max_pixels)
         except ValueError as exc:
-            raise DataError(f"image of {size[0]}x{size[1]}: {exc}", source=source, file=file,
-                            location=where(encoded), reason="bad_image") from exc
-        return cls(encoded, size, plan, processing, extra_tokens=extra_tokens, source=source,
-                   file=file, max_source_pixels=max_source_pixels)
+            raise DataError(
+                f"image of {size[0]}x{size[1]}: {exc}",
+                source=source,
+                file=file,
+                location=where(encoded),
+                reason="bad_image",
+            ) from exc
+        return cls(
+            encoded,
+            size,
+            plan,
+            processing,
+            extra_tokens=extra_tokens,
+            source=source,
+            file=file,
+            max_source_pixels=max_source_pixels,
+        )
 
     @property
     def size(self) -> tuple[int, int]:
@@ -225,9 +254,16 @@ class LazyImage:
 
     def replan(self, plan: ImagePlan) -> LazyImage:
         """The same image under another plan (e.g. one of `processing.lower_plans`)."""
-        return LazyImage(self.encoded, self._size, plan, self.processing,
-                         extra_tokens=self.extra_tokens, source=self.source, file=self.file,
-                         max_source_pixels=self.max_source_pixels)
+        return LazyImage(
+            self.encoded,
+            self._size,
+            plan,
+            self.processing,
+            extra_tokens=self.extra_tokens,
+            source=self.source,
+            file=self.file,
+            max_source_pixels=self.max_source_pixels,
+        )
 
     @property
     def nbytes(self) -> int:
@@ -235,8 +271,12 @@ class LazyImage:
         return self.plan.rows * math.prod(self.processing.row_shape) * 4
 
     def _compute(self) -> np.ndarray:
-        image = decode_rgb(self.encoded, source=self.source, file=self.file,
-                           max_source_pixels=self.max_source_pixels)
+        image = decode_rgb(
+            self.encoded,
+            source=self.source,
+            file=self.file,
+            max_source_pixels=self.max_source_pixels,
+        )
         return self.processing.pixels(image, self.plan)
 
     def _reserve(self, *, ahead: bool = False) -> bool:
@@ -271,7 +311,7 @@ class LazyImage:
         return True
 
     def _start(self, priority: int, *, ahead: bool) -> None:
-        self._ticket = None   # (an entry left in the waiting heap is stale)
+        self._ticket = None  # (an entry left in the waiting heap is stale)
         job = self._compute_ahead if ahead else self._compute
         self._future = (os.getpid(), _decode_pool().submit(priority, job))
 
@@ -279,12 +319,12 @@ class LazyImage:
         try:
             return self._compute()
         finally:
-            start_waiting()   # this job's thread is about to take the next one
+            start_waiting()  # this job's thread is about to take the next one
 
     def _made(self) -> np.ndarray:
         pending, self._future, self._ticket = self._future, None, None
         if pending is not None and pending[0] == os.getpid() and not pending[1].cancel():
-            return pending[1].result()   # running or done: wait for it
+            return pending[1].result()  # running or done: wait for it
         # Not prefetched, still queued behind work needed later (taken back and made here
         # rather than waited for), or prefetched by a parent before fork.
         return self._compute()
@@ -313,7 +353,7 @@ class LazyImage:
         self._pixels = None
         self._ticket = None
         if self._reserved is not None:
-            self._reserved()   # gives its bytes back to the budget (once)
+            self._reserved()  # gives its bytes back to the budget (once)
             self._reserved = None
             start_waiting()
 
@@ -325,5 +365,7 @@ class LazyImage:
 
     def __repr__(self) -> str:
         w, h = self._size
-        return (f"LazyImage({self.encoded.member!r}, {w}x{h} -> {self.plan.width}x"
-                f"{self.plan.height}, {self.tokens} tokens)")
+        return (
+            f"LazyImage({self.encoded.member!r}, {w}x{h} -> {self.plan.width}x"
+            f"{self.plan.height}, {self.tokens} tokens)"
+        )

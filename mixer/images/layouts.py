@@ -33,8 +33,10 @@ from mixer.tokenize import Encoder
 
 QWEN2_VL_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 QWEN2_VL_VIDEO_TOKEN = "<|video_pad|>"
-VIDEO_SPECS = (ArraySpec("pixel_values_videos", FLOAT32, FLOAT32, per_token=0),
-               ArraySpec("video_grid_thw", INT64, INT32, per_token=0))
+VIDEO_SPECS = (
+    ArraySpec("pixel_values_videos", FLOAT32, FLOAT32, per_token=0),
+    ArraySpec("video_grid_thw", INT64, INT32, per_token=0),
+)
 LLAVA_TOKEN = "<image>"
 
 
@@ -44,8 +46,10 @@ def _token_ids(tokenizer: TokenizerInfo, names: tuple[str, ...], layout: str) ->
     for name in names:
         token_id = encoder.token_id(name)
         if token_id is None:
-            raise RecipeError(f"images.layout: the {layout} layout needs the token {name!r}, "
-                              f"which the tokenizer {tokenizer.path!r} does not have")
+            raise RecipeError(
+                f"images.layout: the {layout} layout needs the token {name!r}, "
+                f"which the tokenizer {tokenizer.path!r} does not have"
+            )
         ids.append(token_id)
     return ids
 
@@ -66,39 +70,53 @@ class _ImageLayout(BatchLayout):
         self._vision_ids = np.array(sorted(ids), dtype=np.int64)
 
     def document_builder(self, encoder: Encoder, source: str) -> ImageDocuments:
-        return ImageDocuments(settings=self.settings, processing=self.processing,
-                              encoder=encoder, vision=self.vision,
-                              vision_names=self.vision_names, seq_len=self.seq_len,
-                              source=source, videos=self.videos,
-                              video_vision=self.video_vision)
+        return ImageDocuments(
+            settings=self.settings,
+            processing=self.processing,
+            encoder=encoder,
+            vision=self.vision,
+            vision_names=self.vision_names,
+            seq_len=self.seq_len,
+            source=source,
+            videos=self.videos,
+            video_vision=self.video_vision,
+        )
 
     def budget(self) -> Budget | None:
         s = self.settings
-        if (s.max_images_per_batch is None and s.max_patches_per_batch is None
-                and s.max_videos_per_batch is None):
+        if (
+            s.max_images_per_batch is None
+            and s.max_patches_per_batch is None
+            and s.max_videos_per_batch is None
+        ):
             return None
         return Budget(s.max_images_per_batch, s.max_patches_per_batch, s.max_videos_per_batch)
 
-    def put_row(self, arrays: dict[str, np.ndarray], index: int, row: Row,
-                source_id: int) -> None:
+    def put_row(self, arrays: dict[str, np.ndarray], index: int, row: Row, source_id: int) -> None:
         arrays["input_ids"][index] = row.input_ids
         labels = arrays["labels"][index]
         labels[:] = row.labels
         labels[np.isin(row.input_ids, self._vision_ids)] = IGNORE_INDEX
-        arrays["source_ids"][index, :row.real] = source_id
+        arrays["source_ids"][index, : row.real] = source_id
         self._put_positions(arrays, index, row)
 
     def _put_positions(self, arrays: dict[str, np.ndarray], index: int, row: Row) -> None:
         arrays["position_ids"][index] = row.position_ids
 
-    def _pixels(self, rows: list[Row | None], kind: str = "image",
-                empty: np.ndarray | None = None) -> tuple[np.ndarray, list]:
+    def _pixels(
+        self, rows: list[Row | None], kind: str = "image", empty: np.ndarray | None = None
+    ) -> tuple[np.ndarray, list]:
         """The pixels of the batch's images (or videos), in placeholder order, and their
         handles' plans."""
-        handles = [placement.image for row in rows if row is not None for piece in row.pieces
-                   for placement in piece.document.images
-                   if getattr(placement.image, "kind", "image") == kind]
-        for image in handles:   # those not made yet are made now, side by side on the pool
+        handles = [
+            placement.image
+            for row in rows
+            if row is not None
+            for piece in row.pieces
+            for placement in piece.document.images
+            if getattr(placement.image, "kind", "image") == kind
+        ]
+        for image in handles:  # those not made yet are made now, side by side on the pool
             image.prefetch(needed=True)
         images, plans = [], []
         for image in handles:
@@ -128,13 +146,16 @@ class _ImageLayout(BatchLayout):
 
 class Qwen2VLLayout(_ImageLayout):
     name = "qwen2_vl"
-    specs = (ArraySpec("input_ids", INT64, INT32), ArraySpec("labels", INT64, INT32),
-             ArraySpec("position_ids", INT64, INT32, per_token=4),
-             ArraySpec("source_ids", INT64, INT32),
-             ArraySpec("mm_token_type_ids", INT64, INT32),
-             ArraySpec("pixel_values", FLOAT32, FLOAT32, per_token=0),
-             ArraySpec("image_grid_thw", INT64, INT32, per_token=0))
-    video_specs = VIDEO_SPECS   # added to `specs` when the recipe has `images.video`
+    specs = (
+        ArraySpec("input_ids", INT64, INT32),
+        ArraySpec("labels", INT64, INT32),
+        ArraySpec("position_ids", INT64, INT32, per_token=4),
+        ArraySpec("source_ids", INT64, INT32),
+        ArraySpec("mm_token_type_ids", INT64, INT32),
+        ArraySpec("pixel_values", FLOAT32, FLOAT32, per_token=0),
+        ArraySpec("image_grid_thw", INT64, INT32, per_token=0),
+    )
+    video_specs = VIDEO_SPECS  # added to `specs` when the recipe has `images.video`
 
     def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:
         assert recipe.images is not None
@@ -162,15 +183,15 @@ class Qwen2VLLayout(_ImageLayout):
         positions[0] = row.position_ids
         for piece in row.pieces:
             span = slice(piece.at, piece.at + piece.length)
-            if piece.document.images:   # whole documents only: never cut
+            if piece.document.images:  # whole documents only: never cut
                 positions[1:, span] = self._mrope(piece.document)
-            else:                       # text: the same positions in all three rows
+            else:  # text: the same positions in all three rows
                 positions[1:, span] = positions[0, span]
         types = arrays["mm_token_type_ids"][index]
         types[:] = row.input_ids == self.image_pad_id
         if self.video_pad_id is not None:
             types[row.input_ids == self.video_pad_id] = 2
-        types[row.real:] = 0
+        types[row.real :] = 0
 
     def _interval(self, plan) -> float:
         """A placeholder run's temporal spacing (1: Qwen2-VL; see `Qwen2_5VLLayout`)."""
@@ -180,16 +201,19 @@ class Qwen2VLLayout(_ImageLayout):
         cached = document.meta.get("mrope")
         if cached is None:
             intervals = [self._interval(p.image.plan) for p in document.images]
-            cached = mrope_positions(document.tokens, document.meta["grids"],
-                                     image_pad_id=self.image_pad_id,
-                                     vision_start_id=self.vision_start_id,
-                                     spatial_merge_size=self.settings.merge_size,
-                                     video_pad_id=self.video_pad_id, intervals=intervals)
+            cached = mrope_positions(
+                document.tokens,
+                document.meta["grids"],
+                image_pad_id=self.image_pad_id,
+                vision_start_id=self.vision_start_id,
+                spatial_merge_size=self.settings.merge_size,
+                video_pad_id=self.video_pad_id,
+                intervals=intervals,
+            )
             document.meta["mrope"] = cached
         return cached
 
-    def finish(self, arrays: dict[str, np.ndarray], rows: list[Row | None],
-               padding: bool) -> Batch:
+    def finish(self, arrays: dict[str, np.ndarray], rows: list[Row | None], padding: bool) -> Batch:
         pixels, plans = self._pixels(rows)
         arrays["pixel_values"] = pixels.astype(np.float32, copy=False)
         arrays["image_grid_thw"] = _grids(plans)
@@ -213,29 +237,32 @@ class Qwen2_5VLLayout(Qwen2VLLayout):
     tokens_per_second · second_per_grid_ts, with `second_per_grid_ts` in the batch."""
 
     name = "qwen2_5_vl"
-    video_specs = (*VIDEO_SPECS, ArraySpec("second_per_grid_ts", FLOAT32, FLOAT32,
-                                           per_token=0))
+    video_specs = (*VIDEO_SPECS, ArraySpec("second_per_grid_ts", FLOAT32, FLOAT32, per_token=0))
 
     def _interval(self, plan) -> float:
         if not isinstance(plan, VideoPlan):
             return 1.0
         # The model multiplies its int tokens_per_second by a float32 second_per_grid_ts.
-        return float(np.float32(self.settings.tokens_per_second)
-                     * self._second_per_grid(plan))
+        return float(np.float32(self.settings.tokens_per_second) * self._second_per_grid(plan))
 
     def _second_per_grid(self, plan: VideoPlan) -> np.float32:
         return np.float32(self.settings.temporal_patch_size / plan.sampled_fps)
 
     def _video_extras(self, arrays: dict[str, np.ndarray], plans: list[VideoPlan]) -> None:
-        arrays["second_per_grid_ts"] = np.array([self._second_per_grid(p) for p in plans],
-                                                dtype=np.float32)
+        arrays["second_per_grid_ts"] = np.array(
+            [self._second_per_grid(p) for p in plans], dtype=np.float32
+        )
 
 
 class LlavaLayout(_ImageLayout):
     name = "llava"
-    specs = (ArraySpec("input_ids", INT64, INT32), ArraySpec("labels", INT64, INT32),
-             ArraySpec("position_ids", INT64, INT32), ArraySpec("source_ids", INT64, INT32),
-             ArraySpec("pixel_values", FLOAT32, FLOAT32, per_token=0))
+    specs = (
+        ArraySpec("input_ids", INT64, INT32),
+        ArraySpec("labels", INT64, INT32),
+        ArraySpec("position_ids", INT64, INT32),
+        ArraySpec("source_ids", INT64, INT32),
+        ArraySpec("pixel_values", FLOAT32, FLOAT32, per_token=0),
+    )
 
     def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:
         (image,) = _token_ids(tokenizer, (LLAVA_TOKEN,), "llava")
@@ -243,15 +270,14 @@ class LlavaLayout(_ImageLayout):
         self.vision_names = {image: LLAVA_TOKEN}
         super().__init__(recipe, tokenizer)
 
-    def finish(self, arrays: dict[str, np.ndarray], rows: list[Row | None],
-               padding: bool) -> Batch:
+    def finish(self, arrays: dict[str, np.ndarray], rows: list[Row | None], padding: bool) -> Batch:
         pixels, _ = self._pixels(rows)
         arrays["pixel_values"] = pixels.astype(np.float32, copy=False)
         return Batch(arrays, padding)
 
     @staticmethod
     def _as_rows(pixels: np.ndarray) -> np.ndarray:
-        return pixels[None]   # one (3, S, S) image
+        return pixels[None]  # one (3, S, S) image
 
 
 LAYOUTS = {"qwen2_vl": Qwen2VLLayout, "qwen2_5_vl": Qwen2_5VLLayout, "llava": LlavaLayout}

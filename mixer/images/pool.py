@@ -23,11 +23,13 @@ class PriorityPool:
 
     def __init__(self, threads: int, name: str = "mixer-image") -> None:
         self._heap: list[tuple[int, int, Future, Callable[[], Any]]] = []
-        self._order = itertools.count()   # ties: first submitted first
+        self._order = itertools.count()  # ties: first submitted first
         self._ready = threading.Condition()
         self._closed = False
-        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
-                         for i in range(threads)]
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+            for i in range(threads)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -82,8 +84,8 @@ class PriorityPool:
 
 def _run(future: Future, fn: Callable[[], Any]) -> None:
     if not future.set_running_or_notify_cancel():
-        return   # taken back by its owner (see LazyImage.pixels)
+        return  # taken back by its owner (see LazyImage.pixels)
     try:
         future.set_result(fn())
-    except BaseException as exc:   # handed to whoever waits on the future
+    except BaseException as exc:  # handed to whoever waits on the future
         future.set_exception(exc)

@@ -29,27 +29,30 @@ from PIL import Image
 from mixer.config.images import ImageSettings
 from mixer.images.decode import to_rgb
 
-MAX_ASPECT_RATIO = 200   # qwen2_vl's smart_resize refuses longer/shorter sides past this
+MAX_ASPECT_RATIO = 200  # qwen2_vl's smart_resize refuses longer/shorter sides past this
 
 
 @dataclass(frozen=True)
 class ImagePlan:
     """What an image becomes, known from its stored size before any pixel is decoded."""
 
-    width: int                        # resized size before patching (qwen2_vl), crop (llava)
+    width: int  # resized size before patching (qwen2_vl), crop (llava)
     height: int
-    grid_thw: tuple[int, int, int]    # the processor's image_grid_thw row
-    tokens: int                       # placeholder tokens standing for the image
-    rows: int                         # rows the image adds to pixel_values
+    grid_thw: tuple[int, int, int]  # the processor's image_grid_thw row
+    tokens: int  # placeholder tokens standing for the image
+    rows: int  # rows the image adds to pixel_values
 
 
-def smart_resize(height: int, width: int, factor: int, min_pixels: int,
-                 max_pixels: int) -> tuple[int, int]:
+def smart_resize(
+    height: int, width: int, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
     """(height, width) as transformers' qwen2_vl `smart_resize` computes them (the same
     float operations in the same order, so the same integers)."""
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise ValueError(f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, "
-                         f"got {max(height, width) / min(height, width)}")
+        raise ValueError(
+            f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, "
+            f"got {max(height, width) / min(height, width)}"
+        )
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     if h_bar * w_bar > max_pixels:
@@ -79,9 +82,9 @@ def _planes(image: Image.Image, tables: list[list[float]]) -> Iterator[np.ndarra
 
 
 def _resized(image: Image.Image, width: int, height: int) -> Image.Image:
-    image = to_rgb(image)            # as the processors do; no-op on decode_rgb's images
+    image = to_rgb(image)  # as the processors do; no-op on decode_rgb's images
     if image.size == (width, height):
-        return image     # PIL's resize to the same size is a copy
+        return image  # PIL's resize to the same size is a copy
     return image.resize((width, height), Image.Resampling.BICUBIC)
 
 
@@ -107,15 +110,19 @@ def _resized_crop(image: Image.Image, width: int, height: int, size: int) -> Ima
     a pixel may be a level off the whole resize's."""
     image = to_rgb(image)
     w, h = image.size
-    left, top = (width - size) // 2, (height - size) // 2   # rounds down, as the full path
+    left, top = (width - size) // 2, (height - size) // 2  # rounds down, as the full path
     sx, sy = w / width, h / height
     x0, x1 = _taps(left, size, sx, w)
     y0, y1 = _taps(top, size, sy, h)
     band = image.crop((x0, y0, x1, y1))
-    rows = band.resize((size, y1 - y0), Image.Resampling.BICUBIC,
-                       box=(left * sx - x0, 0, (left + size) * sx - x0, y1 - y0))
-    return rows.resize((size, size), Image.Resampling.BICUBIC,
-                       box=(0, top * sy - y0, size, (top + size) * sy - y0))
+    rows = band.resize(
+        (size, y1 - y0),
+        Image.Resampling.BICUBIC,
+        box=(left * sx - x0, 0, (left + size) * sx - x0, y1 - y0),
+    )
+    return rows.resize(
+        (size, size), Image.Resampling.BICUBIC, box=(0, top * sy - y0, size, (top + size) * sy - y0)
+    )
 
 
 class Qwen2VLProcessing:
@@ -127,7 +134,7 @@ class Qwen2VLProcessing:
         self.merge = settings.merge_size
         self.frames = settings.temporal_patch_size
         self.factor = self.patch * self.merge
-        self.row_shape: tuple[int, ...] = (3 * self.frames * self.patch ** 2,)
+        self.row_shape: tuple[int, ...] = (3 * self.frames * self.patch**2,)
         self._tables = _tables(settings)
 
     def plan(self, width: int, height: int, max_pixels: int | None = None) -> ImagePlan:
@@ -135,12 +142,14 @@ class Qwen2VLProcessing:
         a long document); it is clamped to [min_pixels, settings.max_pixels]. Raises
         ValueError past an aspect ratio of 200, as transformers does."""
         s = self.settings
-        budget = s.max_pixels if max_pixels is None else min(max(max_pixels, s.min_pixels),
-                                                              s.max_pixels)
+        budget = (
+            s.max_pixels if max_pixels is None else min(max(max_pixels, s.min_pixels), s.max_pixels)
+        )
         h, w = smart_resize(height, width, self.factor, s.min_pixels, budget)
         gh, gw = h // self.patch, w // self.patch
-        return ImagePlan(width=w, height=h, grid_thw=(1, gh, gw),
-                         tokens=gh * gw // self.merge ** 2, rows=gh * gw)
+        return ImagePlan(
+            width=w, height=h, grid_thw=(1, gh, gw), tokens=gh * gw // self.merge**2, rows=gh * gw
+        )
 
     def lower_plans(self, width: int, height: int) -> list[ImagePlan]:
         """Every distinct plan of the image, largest first (see `budgeted_plans`)."""
@@ -170,7 +179,7 @@ class Qwen2VLProcessing:
 
             if budget - 1 < low or not smaller(low):
                 return
-            lo, hi = low, budget - 1          # smaller(lo) holds; find the largest such budget
+            lo, hi = low, budget - 1  # smaller(lo) holds; find the largest such budget
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 lo, hi = (mid, hi) if smaller(mid) else (lo, mid - 1)
@@ -178,8 +187,9 @@ class Qwen2VLProcessing:
             plan = self.plan(width, height, budget)
             yield budget, plan
 
-    def lower_steps(self, index: int, width: int, height: int
-                    ) -> Iterator[tuple[int, int, int, ImagePlan]]:
+    def lower_steps(
+        self, index: int, width: int, height: int
+    ) -> Iterator[tuple[int, int, int, ImagePlan]]:
         """(-budget, index, k, plan) of each plan below the first of `iter_budgeted_plans`,
         largest first: the steps of item `index` (an image, a video's frames) when several
         items' steps are merged by budget (`k` orders the item's own steps, so equal keys
@@ -217,8 +227,9 @@ class LlavaProcessing:
         self.settings = settings
         self.size = settings.image_size
         side = self.size // settings.patch_size
-        self._plan = ImagePlan(width=self.size, height=self.size, grid_thw=(1, side, side),
-                               tokens=side * side, rows=1)
+        self._plan = ImagePlan(
+            width=self.size, height=self.size, grid_thw=(1, side, side), tokens=side * side, rows=1
+        )
         self.row_shape: tuple[int, ...] = (3, self.size, self.size)
         self._tables = _tables(settings)
 
@@ -250,11 +261,12 @@ class LlavaProcessing:
         `_FULL_RESIZE_PIXELS` crops (or the stored size, when larger) only the crop is
         resampled (`_resized_crop`)."""
         width, height = self.resized_size(*image.size)
-        if width * height > max(image.width * image.height, _FULL_RESIZE_PIXELS * self.size ** 2):
-            return np.stack(list(_planes(_resized_crop(image, width, height, self.size),
-                                         self._tables)))
+        if width * height > max(image.width * image.height, _FULL_RESIZE_PIXELS * self.size**2):
+            return np.stack(
+                list(_planes(_resized_crop(image, width, height, self.size), self._tables))
+            )
         image = _resized(image, width, height)
-        left, top = (width - self.size) // 2, (height - self.size) // 2   # rounds down
+        left, top = (width - self.size) // 2, (height - self.size) // 2  # rounds down
         image = image.crop((left, top, left + self.size, top + self.size))
         return np.stack(list(_planes(image, self._tables)))
 
@@ -266,4 +278,4 @@ def processing_for(settings: ImageSettings) -> Processing:
     """The processing of the recipe's image layout."""
     if settings.layout == "llava":
         return LlavaProcessing(settings)
-    return Qwen2VLProcessing(settings)   # qwen2_vl and qwen2_5_vl
+    return Qwen2VLProcessing(settings)  # qwen2_vl and qwen2_5_vl

@@ -24,10 +24,16 @@ def _image_runs(is_pad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
 
 
-def mrope_positions(input_ids: np.ndarray, grids: Sequence[tuple[int, int, int]] | np.ndarray,
-                    *, image_pad_id: int, vision_start_id: int, spatial_merge_size: int,
-                    video_pad_id: int | None = None,
-                    intervals: Sequence[float] | None = None) -> np.ndarray:
+def mrope_positions(
+    input_ids: np.ndarray,
+    grids: Sequence[tuple[int, int, int]] | np.ndarray,
+    *,
+    image_pad_id: int,
+    vision_start_id: int,
+    spatial_merge_size: int,
+    video_pad_id: int | None = None,
+    intervals: Sequence[float] | None = None,
+) -> np.ndarray:
     """The (3, len(input_ids)) int64 M-RoPE positions of one document, as the model gives them.
 
     `grids` holds each image's or video's (t, h, w) patch grid, in the order of their
@@ -47,25 +53,32 @@ def mrope_positions(input_ids: np.ndarray, grids: Sequence[tuple[int, int, int]]
     if len(starts) != len(grid):
         raise ValueError(f"{len(starts)} image placeholder runs but {len(grid)} grids")
     if len(grid) and ((grid <= 0).any() or (grid[:, 1:] % merge).any()):
-        raise ValueError(f"image grids must be positive with h and w multiples of the merge "
-                         f"size {merge}: {grid.tolist()}")
+        raise ValueError(
+            f"image grids must be positive with h and w multiples of the merge "
+            f"size {merge}: {grid.tolist()}"
+        )
     out = np.empty((3, len(ids)), dtype=np.int64)
     text_from, position = 0, 0  # next text token's index and position
     spacing = [1.0] * len(grid) if intervals is None else list(intervals)
-    for (t, h, w), start, end, interval in zip(grid.tolist(), starts.tolist(), ends.tolist(),
-                                                spacing):
+    for (t, h, w), start, end, interval in zip(
+        grid.tolist(), starts.tolist(), ends.tolist(), spacing
+    ):
         if start == 0 or ids[start - 1] != vision_start_id:
-            raise ValueError(f"the image placeholders at token {start} do not follow "
-                             f"<|vision_start|> (id {vision_start_id})")
+            raise ValueError(
+                f"the image placeholders at token {start} do not follow "
+                f"<|vision_start|> (id {vision_start_id})"
+            )
         rows, cols = h // merge, w // merge
         if end - start != t * rows * cols:
-            raise ValueError(f"image at token {start} has {end - start} placeholders; its grid "
-                             f"({t}, {h}, {w}) needs {t * rows * cols}")
+            raise ValueError(
+                f"image at token {start} has {end - start} placeholders; its grid "
+                f"({t}, {h}, {w}) needs {t * rows * cols}"
+            )
         out[:, text_from:start] = np.arange(position, position + start - text_from)
         position += start - text_from
         index = np.arange(end - start)
         frame = index // (rows * cols)
-        if interval != 1:   # (float32, truncated: the model's `(arange(t) * interval).long()`)
+        if interval != 1:  # (float32, truncated: the model's `(arange(t) * interval).long()`)
             frame = (frame.astype(np.float32) * np.float32(interval)).astype(np.int64)
         out[0, start:end] = frame + position
         out[1, start:end] = (index // cols) % rows + position

@@ -20,7 +20,7 @@ import numpy as np
 
 from mixer.pipeline.batch import SHARED_BYTES
 
-_pid = [0]   # the process that asked for shared pixels (not its forked children)
+_pid = [0]  # the process that asked for shared pixels (not its forked children)
 
 
 def make_in_shared_memory() -> None:
@@ -44,7 +44,12 @@ def shared_tensor(array: np.ndarray) -> Any:
     """The shared torch tensor `array` views (made by `new_pixels`), or None."""
     torch = sys.modules.get("torch")
     base = array.base
-    if (torch is None or not isinstance(base, torch.Tensor) or not base.is_shared()
-            or base.data_ptr() != array.ctypes.data or tuple(base.shape) != array.shape):
+    if (
+        torch is None
+        or not isinstance(base, torch.Tensor)
+        or not base.is_shared()
+        or base.data_ptr() != array.ctypes.data
+        or tuple(base.shape) != array.shape
+    ):
         return None
     return base

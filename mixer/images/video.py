@@ -40,8 +40,9 @@ from mixer.images.processing import ImagePlan, Qwen2VLProcessing
 from mixer.images.video_decode import VideoInfo, decode_frames, video_error
 
 
-def sample_count(total: int, rate: float, video: VideoSettings, temporal: int,
-                 cap: int | None = None) -> int:
+def sample_count(
+    total: int, rate: float, video: VideoSettings, temporal: int, cap: int | None = None
+) -> int:
     """Frames sampled from `total` frames at `rate` per second (see the module docstring);
     `cap` lowers the fps rule's count (a document being fitted), never under min_frames."""
     most = math.floor(min(video.max_frames, total) / temporal) * temporal
@@ -61,11 +62,11 @@ def sample_indices(total: int, n: int) -> list[int]:
 class VideoPlan:
     """What a video becomes, known from its header: the frames and each frame's plan."""
 
-    frame: ImagePlan                  # one frame's resized size and (1, h, w) grid
-    frames: int                       # n sampled frames (a multiple of temporal_patch_size)
-    total: int                        # frames in the stored video
-    fps: float                        # the container's frame rate
-    grid_thw: tuple[int, int, int]    # video_grid_thw row
+    frame: ImagePlan  # one frame's resized size and (1, h, w) grid
+    frames: int  # n sampled frames (a multiple of temporal_patch_size)
+    total: int  # frames in the stored video
+    fps: float  # the container's frame rate
+    grid_thw: tuple[int, int, int]  # video_grid_thw row
     tokens: int
     rows: int
 
@@ -97,11 +98,11 @@ class VideoProcessing:
         self.temporal = settings.temporal_patch_size
         self.patch, self.merge = settings.patch_size, settings.merge_size
         self.factor = self.patch * self.merge
-        self.row_shape: tuple[int, ...] = (3 * self.temporal * self.patch ** 2,)
+        self.row_shape: tuple[int, ...] = (3 * self.temporal * self.patch**2,)
         levels = np.arange(256, dtype=np.float32)
         mean = np.array(settings.image_mean, dtype=np.float32) * np.float32(255.0)
         std = np.array(settings.image_std, dtype=np.float32) * np.float32(255.0)
-        self._tables = (levels[None, :] - mean[:, None]) / std[:, None]   # (3, 256) float32
+        self._tables = (levels[None, :] - mean[:, None]) / std[:, None]  # (3, 256) float32
         self._frames: dict[int, Qwen2VLProcessing] = {}
 
     def max_pixels(self, frames: int) -> int:
@@ -110,40 +111,54 @@ class VideoProcessing:
         if not v.cap_pixels_per_frame:
             return v.max_pixels
         total_pixels = int(v.max_video_tokens * self.factor * self.factor * 0.9)
-        return max(min(v.max_pixels, total_pixels * self.temporal // frames),
-                   int(v.min_pixels * 1.05))
+        return max(
+            min(v.max_pixels, total_pixels * self.temporal // frames), int(v.min_pixels * 1.05)
+        )
 
     def frame_processing(self, frames: int) -> Qwen2VLProcessing:
         """The image processing that plans one frame of an n-frame video (its budgets)."""
         bound = self.max_pixels(frames)
         found = self._frames.get(bound)
-        if found is None:   # (bound >= min_pixels: the recipe checks it, and the cap's floor)
-            found = Qwen2VLProcessing(self.settings.model_copy(
-                update={"min_pixels": self.video.min_pixels, "max_pixels": bound}))
+        if found is None:  # (bound >= min_pixels: the recipe checks it, and the cap's floor)
+            found = Qwen2VLProcessing(
+                self.settings.model_copy(
+                    update={"min_pixels": self.video.min_pixels, "max_pixels": bound}
+                )
+            )
             self._frames[bound] = found
         return found
 
     def count(self, info: VideoInfo, cap: int | None = None) -> int:
         return sample_count(info.frames, info.fps, self.video, self.temporal, cap)
 
-    def plan(self, info: VideoInfo, budget: int | None = None,
-             frames: int | None = None) -> VideoPlan:
+    def plan(
+        self, info: VideoInfo, budget: int | None = None, frames: int | None = None
+    ) -> VideoPlan:
         """The plan of a video: the fps rule's frames (or `frames`), each frame at the
         recipe's bound (or `budget`, clamped as images' are). ValueError when the video has
         fewer frames than one temporal patch, or an aspect ratio past 200."""
         n = self.count(info) if frames is None else frames
         if n <= 0:
-            raise ValueError(f"{info.frames} frame(s) are fewer than one temporal patch "
-                             f"(images.temporal_patch_size {self.temporal})")
-        return self._with_frame(info, n, self.frame_processing(n).plan(info.width, info.height,
-                                                                         budget))
+            raise ValueError(
+                f"{info.frames} frame(s) are fewer than one temporal patch "
+                f"(images.temporal_patch_size {self.temporal})"
+            )
+        return self._with_frame(
+            info, n, self.frame_processing(n).plan(info.width, info.height, budget)
+        )
 
     def _with_frame(self, info: VideoInfo, n: int, frame: ImagePlan) -> VideoPlan:
         _, gh, gw = frame.grid_thw
         t = n // self.temporal
-        return VideoPlan(frame=frame, frames=n, total=info.frames, fps=info.fps,
-                         grid_thw=(t, gh, gw), tokens=t * gh * gw // self.merge ** 2,
-                         rows=t * gh * gw)
+        return VideoPlan(
+            frame=frame,
+            frames=n,
+            total=info.frames,
+            fps=info.fps,
+            grid_thw=(t, gh, gw),
+            tokens=t * gh * gw // self.merge**2,
+            rows=t * gh * gw,
+        )
 
     def lowered(self, infos: list[VideoInfo]) -> Iterator[list[VideoPlan]]:
         """Plans for all of a document's videos, largest first: the recipe's; then, all videos
@@ -155,8 +170,10 @@ class VideoProcessing:
         yield list(current)
         budgets = [self.max_pixels(plan.frames) for plan in current]
         floors = [min(self.video.min_pixels, p.width * p.height) for p in current]
-        steps = [self.frame_processing(plan.frames).lower_steps(i, info.width, info.height)
-                 for i, (info, plan) in enumerate(zip(infos, current))]
+        steps = [
+            self.frame_processing(plan.frames).lower_steps(i, info.width, info.height)
+            for i, (info, plan) in enumerate(zip(infos, current))
+        ]
         for _, group in itertools.groupby(heapq.merge(*steps), key=lambda step: step[0]):
             changed = False
             for negative, i, _, frame in group:
@@ -166,8 +183,10 @@ class VideoProcessing:
             if changed:
                 yield list(current)
         for cap in range(max(p.frames for p in current) - self.temporal, 0, -self.temporal):
-            fewer = [self.plan(info, budget, self.count(info, cap)) if plan.frames > cap else plan
-                     for info, plan, budget in zip(infos, current, budgets)]
+            fewer = [
+                self.plan(info, budget, self.count(info, cap)) if plan.frames > cap else plan
+                for info, plan, budget in zip(infos, current, budgets)
+            ]
             if any(a.tokens != b.tokens for a, b in zip(fewer, current)):
                 current = fewer
                 yield list(current)
@@ -184,8 +203,12 @@ class VideoProcessing:
         frame = torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1)[None]
         if frame.shape[-2:] != (plan.height, plan.width):
             frame = torch.nn.functional.interpolate(
-                frame, size=(plan.height, plan.width), mode="bicubic", align_corners=False,
-                antialias=True)
+                frame,
+                size=(plan.height, plan.width),
+                mode="bicubic",
+                align_corners=False,
+                antialias=True,
+            )
         return frame[0].numpy()
 
     def new_pixels(self, plan: VideoPlan) -> np.ndarray:
@@ -202,9 +225,10 @@ class VideoProcessing:
         _, rows, cols = out.shape[:3]
         group, slot = divmod(i, self.temporal)
         for c in range(3):
-            plane = self._tables[c][frame[c]]            # (h, w) float32
-            out[group, :, :, :, :, c, slot] = plane.reshape(
-                rows, m, p, cols, m, p).transpose(0, 3, 1, 4, 2, 5)
+            plane = self._tables[c][frame[c]]  # (h, w) float32
+            out[group, :, :, :, :, c, slot] = plane.reshape(rows, m, p, cols, m, p).transpose(
+                0, 3, 1, 4, 2, 5
+            )
 
 
 class LazyVideo(LazyImage):
@@ -212,31 +236,56 @@ class LazyVideo(LazyImage):
 
     kind = "video"
 
-    def __init__(self, encoded: EncodedImage, info: VideoInfo, plan: VideoPlan,
-                 processing: VideoProcessing, extra_tokens: int, source: str,
-                 file: str) -> None:
+    def __init__(
+        self,
+        encoded: EncodedImage,
+        info: VideoInfo,
+        plan: VideoPlan,
+        processing: VideoProcessing,
+        extra_tokens: int,
+        source: str,
+        file: str,
+    ) -> None:
         # (max_source_pixels is the image decoder's; the header was checked by probe_video)
-        super().__init__(encoded, (info.width, info.height), plan,  # type: ignore[arg-type]
-                         processing, extra_tokens=extra_tokens,  # type: ignore[arg-type]
-                         source=source, file=file, max_source_pixels=info.width * info.height)
+        super().__init__(
+            encoded,
+            (info.width, info.height),
+            plan,  # type: ignore[arg-type]
+            processing,
+            extra_tokens=extra_tokens,  # type: ignore[arg-type]
+            source=source,
+            file=file,
+            max_source_pixels=info.width * info.height,
+        )
         self.info = info
 
     def replan(self, plan: VideoPlan) -> LazyVideo:  # type: ignore[override]
-        return LazyVideo(self.encoded, self.info, plan, self.processing,  # type: ignore[arg-type]
-                         extra_tokens=self.extra_tokens, source=self.source, file=self.file)
+        return LazyVideo(
+            self.encoded,
+            self.info,
+            plan,
+            self.processing,  # type: ignore[arg-type]
+            extra_tokens=self.extra_tokens,
+            source=self.source,
+            file=self.file,
+        )
 
     def _compute(self) -> np.ndarray:
         plan: VideoPlan = self.plan  # type: ignore[assignment]
         processing: VideoProcessing = self.processing  # type: ignore[assignment]
         out = processing.new_pixels(plan)
 
-        def keep(i: int, rgb: np.ndarray) -> None:   # each frame as it is decoded
+        def keep(i: int, rgb: np.ndarray) -> None:  # each frame as it is decoded
             if stopping():
                 raise RuntimeError("the process is exiting")
             if rgb.shape[:2] != (self.info.height, self.info.width):
-                raise video_error(f"frame {plan.indices[i]} is {rgb.shape[1]}x{rgb.shape[0]}, "
-                                  f"not the {self.info.width}x{self.info.height} of the header",
-                                  self.encoded, self.source, self.file)
+                raise video_error(
+                    f"frame {plan.indices[i]} is {rgb.shape[1]}x{rgb.shape[0]}, "
+                    f"not the {self.info.width}x{self.info.height} of the header",
+                    self.encoded,
+                    self.source,
+                    self.file,
+                )
             processing.put_frame(out, i, processing.resized(rgb, plan))
 
         decode_frames(self.encoded, plan.indices, keep, source=self.source, file=self.file)
@@ -244,12 +293,16 @@ class LazyVideo(LazyImage):
 
     def __repr__(self) -> str:
         plan: VideoPlan = self.plan  # type: ignore[assignment]
-        return (f"LazyVideo({self.encoded.member!r}, {self.info.width}x{self.info.height} "
-                f"-> {plan.frames}x{plan.width}x{plan.height}, {self.tokens} tokens)")
+        return (
+            f"LazyVideo({self.encoded.member!r}, {self.info.width}x{self.info.height} "
+            f"-> {plan.frames}x{plan.width}x{plan.height}, {self.tokens} tokens)"
+        )
 
 
-def probe_error(exc: ValueError, encoded: EncodedImage, info: VideoInfo, source: str,
-                file: str) -> DataError:
+def probe_error(
+    exc: ValueError, encoded: EncodedImage, info: VideoInfo, source: str, file: str
+) -> DataError:
     """A video the layout cannot plan, as the `DataError` naming it."""
-    return video_error(f"video of {info.width}x{info.height}, {info.frames} frames: {exc}",
-                       encoded, source, file)
+    return video_error(
+        f"video of {info.width}x{info.height}, {info.frames} frames: {exc}", encoded, source, file
+    )

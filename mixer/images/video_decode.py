@@ -47,8 +47,7 @@ def where(encoded: EncodedImage) -> str:
 
 
 def video_error(message: str, encoded: EncodedImage, source: str, file: str) -> DataError:
-    return DataError(message, source=source, file=file, location=where(encoded),
-                     reason="bad_video")
+    return DataError(message, source=source, file=file, location=where(encoded), reason="bad_video")
 
 
 def _av() -> Any:
@@ -72,8 +71,9 @@ def _open(encoded: EncodedImage) -> tuple[Any, Any]:
         raise
 
 
-def probe_video(encoded: EncodedImage, *, source: str, file: str, max_source_pixels: int,
-                max_source_frames: int) -> VideoInfo:
+def probe_video(
+    encoded: EncodedImage, *, source: str, file: str, max_source_pixels: int, max_source_frames: int
+) -> VideoInfo:
     """The header facts of a stored video (see the module docstring); `DataError` when the
     bytes are no video, it has no frames, or it is over the recipe's limits."""
     if not encoded.data:
@@ -83,22 +83,31 @@ def probe_video(encoded: EncodedImage, *, source: str, file: str, max_source_pix
         with container:
             width, height = stream.codec_context.width, stream.codec_context.height
             rate = stream.average_rate or stream.guessed_rate or stream.base_rate
-            frames = stream.frames or sum(1 for packet in container.demux(stream)
-                                          if packet.size and packet.pts is not None)
+            frames = stream.frames or sum(
+                1 for packet in container.demux(stream) if packet.size and packet.pts is not None
+            )
     except _errors() as exc:
         raise video_error(f"cannot read the video: {exc}", encoded, source, file) from exc
     if width <= 0 or height <= 0:
         raise video_error(f"video of size {width}x{height} has no pixels", encoded, source, file)
     if width * height > max_source_pixels:
-        raise video_error(f"video frames of {width}x{height} = {width * height:,} pixels are "
-                          f"more than images.max_source_pixels ({max_source_pixels:,})",
-                          encoded, source, file)
+        raise video_error(
+            f"video frames of {width}x{height} = {width * height:,} pixels are "
+            f"more than images.max_source_pixels ({max_source_pixels:,})",
+            encoded,
+            source,
+            file,
+        )
     if frames <= 0:
         raise video_error("video without frames", encoded, source, file)
     if frames > max_source_frames:
-        raise video_error(f"video of {frames:,} frames is longer than "
-                          f"images.video.max_source_frames ({max_source_frames:,})",
-                          encoded, source, file)
+        raise video_error(
+            f"video of {frames:,} frames is longer than "
+            f"images.video.max_source_frames ({max_source_frames:,})",
+            encoded,
+            source,
+            file,
+        )
     if not rate or float(rate) <= 0:
         raise video_error("video without a frame rate", encoded, source, file)
     return VideoInfo(width, height, frames, float(rate))
@@ -117,15 +126,16 @@ def _timeline(container: Any, stream: Any) -> tuple[list[int], list[int]]:
     return pts, keys
 
 
-def _seeking(container: Any, stream: Any, wanted: list[int],
-             keep: Callable[[int, np.ndarray], None]) -> bool:
+def _seeking(
+    container: Any, stream: Any, wanted: list[int], keep: Callable[[int, np.ndarray], None]
+) -> bool:
     """Decode the `wanted` frame indices (ascending) by seeking; False when the timeline does
     not allow it (the caller then decodes from the start)."""
     pts, keys = _timeline(container, stream)
     if not keys or len(pts) <= wanted[-1]:
         return False
     frames = None
-    last = None   # pts of the last frame decoded since the last seek
+    last = None  # pts of the last frame decoded since the last seek
     for i, index in enumerate(wanted):
         target = pts[index]
         k = bisect.bisect_right(keys, target) - 1
@@ -145,8 +155,14 @@ def _seeking(container: Any, stream: Any, wanted: list[int],
     return True
 
 
-def decode_frames(encoded: EncodedImage, indices: list[int], keep: Callable[[int, np.ndarray],
-                  None], *, source: str, file: str) -> None:
+def decode_frames(
+    encoded: EncodedImage,
+    indices: list[int],
+    keep: Callable[[int, np.ndarray], None],
+    *,
+    source: str,
+    file: str,
+) -> None:
     """Decode the frames at `indices` (ascending, presentation order) and hand each to
     `keep(i, rgb)` (i: its place in `indices`; rgb: (height, width, 3) uint8)."""
     try:
@@ -155,7 +171,7 @@ def decode_frames(encoded: EncodedImage, indices: list[int], keep: Callable[[int
             if _seeking(container, stream, indices, keep):
                 return
         container, stream = _open(encoded)
-        with container:   # no usable timestamps: decode from the start, keeping the wanted
+        with container:  # no usable timestamps: decode from the start, keeping the wanted
             at = 0
             for n, frame in enumerate(container.decode(stream)):
                 if n == indices[at]:
@@ -165,5 +181,9 @@ def decode_frames(encoded: EncodedImage, indices: list[int], keep: Callable[[int
                         return
     except _errors() as exc:
         raise video_error(f"cannot decode the video: {exc}", encoded, source, file) from exc
-    raise video_error(f"the video ends before frame {indices[at]} (its header declared more)",
-                      encoded, source, file)
+    raise video_error(
+        f"the video ends before frame {indices[at]} (its header declared more)",
+        encoded,
+        source,
+        file,
+    )

@@ -38,5 +38,6 @@ def read_state(folder: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} is missing: this checkpoint was not written by a mixer adapter, so the "
-            "data stream's position is unknown (resume from one that holds the file)")
+            "data stream's position is unknown (resume from one that holds the file)"
+        )
     return json.loads(path.read_text())

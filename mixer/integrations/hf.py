@@ -36,10 +36,12 @@ def _mixer_args(args: TrainingArguments | None, recipe: Recipe) -> TrainingArgum
     if args is None:
         raise TypeError("MixerTrainer needs TrainingArguments with max_steps > 0")
     if args.max_steps is None or args.max_steps <= 0:
-        raise ValueError("MixerTrainer: set TrainingArguments(max_steps=...): a mixer loader "
-                         "has no length, so epochs cannot bound the run")
-    args.per_device_train_batch_size = recipe.batch_size   # the recipe's (for the logs)
-    args.ignore_data_skip = True      # the loader's state resumes the stream, not a replay
+        raise ValueError(
+            "MixerTrainer: set TrainingArguments(max_steps=...): a mixer loader "
+            "has no length, so epochs cannot bound the run"
+        )
+    args.per_device_train_batch_size = recipe.batch_size  # the recipe's (for the logs)
+    args.ignore_data_skip = True  # the loader's state resumes the stream, not a replay
     args.accelerator_config.dispatch_batches = False
     args.accelerator_config.split_batches = False
     return args
@@ -48,8 +50,15 @@ def _mixer_args(args: TrainingArguments | None, recipe: Recipe) -> TrainingArgum
 class MixerTrainer(Trainer):
     """A `transformers.Trainer` trained on `mixer.build_loader(recipe, num_workers=...)`."""
 
-    def __init__(self, model: Any = None, args: TrainingArguments | None = None, *,
-                 recipe: Recipe | dict | str, num_workers: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Any = None,
+        args: TrainingArguments | None = None,
+        *,
+        recipe: Recipe | dict | str,
+        num_workers: int = 0,
+        **kwargs: Any,
+    ) -> None:
         if kwargs.get("train_dataset") is not None:
             raise TypeError("MixerTrainer takes recipe=, not train_dataset=")
         recipe = load_recipe(recipe)
@@ -58,19 +67,23 @@ class MixerTrainer(Trainer):
         # takes rank and world size from it, and its state_dict() is then global.
         self.mixer_loader: Loader = build_loader(recipe, num_workers=num_workers)
         if (self.mixer_loader.rank, self.mixer_loader.world_size) != (
-                self.args.process_index, self.args.world_size):
+            self.args.process_index,
+            self.args.world_size,
+        ):
             raise RuntimeError(
                 f"MixerTrainer: torch.distributed says rank {self.mixer_loader.rank} of "
                 f"{self.mixer_loader.world_size}, the Trainer {self.args.process_index} of "
-                f"{self.args.world_size} (model parallelism is not supported)")
+                f"{self.args.world_size} (model parallelism is not supported)"
+            )
         self._forward_keys = _accepted_keys(self.model)
 
     # -- data ------------------------------------------------------------------------------
     def get_train_dataloader(self) -> Loader:
         return self.mixer_loader
 
-    def compute_loss(self, model: Any, inputs: dict, return_outputs: bool = False,
-                     num_items_in_batch: Any = None) -> Any:
+    def compute_loss(
+        self, model: Any, inputs: dict, return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> Any:
         padding = BatchLayout.is_padding(inputs)
         inputs = {k: v for k, v in inputs.items() if k in self._forward_keys}
         if not padding:
@@ -78,29 +91,35 @@ class MixerTrainer(Trainer):
         inputs.pop("labels", None)
         outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
-        loss = logits.sum() * 0.0       # zero weight; backward still reaches every parameter
+        loss = logits.sum() * 0.0  # zero weight; backward still reaches every parameter
         return (loss, outputs) if return_outputs else loss
 
     # -- checkpoints -----------------------------------------------------------------------
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         super()._save_checkpoint(model, trial)
-        state = self.mixer_loader.state_dict()      # a collective under torch.distributed
+        state = self.mixer_loader.state_dict()  # a collective under torch.distributed
         if self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial),
-                                  f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            folder = os.path.join(
+                self._get_output_dir(trial=trial),
+                f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}",
+            )
             write_state(folder, state)
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any,
-              **kwargs: Any) -> Any:
+    def train(
+        self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any
+    ) -> Any:
         if resume_from_checkpoint is True:
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is None:
                 raise ValueError(f"no checkpoint in {self.args.output_dir} to resume from")
         if resume_from_checkpoint:
             self.mixer_loader.load_state_dict(read_state(resume_from_checkpoint))
-            log.info("mixer: resuming the stream at global batch %d from %s (state loaded: "
-                     "no batch skipped by replay)", self.mixer_loader.next_global_batch,
-                     resume_from_checkpoint)
+            log.info(
+                "mixer: resuming the stream at global batch %d from %s (state loaded: "
+                "no batch skipped by replay)",
+                self.mixer_loader.next_global_batch,
+                resume_from_checkpoint,
+            )
         return super().train(resume_from_checkpoint or None, *args, **kwargs)
 
     # -- logs ------------------------------------------------------------------------------
@@ -113,5 +132,6 @@ class MixerTrainer(Trainer):
 def _accepted_keys(model: Any) -> frozenset[str]:
     """The batch keys the model's forward takes (`source_ids` only if it names it)."""
     params = inspect.signature(model.forward).parameters
-    return frozenset(k for k in ("input_ids", "labels", "position_ids", "source_ids")
-                     if k in params)
+    return frozenset(
+        k for k in ("input_ids", "labels", "position_ids", "source_ids") if k in params
+    )

@@ -41,7 +41,7 @@ class _Fetched:
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader
-        self.before: deque[dict] = deque()   # local states of fetched, not yet received batches
+        self.before: deque[dict] = deque()  # local states of fetched, not yet received batches
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         self.before.clear()
@@ -83,11 +83,14 @@ class MixerDataModule(LightningDataModule):
         if world > 1 and torch_dist.is_initialized():
             self.loader = build_loader(self.recipe, num_workers=self.num_workers)
             if (self.loader.rank, self.loader.world_size) != (rank, world):
-                raise RuntimeError(f"MixerDataModule: the strategy says rank {rank} of {world}, "
-                                   "torch.distributed otherwise (model parallelism?)")
+                raise RuntimeError(
+                    f"MixerDataModule: the strategy says rank {rank} of {world}, "
+                    "torch.distributed otherwise (model parallelism?)"
+                )
         else:
-            self.loader = build_loader(self.recipe, rank=rank, world_size=world,
-                                       num_workers=self.num_workers)
+            self.loader = build_loader(
+                self.recipe, rank=rank, world_size=world, num_workers=self.num_workers
+            )
         self._fetched = _Fetched(self.loader)
         if self._to_load is not None:
             self._load(self._to_load)
@@ -125,8 +128,11 @@ class MixerDataModule(LightningDataModule):
 
     def _load(self, state: dict) -> None:
         self.loader.load_state_dict(state)
-        log.info("mixer: resuming the stream at global batch %d (state loaded: no batch "
-                 "skipped by replay)", self.loader.next_global_batch)
+        log.info(
+            "mixer: resuming the stream at global batch %d (state loaded: no batch "
+            "skipped by replay)",
+            self.loader.next_global_batch,
+        )
 
     # -- per batch ---------------------------------------------------------------------------
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

@@ -33,7 +33,7 @@ from mixer.runtime.loader import Loader, build_loader
 from mixer.runtime.state import merge_states
 
 log = logging.getLogger(__name__)
-IGNORE_INDEX = -100   # torchtitan's cross-entropy ignore index (components/loss.py)
+IGNORE_INDEX = -100  # torchtitan's cross-entropy ignore index (components/loss.py)
 
 
 def titan_batch(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -57,12 +57,15 @@ class MixerDataLoader(BaseDataLoader):
         def build(self, **kwargs: Any) -> MixerDataLoader:
             return build_mixer_dataloader(self, **kwargs)
 
-    def __init__(self, recipe: Recipe | dict | str, dp_rank: int, dp_world_size: int,
-                 num_workers: int = 0) -> None:
+    def __init__(
+        self, recipe: Recipe | dict | str, dp_rank: int, dp_world_size: int, num_workers: int = 0
+    ) -> None:
         recipe = load_recipe(recipe)
         if recipe.images is not None:
-            raise RecipeError("MixerDataLoader serves text recipes; this one has `images:` "
-                              "(torchtitan's image+text trainers take their own batch format)")
+            raise RecipeError(
+                "MixerDataLoader serves text recipes; this one has `images:` "
+                "(torchtitan's image+text trainers take their own batch format)"
+            )
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
         job = dist.rank_and_world()
         # DP over the whole job: the loader's own collectives gather and agree on the end.
@@ -73,10 +76,12 @@ class MixerDataLoader(BaseDataLoader):
             raise TopologyError(
                 f"a finite recipe (every source has `epochs`) needs the DP degree to be the "
                 f"whole job ({job[1]} processes, DP degree {dp_world_size}): its ranks agree "
-                "on the stream's end through collectives over every process")
+                "on the stream's end through collectives over every process"
+            )
         if self._gather or not dist.is_distributed():
-            self.loader: Loader = build_loader(recipe, rank=dp_rank, world_size=dp_world_size,
-                                               num_workers=num_workers)
+            self.loader: Loader = build_loader(
+                recipe, rank=dp_rank, world_size=dp_world_size, num_workers=num_workers
+            )
         else:
             self.loader = build_loader(recipe, num_workers=num_workers)
 
@@ -93,11 +98,14 @@ class MixerDataLoader(BaseDataLoader):
         return merge_states([by_rank[rank] for rank in sorted(by_rank)])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not state_dict:   # torchtitan: an empty state is a fresh start
+        if not state_dict:  # torchtitan: an empty state is a fresh start
             return
         self.loader.load_state_dict(state_dict)
-        log.info("mixer: resuming the stream at global batch %d (state loaded: no batch "
-                 "skipped by replay)", self.loader.next_global_batch)
+        log.info(
+            "mixer: resuming the stream at global batch %d (state loaded: no batch "
+            "skipped by replay)",
+            self.loader.next_global_batch,
+        )
 
     def metrics(self, all_ranks: bool = False) -> dict[str, Any]:
         """`loader.metrics()` (for `mixer.integrations.tensorboard.log_metrics`)."""
@@ -107,26 +115,38 @@ class MixerDataLoader(BaseDataLoader):
         self.loader.close()
 
 
-def build_mixer_dataloader(config: MixerDataLoader.Config, *, dp_world_size: int, dp_rank: int,
-                           tokenizer: Any = None, seq_len: int | None = None,
-                           local_batch_size: int | None = None,
-                           snapshot_every_n_steps: int | None = None,
-                           **_: Any) -> MixerDataLoader:
+def build_mixer_dataloader(
+    config: MixerDataLoader.Config,
+    *,
+    dp_world_size: int,
+    dp_rank: int,
+    tokenizer: Any = None,
+    seq_len: int | None = None,
+    local_batch_size: int | None = None,
+    snapshot_every_n_steps: int | None = None,
+    **_: Any,
+) -> MixerDataLoader:
     """What torchtitan's trainer calls to build its data loader (the keywords of
     `config.dataloader.build(...)`), checked against the recipe: `training.seq_len` and
     `training.local_batch_size` must be the recipe's, and the tokenizer's EOS id its EOS id.
     `snapshot_every_n_steps` is not needed: the state is exact at every step. Other keywords
     a later torchtitan passes are ignored, as its own loaders do."""
     recipe = load_recipe(config.recipe)
-    for name, theirs, ours in (("seq_len", seq_len, recipe.seq_len),
-                               ("local_batch_size", local_batch_size, recipe.batch_size)):
+    for name, theirs, ours in (
+        ("seq_len", seq_len, recipe.seq_len),
+        ("local_batch_size", local_batch_size, recipe.batch_size),
+    ):
         if theirs is not None and theirs != ours:
-            raise RecipeError(f"training.{name} is {theirs} but the recipe {config.recipe} "
-                              f"makes batches of {ours} (batch_size x seq_len per DP rank)")
+            raise RecipeError(
+                f"training.{name} is {theirs} but the recipe {config.recipe} "
+                f"makes batches of {ours} (batch_size x seq_len per DP rank)"
+            )
     loader = MixerDataLoader(recipe, dp_rank, dp_world_size, num_workers=config.num_workers)
     eos = getattr(tokenizer, "eos_id", None)
     if eos is not None and eos != loader.loader.tokenizer.eos_id:
         loader.close()
-        raise RecipeError(f"torchtitan's tokenizer has EOS id {eos}, the recipe's tokenizer "
-                          f"{loader.loader.tokenizer.eos_id}: train with the recipe's tokenizer")
+        raise RecipeError(
+            f"torchtitan's tokenizer has EOS id {eos}, the recipe's tokenizer "
+            f"{loader.loader.tokenizer.eos_id}: train with the recipe's tokenizer"
+        )
     return loader

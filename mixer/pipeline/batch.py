@@ -80,8 +80,6 @@ class Batch:
         return self.arrays["source_ids"]
 
 
-
-
 class BatchLayout:
     """Text batches; subclasses add image arrays (see `mixer.images.layouts`)."""
 
@@ -101,8 +99,10 @@ class BatchLayout:
         tokens, and under `SHARED_BYTES` for each other one (a larger one crosses as a tensor;
         an image grid holds 12 bytes an image, which no batch makes a megabyte of)."""
         tokens = batch_size * self.seq_len
-        return sum(tokens * spec.per_token * spec.wire.itemsize if spec.per_token
-                   else SHARED_BYTES for spec in self.specs)
+        return sum(
+            tokens * spec.per_token * spec.wire.itemsize if spec.per_token else SHARED_BYTES
+            for spec in self.specs
+        )
 
     def document_builder(self, encoder: Encoder, source: str) -> DocumentBuilder | None:
         """What turns a source's records into documents; None: text only (the stream's own)."""
@@ -116,20 +116,22 @@ class BatchLayout:
     def new_rows(self, batch_size: int) -> dict[str, np.ndarray]:
         """The per-row arrays of an all-padding batch."""
         shape = (batch_size, self.seq_len)
-        return {"input_ids": _filled(shape, self.pad_id), "labels": _filled(shape, IGNORE_INDEX),
-                "position_ids": np.zeros(shape, dtype=np.int64), "source_ids": _filled(shape, -1)}
+        return {
+            "input_ids": _filled(shape, self.pad_id),
+            "labels": _filled(shape, IGNORE_INDEX),
+            "position_ids": np.zeros(shape, dtype=np.int64),
+            "source_ids": _filled(shape, -1),
+        }
 
-    def put_row(self, arrays: dict[str, np.ndarray], index: int, row: Row,
-                source_id: int) -> None:
+    def put_row(self, arrays: dict[str, np.ndarray], index: int, row: Row, source_id: int) -> None:
         """Write a packed row into row `index` of the batch (layouts that write rows one by
         one override this; the text layout writes a batch's rows at once in `assemble`)."""
         arrays["input_ids"][index] = row.input_ids
         arrays["labels"][index] = row.labels
         arrays["position_ids"][index] = row.position_ids
-        arrays["source_ids"][index, :row.real] = source_id
+        arrays["source_ids"][index, : row.real] = source_id
 
-    def finish(self, arrays: dict[str, np.ndarray], rows: list[Row | None],
-               padding: bool) -> Batch:
+    def finish(self, arrays: dict[str, np.ndarray], rows: list[Row | None], padding: bool) -> Batch:
         """The batch, once every row is in (image layouts add pixels here)."""
         return Batch(arrays, padding)
 
@@ -147,10 +149,19 @@ class BatchLayout:
             return self.finish(arrays, rows, padding)
         ids, labels, positions, real = rows_arrays(rows, self.seq_len, self.pad_id)
         column = np.array(sources, dtype=np.int64)[:, None]
-        source_ids = (np.repeat(column, self.seq_len, axis=1) if real is None
-                      else np.where(real, column, -1))
-        return self.finish({"input_ids": ids, "labels": labels, "position_ids": positions,
-                            "source_ids": source_ids}, rows, padding)
+        source_ids = (
+            np.repeat(column, self.seq_len, axis=1) if real is None else np.where(real, column, -1)
+        )
+        return self.finish(
+            {
+                "input_ids": ids,
+                "labels": labels,
+                "position_ids": positions,
+                "source_ids": source_ids,
+            },
+            rows,
+            padding,
+        )
 
     # -- crossing from a worker to the main process -------------------------------------------
     def to_wire(self, batch: Batch, into: np.ndarray | None = None) -> Wire:
@@ -170,10 +181,15 @@ class BatchLayout:
             shapes.append((spec.key, tuple(array.shape)))
         size = sum(array.size * wire.itemsize for array, wire in small)
         if into is None or size > len(into):
-            return Wire(b"".join(np.ascontiguousarray(array, dtype=wire).tobytes()
-                                 for array, wire in small), shapes, tensors)
+            return Wire(
+                b"".join(
+                    np.ascontiguousarray(array, dtype=wire).tobytes() for array, wire in small
+                ),
+                shapes,
+                tensors,
+            )
         at = 0
-        for array, wire in small:   # cast straight into place: no intermediate copies
+        for array, wire in small:  # cast straight into place: no intermediate copies
             end = at + array.size * wire.itemsize
             np.copyto(into[at:end].view(wire).reshape(array.shape), array, casting="unsafe")
             at = end
@@ -184,9 +200,8 @@ class BatchLayout:
         specs = {spec.key: spec for spec in self.specs}
         for key, shape in wire.shapes:
             spec = specs[key]
-            count = math.prod(shape)   # (np.prod costs 3 µs on a tuple)
-            array = np.frombuffer(wire.data, dtype=spec.wire, count=count,
-                                  offset=at).reshape(shape)
+            count = math.prod(shape)  # (np.prod costs 3 µs on a tuple)
+            array = np.frombuffer(wire.data, dtype=spec.wire, count=count, offset=at).reshape(shape)
             arrays[key] = array.astype(spec.dtype)
             at += count * spec.wire.itemsize
         for key, tensor in wire.tensors.items():

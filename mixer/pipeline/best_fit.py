@@ -17,9 +17,12 @@ from mixer.core.errors import StateError
 from mixer.pipeline.packing import BLOCKED, Row, _Blocked, build_row
 
 
-def plan_rows(lengths: list[int], seq_len: int,
-              images: list[tuple[int, int, int]] | None = None,
-              caps: Budget | None = None) -> list[list[int]]:
+def plan_rows(
+    lengths: list[int],
+    seq_len: int,
+    images: list[tuple[int, int, int]] | None = None,
+    caps: Budget | None = None,
+) -> list[list[int]]:
     """Best-fit decreasing: piece indices per row, rows in the order they were opened.
 
     With `images` ((images, patches, videos) per piece) and `caps`, a row also never holds
@@ -28,15 +31,16 @@ def plan_rows(lengths: list[int], seq_len: int,
     """
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     rows: list[list[int]] = []
-    held: list[list[int]] = []         # (images, patches, videos) per row
-    free: list[tuple[int, int]] = []   # sorted (room left, row index)
+    held: list[list[int]] = []  # (images, patches, videos) per row
+    free: list[tuple[int, int]] = []  # sorted (room left, row index)
     for piece in order:
         size = lengths[piece]
         extra = images[piece] if images is not None else (0, 0, 0)
         at = bisect.bisect_left(free, (size, -1))
         if caps is not None and any(extra):
             while at < len(free) and not caps.allows(
-                    *(h + e for h, e in zip(held[free[at][1]], extra))):
+                *(h + e for h, e in zip(held[free[at][1]], extra))
+            ):
                 at += 1
         if at < len(free):
             room, row = free.pop(at)
@@ -56,8 +60,16 @@ def plan_rows(lengths: list[int], seq_len: int,
 class BestFitPacker:
     """Rows for one (lane, source), packed best-fit over windows of documents."""
 
-    def __init__(self, stream: DocumentSource, *, seq_len: int, pad_id: int,
-                 mask_document_boundaries: bool, window: int, caps: Budget | None = None) -> None:
+    def __init__(
+        self,
+        stream: DocumentSource,
+        *,
+        seq_len: int,
+        pad_id: int,
+        mask_document_boundaries: bool,
+        window: int,
+        caps: Budget | None = None,
+    ) -> None:
         self.stream = stream
         self.caps = caps
         self.seq_len = seq_len
@@ -70,7 +82,7 @@ class BestFitPacker:
         self._rows: list[Row] | None = None
 
     def state_dict(self) -> dict:
-        if self.exhausted:   # the stream at its end (done), not the last window's start: a
+        if self.exhausted:  # the stream at its end (done), not the last window's start: a
             # resumed lane's progress and final state are those of an uninterrupted run
             return {"stream": self.stream.state_dict(), "emitted": 0, "exhausted": 1}
         return {"stream": self._start, "emitted": self._emitted, "exhausted": 0}
@@ -90,7 +102,7 @@ class BestFitPacker:
             raise StateError(f"best_fit packer state of source {name!r} lacks {exc}") from None
 
     def _plan(self) -> list[Row]:
-        pieces: list[tuple[Document, int, int, bool]] = []   # (document, offset, length, start)
+        pieces: list[tuple[Document, int, int, bool]] = []  # (document, offset, length, start)
         for _ in range(self.window):
             document = self.stream.next_document()
             if document is None:
@@ -107,8 +119,10 @@ class BestFitPacker:
     def _row(self, pieces: list[tuple[Document, int, int, bool]]) -> Row:
         # A piece placed after another one follows a different document: mask its first token
         # like a document start.
-        masked = [(doc, offset, length, self.mask_boundaries and (starts or i > 0))
-                  for i, (doc, offset, length, starts) in enumerate(pieces)]
+        masked = [
+            (doc, offset, length, self.mask_boundaries and (starts or i > 0))
+            for i, (doc, offset, length, starts) in enumerate(pieces)
+        ]
         return build_row(masked, self.seq_len, self.pad_id)
 
     def next_row(self, budget: Budget | None = None) -> Row | None | _Blocked:
@@ -116,7 +130,7 @@ class BestFitPacker:
         when the row's images exceed what is left of `budget` (it waits for the next batch)."""
         while not self.exhausted:
             if self._rows is None:
-                self._rows = self._plan()   # replays the window up to `emitted` on resume
+                self._rows = self._plan()  # replays the window up to `emitted` on resume
             if self._emitted < len(self._rows):
                 row = self._rows[self._emitted]
                 if budget is not None and row.pieces and not budget.allows(*row.counts):

@@ -23,27 +23,41 @@ class Cursor:
         self.name = name
         self.lane = lane
         self.epochs = epochs
-        self.with_oversize = with_oversize   # image recipes count oversize documents
+        self.with_oversize = with_oversize  # image recipes count oversize documents
         self.load_state_dict(None)
 
     def state_dict(self) -> dict[str, int]:
         """Position before the next document (plain ints)."""
-        state = {"epoch": self.epoch, "window": self.window_index, "slot": self.start[0],
-                 "index": self.start[1], "offset": self.start[2], "pos": self.pos,
-                 "skipped": self.skipped_before, "done": int(self.done)}
+        state = {
+            "epoch": self.epoch,
+            "window": self.window_index,
+            "slot": self.start[0],
+            "index": self.start[1],
+            "offset": self.start[2],
+            "pos": self.pos,
+            "skipped": self.skipped_before,
+            "done": int(self.done),
+        }
         if self.with_oversize:
             state["oversize"] = self.oversize
         if self.reasons_before:
-            state["reasons"] = dict(sorted(self.reasons_before.items()))   # type: ignore[assignment]
+            state["reasons"] = dict(sorted(self.reasons_before.items()))  # type: ignore[assignment]
         return state
 
     def load_state_dict(self, state: dict[str, int] | None) -> None:
-        state = state or {"epoch": 0, "window": 0, "slot": 0, "index": 0, "offset": 0,
-                          "pos": 0, "skipped": 0, "done": 0}
+        state = state or {
+            "epoch": 0,
+            "window": 0,
+            "slot": 0,
+            "index": 0,
+            "offset": 0,
+            "pos": 0,
+            "skipped": 0,
+            "done": 0,
+        }
         missing = [k for k in STATE_KEYS if k not in state]
         if missing:
-            raise StateError(f"source {self.name!r} lane {self.lane}: stream state lacks "
-                             f"{missing}")
+            raise StateError(f"source {self.name!r} lane {self.lane}: stream state lacks {missing}")
         self.epoch = state["epoch"]
         self.window_index = state["window"]
         self.start = (state["slot"], state["index"], state["offset"])
@@ -51,7 +65,7 @@ class Cursor:
         self.done = bool(state["done"])
         self.skipped_before = state["skipped"]
         self.reasons_before: dict[str, int] = dict(state.get("reasons", {}))  # type: ignore[arg-type]
-        self.oversize = state.get("oversize", 0)   # documents too long for a row, skipped
+        self.oversize = state.get("oversize", 0)  # documents too long for a row, skipped
         self.empty_epochs = 0
         # Whether this epoch has yielded a document yet. Loaded mid-epoch, unknown: taken as
         # yes (the epoch does not count as empty), so a resumed lane never gives up early.
@@ -80,7 +94,7 @@ class Cursor:
     def advance(self, win: Window, on_empty: Callable[[], None]) -> None:
         """Move past `win` (fully consumed). `on_empty()` is asked when an epoch of an
         unlimited source yielded no document (it raises when the source holds none)."""
-        for reason, n in win.reasons.items():   # (they add up to win.skipped)
+        for reason, n in win.reasons.items():  # (they add up to win.skipped)
             self.skip(reason, n)
         if win.end_of_epoch:
             # Empty: the epoch yielded no document -- no records, or (image recipes) every
@@ -94,15 +108,17 @@ class Cursor:
             self.window_index = 0
             self.start = (0, 0, 0)
             if (self.epochs is not None and self.epoch >= self.epochs) or (
-                    self.empty_epochs >= EMPTY_EPOCH_LIMIT):
+                self.empty_epochs >= EMPTY_EPOCH_LIMIT
+            ):
                 self.done = True
         else:
             self.window_index += 1
             self.start = win.end
         self.pos = 0
 
-    def progress(self, items: tuple[SliceItem, ...], splits: tuple[Split, ...],
-                 win: Window | None) -> float:
+    def progress(
+        self, items: tuple[SliceItem, ...], splits: tuple[Split, ...], win: Window | None
+    ) -> float:
         """Completed passes over the lane's slice (an estimate for metrics): epochs done plus
         the part of the current epoch behind the reading position, measured in splits (and
         within a split where its size is known), interpolated over the current window.
@@ -113,7 +129,7 @@ class Cursor:
             return float(self.epoch)
         if win is None:
             return self.epoch + fraction(items, splits, self.start)
-        if win.span is None:   # (fixed while `win` is the window: asked for every batch)
+        if win.span is None:  # (fixed while `win` is the window: asked for every batch)
             done = fraction(items, splits, self.start, win.inner_start)
             end = 1.0 if win.end_of_epoch else fraction(items, splits, win.end, win.inner_end)
             win.span = (done, end)
@@ -123,8 +139,12 @@ class Cursor:
         return self.epoch + done
 
 
-def fraction(items: tuple[SliceItem, ...], splits: tuple[Split, ...],
-             cursor: tuple[int, int, int], inner: float = -1.0) -> float:
+def fraction(
+    items: tuple[SliceItem, ...],
+    splits: tuple[Split, ...],
+    cursor: tuple[int, int, int],
+    inner: float = -1.0,
+) -> float:
     """The part of the slice before `cursor`; `inner`: the part of the cursor's split before
     it, where known otherwise (-1: from the split's record count or range)."""
     slot, index, offset = cursor
@@ -135,7 +155,7 @@ def fraction(items: tuple[SliceItem, ...], splits: tuple[Split, ...],
         inner = 0.0
         if split.records > 0:
             inner = index / split.records
-        elif split.dend >= 0 and offset:   # a group of zstd frames: decompressed bytes
+        elif split.dend >= 0 and offset:  # a group of zstd frames: decompressed bytes
             inner = (offset - split.dstart) / max(split.dend - split.dstart, 1)
         elif split.seekable and split.end > split.start and offset:
             inner = (offset - split.start) / (split.end - split.start)

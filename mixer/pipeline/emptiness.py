@@ -16,12 +16,13 @@ from mixer.tokenize.encoding import TOKENIZE_DOCS
 class Emptiness:
     """Raises, once asked, when the source yields no document at all (the answer is kept)."""
 
-    def __init__(self, reader: SliceReader, documents: DocumentBuilder | None,
-                 on_error: str) -> None:
+    def __init__(
+        self, reader: SliceReader, documents: DocumentBuilder | None, on_error: str
+    ) -> None:
         self.reader = reader
         self.documents = documents
         self.on_error = on_error
-        self.has_documents: bool | None = None   # asked once a lane's epoch came up empty
+        self.has_documents: bool | None = None  # asked once a lane's epoch came up empty
 
     def check(self) -> None:
         """Raise a DataError when the source holds no readable document."""
@@ -31,17 +32,24 @@ class Emptiness:
             table = self.reader.table
             files = ", ".join(f.url for f in table.files[:3])
             more = f" and {len(table.files) - 3} more" if len(table.files) > 3 else ""
-            oversize = (", documents too long for seq_len at any image resolution"
-                        if self.documents is not None else "")
+            oversize = (
+                ", documents too long for seq_len at any image resolution"
+                if self.documents is not None
+                else ""
+            )
             raise DataError(
                 f"the source yields no document at all (its {len(table.files)} "
                 f"file(s) hold only blank lines, empty content{oversize} or skipped "
                 "records), so an unlimited source cannot supply its weight",
-                source=table.name, file=files + more, reason="other")
+                source=table.name,
+                file=files + more,
+                reason="other",
+            )
 
 
-def source_has_documents(reader: SliceReader, documents: DocumentBuilder | None,
-                         on_error: str) -> bool:
+def source_has_documents(
+    reader: SliceReader, documents: DocumentBuilder | None, on_error: str
+) -> bool:
     """Whether any split of the reader's source holds a readable document (read in split
     order up to the first one). Raises the first bad record's error unless the source skips
     bad input. Only asked when a lane's whole slice of an epoch yielded no document.
@@ -55,7 +63,7 @@ def source_has_documents(reader: SliceReader, documents: DocumentBuilder | None,
             for record in chunk:
                 if record.error is None:
                     if record.images and documents is None:
-                        continue   # images without an images block: an error, no document
+                        continue  # images without an images block: an error, no document
                     good.append(record)
                 elif on_error == "raise":
                     raise record.error
@@ -72,14 +80,22 @@ def _batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield chunk
 
 
-def _builds_a_document(reader: SliceReader, documents: DocumentBuilder | None, on_error: str,
-                       records: list[Record], split: Split) -> bool:
+def _builds_a_document(
+    reader: SliceReader,
+    documents: DocumentBuilder | None,
+    on_error: str,
+    records: list[Record],
+    split: Split,
+) -> bool:
     assert documents is not None
     entry = reader.table.files[split.file]
     where = FORMATS[entry.format].describe_offset
-    built = documents.build([r.text for r in records], [r.images for r in records],
-                            [entry.url] * len(records),
-                            [r.location or where(split, r.offset) for r in records])
+    built = documents.build(
+        [r.text for r in records],
+        [r.images for r in records],
+        [entry.url] * len(records),
+        [r.location or where(split, r.offset) for r in records],
+    )
     for item in built:
         if isinstance(item, Rejected):
             if not item.oversize and on_error == "raise":

@@ -26,32 +26,53 @@ LANE_STATE_VERSION = 2
 class Lane:
     """Batches of one lane, resumable from a small plain-data state."""
 
-    def __init__(self, lane: int, recipe: Recipe, tables: list[SourceTable], encoder: Encoder,
-                 state: dict | None = None, *, block_size: int = 8 << 20,
-                 layout: BatchLayout | None = None, plan: WeightPlan | None = None) -> None:
+    def __init__(
+        self,
+        lane: int,
+        recipe: Recipe,
+        tables: list[SourceTable],
+        encoder: Encoder,
+        state: dict | None = None,
+        *,
+        block_size: int = 8 << 20,
+        layout: BatchLayout | None = None,
+        plan: WeightPlan | None = None,
+    ) -> None:
         self.lane = lane
         self.recipe = recipe
         self.names = [s.name for s in recipe.sources]
         self.plan = plan or WeightPlan(recipe)
         self.pad_id = encoder.info.pad_id
         if layout is None and recipe.images is not None:
-            raise ValueError("a lane of an image recipe needs its layout "
-                             "(mixer.images.select.layout_for)")
+            raise ValueError(
+                "a lane of an image recipe needs its layout (mixer.images.select.layout_for)"
+            )
         self.layout = layout or BatchLayout(seq_len=recipe.seq_len, pad_id=encoder.info.pad_id)
         self.packers = []
         self.streams: list[SourceStream] = []
         cache = open_cache(recipe, encoder.info)
         for src, table in zip(recipe.sources, tables):
             stream = SourceStream(
-                table=table, lane=lane, encode=encoder,
+                table=table,
+                lane=lane,
+                encode=encoder,
                 settings=StreamSettings.from_recipe(recipe, src, block_size=block_size),
                 documents=self.layout.document_builder(encoder, src.name),
-                token_cache=cache, clock=self._global_batch)
+                token_cache=cache,
+                clock=self._global_batch,
+            )
             self.streams.append(stream)
-            self.packers.append(make_packer(
-                recipe.packing, stream, seq_len=recipe.seq_len, pad_id=self.pad_id,
-                mask_document_boundaries=recipe.mask_document_boundaries,
-                window=recipe.pack_window, caps=self.layout.budget()))
+            self.packers.append(
+                make_packer(
+                    recipe.packing,
+                    stream,
+                    seq_len=recipe.seq_len,
+                    pad_id=self.pad_id,
+                    mask_document_boundaries=recipe.mask_document_boundaries,
+                    window=recipe.pack_window,
+                    caps=self.layout.budget(),
+                )
+            )
         self.load_state_dict(state)
 
     def close(self) -> None:
@@ -64,16 +85,25 @@ class Lane:
         return self.batches * self.recipe.lanes + self.lane
 
     def fresh_state(self) -> dict:
-        return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": 0, "regime": "",
-                "sources": {name: {"tokens": 0, "mix": 0, "deficit": 0, "documents": 0,
-                                   "packer": None} for name in self.names}}
+        return {
+            "v": LANE_STATE_VERSION,
+            "lane": self.lane,
+            "batches": 0,
+            "regime": "",
+            "sources": {
+                name: {"tokens": 0, "mix": 0, "deficit": 0, "documents": 0, "packer": None}
+                for name in self.names
+            },
+        }
 
     def load_state_dict(self, state: dict | None) -> None:
         fresh = self.fresh_state()
         state = state or fresh
         if state.get("v") != LANE_STATE_VERSION or state.get("lane") != self.lane:
-            raise StateError(f"lane {self.lane}: state of version {state.get('v')} for lane "
-                             f"{state.get('lane')} cannot be loaded")
+            raise StateError(
+                f"lane {self.lane}: state of version {state.get('v')} for lane "
+                f"{state.get('lane')} cannot be loaded"
+            )
         self.batches = state["batches"]
         # The mixing counters of the regime in force (mix.py): a regime the recipe no longer
         # produces here (its weights were edited, or a source was added) restarts them.
@@ -91,26 +121,37 @@ class Lane:
             self.documents.append(entry["documents"])
             packer.load_state_dict(entry["packer"])
             if "epochs" in entry and "skipped" in entry:
-                packer.stream.resume_metrics(entry["epochs"], entry["skipped"],
-                                             entry.get("reasons", {}))
+                packer.stream.resume_metrics(
+                    entry["epochs"], entry["skipped"], entry.get("reasons", {})
+                )
 
     def state_dict(self) -> dict:
         """Plain data; `exhausted` and `skipped` are informational (derived on load)."""
         sources = {}
         for i, (name, packer) in enumerate(zip(self.names, self.packers)):
             stream = packer.stream
-            sources[name] = {"tokens": self.tokens[i], "mix": self.mix[i],
-                             "deficit": self.target[i] - TARGET_SCALE * self.mix[i],
-                             "documents": self.documents[i],
-                             "skipped": stream.skipped, "epochs": round(stream.progress(), 4),
-                             "packer": packer.state_dict()}
+            sources[name] = {
+                "tokens": self.tokens[i],
+                "mix": self.mix[i],
+                "deficit": self.target[i] - TARGET_SCALE * self.mix[i],
+                "documents": self.documents[i],
+                "skipped": stream.skipped,
+                "epochs": round(stream.progress(), 4),
+                "packer": packer.state_dict(),
+            }
             reasons = stream.skipped_reasons
             if reasons:
                 sources[name]["reasons"] = dict(sorted(reasons.items()))
             if self.recipe.images is not None:
                 sources[name]["oversize"] = stream.oversize
-        return {"v": LANE_STATE_VERSION, "lane": self.lane, "batches": self.batches,
-                "exhausted": int(self.exhausted), "regime": self.regime, "sources": sources}
+        return {
+            "v": LANE_STATE_VERSION,
+            "lane": self.lane,
+            "batches": self.batches,
+            "exhausted": int(self.exhausted),
+            "regime": self.regime,
+            "sources": sources,
+        }
 
     starved = False
 
@@ -127,7 +168,7 @@ class Lane:
         """
         length = self.recipe.seq_len
         regime, weights = self.plan.at(self._global_batch())
-        if regime != self.regime:   # a new stretch: its counters start from zero
+        if regime != self.regime:  # a new stretch: its counters start from zero
             self.regime = regime
             self.mix = [0] * len(self.mix)
             self.target = [0] * len(self.target)
@@ -135,12 +176,16 @@ class Lane:
         sources = [-1] * batch_size
         budget = self.layout.budget()
         blocked = [False] * len(self.packers)
-        parts = None   # the sources' parts of a row, while which sources are active holds
+        parts = None  # the sources' parts of a row, while which sources are active holds
         for row_index in range(batch_size):
             while True:
                 if parts is None:
-                    parts = shares(weights, [not (p.exhausted or b)
-                                             for p, b in zip(self.packers, blocked)]) or []
+                    parts = (
+                        shares(
+                            weights, [not (p.exhausted or b) for p, b in zip(self.packers, blocked)]
+                        )
+                        or []
+                    )
                 choice = choose_by_share(parts, self.mix, self.target, length)
                 if choice is None:
                     break
@@ -148,8 +193,8 @@ class Lane:
                 row = packer.next_row(budget)
                 if row is BLOCKED:
                     blocked[choice] = True
-                if row is BLOCKED or row is None:   # (None: that source just ran out)
-                    parts = None   # the others' weights renormalize
+                if row is BLOCKED or row is None:  # (None: that source just ran out)
+                    parts = None  # the others' weights renormalize
                     continue
                 assert isinstance(row, Row)
                 rows[row_index], sources[row_index] = row, choice
@@ -164,8 +209,13 @@ class Lane:
                 break
             if choice is None:
                 break
-        if all(r is None for r in rows) and not self.exhausted and not self.plan.may_draw_later(
-                self._global_batch(), [not p.exhausted for p in self.packers]):
+        if (
+            all(r is None for r in rows)
+            and not self.exhausted
+            and not self.plan.may_draw_later(
+                self._global_batch(), [not p.exhausted for p in self.packers]
+            )
+        ):
             # Only sources weighing 0 from here on are left: nothing will be drawn again.
             self.starved = True
         self.batches += 1

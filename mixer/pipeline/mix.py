@@ -19,7 +19,7 @@ doubles the worst case of a rank with one lane, so it is not done.
 
 from __future__ import annotations
 
-TARGET_SCALE = 1000   # targets are whole milli-tokens: exact integers in the state
+TARGET_SCALE = 1000  # targets are whole milli-tokens: exact integers in the state
 
 
 def shares(weights: list[float], active: list[bool]) -> list[float] | None:
@@ -29,12 +29,14 @@ def shares(weights: list[float], active: list[bool]) -> list[float] | None:
     total_weight = sum(w for w, a in zip(weights, active) if a)
     if total_weight <= 0:
         return None
-    return [weight / total_weight if is_active else 0.0
-            for weight, is_active in zip(weights, active)]
+    return [
+        weight / total_weight if is_active else 0.0 for weight, is_active in zip(weights, active)
+    ]
 
 
-def choose_by_share(parts: list[float], counters: list[int], targets: list[int],
-                    row_tokens: int) -> int | None:
+def choose_by_share(
+    parts: list[float], counters: list[int], targets: list[int], row_tokens: int
+) -> int | None:
     """Index of the source with a positive part and the largest deficit after one more row
     of `row_tokens`, or None when there is none. `targets` are in milli-tokens."""
     best, best_deficit = None, 0.0
@@ -53,4 +55,3 @@ def grow_by_share(targets: list[int], parts: list[float], tokens: int) -> None:
     for i, part in enumerate(parts):
         if part > 0:
             targets[i] += round(part * tokens * TARGET_SCALE)
-

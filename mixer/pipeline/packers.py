@@ -24,30 +24,44 @@ class RowPacker(Protocol):
         """A row; None once exhausted; `packing.BLOCKED` when over what is left of `budget`."""
         ...
 
-    def state_dict(self) -> dict:
-        ...
+    def state_dict(self) -> dict: ...
 
-    def load_state_dict(self, state: dict | None) -> None:
-        ...
+    def load_state_dict(self, state: dict | None) -> None: ...
 
 
 # (source, seq_len, pad_id, mask_document_boundaries, window, per-batch image caps) -> packer
 PackerFactory = Callable[[DocumentSource, int, int, bool, int, Budget | None], RowPacker]
 
-PACKERS.update({
-    "concat": lambda source, seq_len, pad_id, mask, window, caps: Packer(
-        source, seq_len=seq_len, mode="concat", pad_id=pad_id, mask_document_boundaries=mask),
-    "pad": lambda source, seq_len, pad_id, mask, window, caps: Packer(
-        source, seq_len=seq_len, mode="pad", pad_id=pad_id, mask_document_boundaries=mask),
-    "best_fit": lambda source, seq_len, pad_id, mask, window, caps: BestFitPacker(
-        source, seq_len=seq_len, pad_id=pad_id, mask_document_boundaries=mask, window=window,
-        caps=caps),
-})
+PACKERS.update(
+    {
+        "concat": lambda source, seq_len, pad_id, mask, window, caps: Packer(
+            source, seq_len=seq_len, mode="concat", pad_id=pad_id, mask_document_boundaries=mask
+        ),
+        "pad": lambda source, seq_len, pad_id, mask, window, caps: Packer(
+            source, seq_len=seq_len, mode="pad", pad_id=pad_id, mask_document_boundaries=mask
+        ),
+        "best_fit": lambda source, seq_len, pad_id, mask, window, caps: BestFitPacker(
+            source,
+            seq_len=seq_len,
+            pad_id=pad_id,
+            mask_document_boundaries=mask,
+            window=window,
+            caps=caps,
+        ),
+    }
+)
 
 
-def make_packer(name: str, source: DocumentSource, *, seq_len: int, pad_id: int,
-                mask_document_boundaries: bool, window: int,
-                caps: Budget | None = None) -> RowPacker:
+def make_packer(
+    name: str,
+    source: DocumentSource,
+    *,
+    seq_len: int,
+    pad_id: int,
+    mask_document_boundaries: bool,
+    window: int,
+    caps: Budget | None = None,
+) -> RowPacker:
     """The packer registered as `name`, drawing from `source`. `caps`: a batch's image caps
     (a row never holds more; concat and pad end a row early instead)."""
     return PACKERS[name](source, seq_len, pad_id, mask_document_boundaries, window, caps)

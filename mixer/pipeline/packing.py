@@ -38,7 +38,7 @@ class Piece(NamedTuple):
     document: Document
     offset: int
     length: int
-    mask_first: bool   # its first label is -100 (a document boundary the recipe masks)
+    mask_first: bool  # its first label is -100 (a document boundary the recipe masks)
 
 
 class Row:
@@ -48,11 +48,12 @@ class Row:
 
     __slots__ = ("pieces", "real", "seq_len", "pad_id", "starts", "_arrays")
 
-    def __init__(self, pieces: tuple[Piece, ...], real: int, seq_len: int, pad_id: int,
-                 starts: int) -> None:
+    def __init__(
+        self, pieces: tuple[Piece, ...], real: int, seq_len: int, pad_id: int, starts: int
+    ) -> None:
         self.pieces = pieces
-        self.real = real   # tokens that are not padding (they come first)
-        self.starts = starts   # pieces that begin their document
+        self.real = real  # tokens that are not padding (they come first)
+        self.starts = starts  # pieces that begin their document
         self.seq_len = seq_len
         self.pad_id = pad_id
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -93,8 +94,12 @@ class Row:
         return self._arrays
 
 
-def build_row(pieces: list[tuple[Document, int, int, bool]], seq_len: int, pad_id: int,
-              starts: int | None = None) -> Row:
+def build_row(
+    pieces: list[tuple[Document, int, int, bool]],
+    seq_len: int,
+    pad_id: int,
+    starts: int | None = None,
+) -> Row:
     """A row of `seq_len` from (document, offset, length, mask first label) pieces; `starts`:
     how many begin their document (default: those at offset 0)."""
     placed = []
@@ -102,8 +107,13 @@ def build_row(pieces: list[tuple[Document, int, int, bool]], seq_len: int, pad_i
     for document, offset, length, mask_first in pieces:
         placed.append(Piece(at, document, offset, length, mask_first))
         at += length
-    return Row(tuple(placed), at, seq_len, pad_id,
-               sum(1 for p in pieces if p[1] == 0) if starts is None else starts)
+    return Row(
+        tuple(placed),
+        at,
+        seq_len,
+        pad_id,
+        sum(1 for p in pieces if p[1] == 0) if starts is None else starts,
+    )
 
 
 _COUNTING = np.arange(0, dtype=np.int64)
@@ -118,8 +128,9 @@ def _counting(length: int) -> np.ndarray:
     return _COUNTING
 
 
-def rows_arrays(rows: Sequence[Row | None], seq_len: int, pad_id: int
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+def rows_arrays(
+    rows: Sequence[Row | None], seq_len: int, pad_id: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """`input_ids`, `labels` and `position_ids` ([len(rows), seq_len] int64) of packed rows
     (None: a row of padding), and the mask of their real tokens (None when every token is
     real). Positions restart at 0 for every piece; labels equal the tokens except -100 on
@@ -135,13 +146,13 @@ def rows_arrays(rows: Sequence[Row | None], seq_len: int, pad_id: int
             continue
         reals.append(row.real)
         for at, document, offset, length, mask_first in row.pieces:
-            parts.append(document.tokens[offset:offset + length])
+            parts.append(document.tokens[offset : offset + length])
             lengths.append(length)
             if mask_first:
                 masked.append(index * seq_len + at)
     shape = (len(rows), seq_len)
     counting = _counting(seq_len)
-    if parts:   # (a concatenation casting into an int64 `out` is twice as slow as this)
+    if parts:  # (a concatenation casting into an int64 `out` is twice as slow as this)
         tokens = np.concatenate(parts).astype(np.int64, copy=False)
         flat_positions = np.concatenate([counting[:length] for length in lengths])
     else:
@@ -162,22 +173,29 @@ def rows_arrays(rows: Sequence[Row | None], seq_len: int, pad_id: int
     return ids, labels, positions, real
 
 
-def _kept(document: Document, offset: int, before: dict, cut: int
-          ) -> tuple[Document, int, dict, int]:
+def _kept(
+    document: Document, offset: int, before: dict, cut: int
+) -> tuple[Document, int, dict, int]:
     """A pending document as a packer keeps it: a text document's packed front is cut off
     (copied out) once it is at least half the tokens held; every token copied is one that then
     leaves memory, so a document is copied at most about once over."""
     if document.images or 2 * offset < len(document):
         return (document, offset, before, cut)
-    return (Document(document.tokens[offset:].copy(), meta=document.meta), 0, before,
-            cut + offset)
+    return (Document(document.tokens[offset:].copy(), meta=document.meta), 0, before, cut + offset)
 
 
 class Packer:
     """Rows for one (lane, source): `concat` or `pad`."""
 
-    def __init__(self, stream: DocumentSource, *, seq_len: int, mode: Literal["concat", "pad"],
-                 pad_id: int, mask_document_boundaries: bool) -> None:
+    def __init__(
+        self,
+        stream: DocumentSource,
+        *,
+        seq_len: int,
+        mode: Literal["concat", "pad"],
+        pad_id: int,
+        mask_document_boundaries: bool,
+    ) -> None:
         self.stream = stream
         self.seq_len = seq_len
         self.mode = mode
@@ -212,8 +230,10 @@ class Packer:
             before = self.stream.state_dict()
             document = self.stream.next_document()
             if document is None or offset >= len(document) or not document.splittable:
-                raise StateError(f"source {self.stream.name!r} lane {self.stream.lane}: "
-                                 "the pending document no longer matches the state")
+                raise StateError(
+                    f"source {self.stream.name!r} lane {self.stream.lane}: "
+                    "the pending document no longer matches the state"
+                )
             self._pending = (document, offset, before, 0)
 
     def peek(self) -> Document | None:
@@ -233,7 +253,7 @@ class Packer:
         length = self.seq_len
         pieces: list[tuple[Document, int, int, bool]] = []
         filled = images = patches = videos = 0
-        continued = False   # the row's first piece goes on with a document begun before
+        continued = False  # the row's first piece goes on with a document begun before
         while filled < length:
             document = self.peek()
             if document is None:
@@ -241,23 +261,23 @@ class Packer:
             _, offset, before, cut = self._pending
             if document.images:
                 i, p, v = document.counts
-                if budget is not None and not budget.allows(images + i, patches + p,
-                                                            videos + v):
+                if budget is not None and not budget.allows(images + i, patches + p, videos + v):
                     if filled:
-                        break   # the row ends here; the document waits for the next batch
+                        break  # the row ends here; the document waits for the next batch
                     return BLOCKED
                 images, patches, videos = images + i, patches + p, videos + v
             size = len(document)
             take = min(length - filled, size - offset)
             if take < size - offset and not document.splittable:
                 if filled:
-                    break   # a document with images moves whole to the next row
-                raise StateError(f"source {self.stream.name!r}: a document of "
-                                 f"{len(document)} tokens with images exceeds seq_len {length}")
+                    break  # a document with images moves whole to the next row
+                raise StateError(
+                    f"source {self.stream.name!r}: a document of "
+                    f"{len(document)} tokens with images exceeds seq_len {length}"
+                )
             if not pieces:
                 continued = offset + cut > 0
-            pieces.append((document, offset, take,
-                           offset + cut == 0 and self.mask_boundaries))
+            pieces.append((document, offset, take, offset + cut == 0 and self.mask_boundaries))
             filled += take
             offset += take
             self._pending = None if offset == size else _kept(document, offset, before, cut)
@@ -267,5 +287,4 @@ class Packer:
             self.exhausted = True
             return None
         # (only the first piece can be a document's continuation: one cut at its front)
-        return build_row(pieces, self.seq_len, self.pad_id,
-                         len(pieces) - (1 if continued else 0))
+        return build_row(pieces, self.seq_len, self.pad_id, len(pieces) - (1 if continued else 0))

@@ -35,7 +35,7 @@ class ImagePrefetch:
         ahead: list[Any] = []
         first = win.ahead[0] if win.ahead else None
         if first is not None and first[2].done() and not first[2].exception():
-            ahead = first[2].result()   # the next chunk, built in the background
+            ahead = first[2].result()  # the next chunk, built in the background
         while win.prefetch_end < len(win.items) and win.prefetch_tokens < self.prefetch_tokens:
             document = win.items[win.prefetch_end].encoded
             if document is None and ahead and first is not None:
@@ -45,11 +45,13 @@ class ImagePrefetch:
                 break
             if isinstance(document, Document):
                 if document.images:
-                    need = self.clock() + (
-                        win.prefetch_tokens // self.batch_tokens) * self.lanes_per_batch
+                    need = (
+                        self.clock()
+                        + (win.prefetch_tokens // self.batch_tokens) * self.lanes_per_batch
+                    )
                     started = [placement.image.prefetch(need) for placement in document.images]
                     if not all(started):
-                        break   # the process's pixel budget is spent: try again next time
+                        break  # the process's pixel budget is spent: try again next time
                 win.prefetch_tokens += len(document)
             win.prefetch_end += 1
 
@@ -71,7 +73,7 @@ class ImagePrefetch:
             for placement in item.images:
                 placement.image.prefetch(self.clock(), needed=True)
             for placement in item.images:
-                placement.image.check()   # decoded now: a corrupt image is this record's error
+                placement.image.check()  # decoded now: a corrupt image is this record's error
         except DataError as exc:
             if self.on_error == "raise":
                 raise

@@ -28,25 +28,28 @@ class Override:
     """Weights set by `loader.set_weights` from global batch `at_global` on."""
 
     at_global: int
-    weights: tuple[float, ...]      # normalized, in the recipe's source order
+    weights: tuple[float, ...]  # normalized, in the recipe's source order
 
     def to_dict(self, names: list[str]) -> dict:
-        return {"global": self.at_global,
-                "weights": {n: w for n, w in zip(names, self.weights)}}
+        return {"global": self.at_global, "weights": {n: w for n, w in zip(names, self.weights)}}
 
     @classmethod
     def from_dict(cls, data: dict, names: list[str]) -> Override:
         weights = data["weights"]
         unknown = sorted(set(weights) - set(names))
         if unknown:
-            raise StateError(f"the state's set_weights override names sources {unknown} that "
-                             "the recipe no longer has")
+            raise StateError(
+                f"the state's set_weights override names sources {unknown} that "
+                "the recipe no longer has"
+            )
         # Saved already normalized: normalizing again would move them by a rounding step and
         # the deficit rule could break a tie the other way after the resume.
         restored = tuple(float(weights.get(n, 0.0)) for n in names)
         if not abs(sum(restored) - 1) < 1e-6:
-            raise StateError(f"loader state is damaged at ['override']['weights']: they sum "
-                             f"to {sum(restored):g}, not 1")
+            raise StateError(
+                f"loader state is damaged at ['override']['weights']: they sum "
+                f"to {sum(restored):g}, not 1"
+            )
         return cls(int(data["global"]), restored)
 
 
@@ -109,8 +112,10 @@ class WeightPlan:
             return False
         tokens = self.tokens_at(g)
         live = [n for n, a in zip(self.names, active) if a]
-        return any(p.at_tokens > tokens and any(p.weights.get(n, 0) > 0 for n in live)
-                   for p in schedule.points)
+        return any(
+            p.at_tokens > tokens and any(p.weights.get(n, 0) > 0 for n in live)
+            for p in schedule.points
+        )
 
 
 def _point_digest(point: list) -> str:
@@ -126,8 +131,11 @@ def schedule_snapshot(recipe: Recipe, tokens: int) -> dict | None:
     unchanged)."""
     if recipe.schedule is None:
         return None
-    points = [_point_digest([p.at_tokens, p.weights])
-              for p in recipe.schedule.points if p.at_tokens <= tokens]
+    points = [
+        _point_digest([p.at_tokens, p.weights])
+        for p in recipe.schedule.points
+        if p.at_tokens <= tokens
+    ]
     return {"interpolate": recipe.schedule.interpolate, "points": points}
 
 
@@ -137,13 +145,17 @@ def check_schedule(saved: dict | None, recipe: Recipe, tokens: int) -> None:
     if saved is None or now is None:
         if saved != now and tokens > 0:
             what = "removed" if now is None else "added"
-            raise StateError(f"cannot resume: the recipe's schedule was {what} since the "
-                             f"checkpoint, at global token {tokens:,} (points at or before "
-                             "the checkpoint must stay unchanged)")
+            raise StateError(
+                f"cannot resume: the recipe's schedule was {what} since the "
+                f"checkpoint, at global token {tokens:,} (points at or before "
+                "the checkpoint must stay unchanged)"
+            )
         return
     if saved["interpolate"] != now["interpolate"] and tokens > 0:
-        raise StateError(f"cannot resume: schedule.interpolate changed from "
-                         f"{saved['interpolate']!r} to {now['interpolate']!r}")
+        raise StateError(
+            f"cannot resume: schedule.interpolate changed from "
+            f"{saved['interpolate']!r} to {now['interpolate']!r}"
+        )
     # (states written before the digests held the points themselves)
     was = [p if isinstance(p, str) else _point_digest(p) for p in saved["points"]]
     points = recipe.schedule.points if recipe.schedule is not None else []
@@ -151,14 +163,17 @@ def check_schedule(saved: dict | None, recipe: Recipe, tokens: int) -> None:
         old = was[i] if i < len(was) else None
         new = now["points"][i] if i < len(now["points"]) else None
         if old != new:
-            what = ("was removed" if new is None else "was added" if old is None else
-                    "changed")
-            current = (f"; it is now at_tokens {points[i].at_tokens:g}, weights "
-                       f"{dict(points[i].weights)}" if new is not None else "")
+            what = "was removed" if new is None else "was added" if old is None else "changed"
+            current = (
+                f"; it is now at_tokens {points[i].at_tokens:g}, weights {dict(points[i].weights)}"
+                if new is not None
+                else ""
+            )
             raise StateError(
                 f"cannot resume: schedule.points[{i}] {what} at or before the checkpoint's "
                 f"position (global token {tokens:,}){current}; only points after it may be "
-                "edited, added or removed")
+                "edited, added or removed"
+            )
 
 
 def override_weights(weights: object, names: list[str]) -> tuple[float, ...]:
@@ -170,10 +185,14 @@ def override_weights(weights: object, names: list[str]) -> tuple[float, ...]:
     if unknown:
         raise RecipeError(f"set_weights: unknown source(s) {unknown}; sources: {names}")
     for name, w in weights.items():
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (
-                math.isfinite(w) and w >= 0):
-            raise RecipeError(f"set_weights: weight of {name!r} must be a finite number "
-                              f">= 0, got {w!r}")
+        if (
+            isinstance(w, bool)
+            or not isinstance(w, (int, float))
+            or not (math.isfinite(w) and w >= 0)
+        ):
+            raise RecipeError(
+                f"set_weights: weight of {name!r} must be a finite number >= 0, got {w!r}"
+            )
     raw = [float(weights.get(n, 0.0)) for n in names]
     if not any(w > 0 for w in raw):
         raise RecipeError("set_weights: every weight is 0 (at least one must be positive)")

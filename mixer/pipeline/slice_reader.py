@@ -13,43 +13,53 @@ from mixer.sources import FORMATS, Record, SourceTable, Split, Storage, read_spl
 
 log = logging.getLogger("mixer.stream")
 
-Cursor3 = tuple[int, int, int]   # (slot, index, offset) in the lane's slice of an epoch
+Cursor3 = tuple[int, int, int]  # (slot, index, offset) in the lane's slice of an epoch
 
 
 class SliceReader:
     """Records of the lane's slice from a cursor; holds the open readers and cache writers."""
 
-    def __init__(self, table: SourceTable, lane: int, settings: StreamSettings,
-                 tokenizer: Any, token_cache: TokenCache | None) -> None:
+    def __init__(
+        self,
+        table: SourceTable,
+        lane: int,
+        settings: StreamSettings,
+        tokenizer: Any,
+        token_cache: TokenCache | None,
+    ) -> None:
         self.table = table
         self.lane = lane
         self.settings = settings
-        self.tokenizer = tokenizer   # pre-tokenized readers' EOS/vocab
+        self.tokenizer = tokenizer  # pre-tokenized readers' EOS/vocab
         self.token_cache = token_cache
-        self.storage = Storage(table.name, settings.storage_options,
-                               block_size=settings.block_size)
+        self.storage = Storage(table.name, settings.storage_options, block_size=settings.block_size)
         self.splits = tuple(table.splits)
         self._slice_epoch = -1
         self._slice: tuple[SliceItem, ...] = ()
-        self.records_read = 0   # work counter (tests assert resume cost with it)
-        self._writers: dict[tuple[int, int], Any] = {}   # token-cache entries being filled
-        self._live: Any = None   # the reader paused at a full window, with its cursor
-        self._missed: set[tuple[int, int]] = set()   # (epoch, slot)s whose lookup missed
+        self.records_read = 0  # work counter (tests assert resume cost with it)
+        self._writers: dict[tuple[int, int], Any] = {}  # token-cache entries being filled
+        self._live: Any = None  # the reader paused at a full window, with its cursor
+        self._missed: set[tuple[int, int]] = set()  # (epoch, slot)s whose lookup missed
         self.resumed_window: tuple[int, int] | None = None
 
     def reset(self, resumed_window: tuple[int, int] | None) -> None:
         """Forget open readers and lookups (a state was loaded); `resumed_window`: the
         (epoch, window) resumed inside, if any."""
-        self.close()   # a resumed stream fills no entry it did not read from the start
+        self.close()  # a resumed stream fills no entry it did not read from the start
         self._missed = set()
         self.resumed_window = resumed_window
 
     def items(self, epoch: int) -> tuple[SliceItem, ...]:
         """The lane's slice of `epoch`."""
         if self._slice_epoch != epoch:
-            self._slice = lane_slice(self.splits, seed=self.settings.seed,
-                                     source=self.table.name, epoch=epoch,
-                                     lanes=self.settings.lanes, lane=self.lane)
+            self._slice = lane_slice(
+                self.splits,
+                seed=self.settings.seed,
+                source=self.table.name,
+                epoch=epoch,
+                lanes=self.settings.lanes,
+                lane=self.lane,
+            )
             self._slice_epoch = epoch
         return self._slice
 
@@ -58,10 +68,17 @@ class SliceReader:
 
     def read_split(self, split: Split, index: int, offset: int) -> Any:
         """A split's records from (index, offset), straight from its file."""
-        return read_split(storage=self.storage, entry=self.table.files[split.file], split=split,
-                          source=self.table.name, text_field=self.settings.text_field,
-                          max_bytes=self.settings.max_document_bytes, index=index,
-                          offset=offset, tokenizer=self.tokenizer)
+        return read_split(
+            storage=self.storage,
+            entry=self.table.files[split.file],
+            split=split,
+            source=self.table.name,
+            text_field=self.settings.text_field,
+            max_bytes=self.settings.max_document_bytes,
+            index=index,
+            offset=offset,
+            tokenizer=self.tokenizer,
+        )
 
     def records(self, epoch: int, window: int, cursor: Cursor3) -> tuple[Any, Record | None]:
         """Records of the slice from a cursor, reusing the open reader when it is already
@@ -79,12 +96,12 @@ class SliceReader:
 
         def read(index: int, offset: int) -> Any:
             return self.read_split(split, index, offset)
+
         if self.token_cache is None or FORMATS[entry.format].pretokenized:
-            return read(index, offset), None   # (pre-tokenized formats are what a cache holds)
+            return read(index, offset), None  # (pre-tokenized formats are what a cache holds)
         return self._cached(epoch, window, slot, read, (index, offset)), None
 
-    def _cached(self, epoch: int, window: int, slot: int, read: Any,
-                at: tuple[int, int]) -> Any:
+    def _cached(self, epoch: int, window: int, slot: int, read: Any, at: tuple[int, int]) -> Any:
         """The split's records through the token cache: a replay, or a read (filling the
         entry where this lane may)."""
         assert self.token_cache is not None
@@ -109,8 +126,16 @@ class SliceReader:
         if item.stride == 1 and (epoch, window) != self.resumed_window:
             adopt = lambda writer, key=(epoch, slot): self._writers.update({key: writer})
         records = self.token_cache.records(
-            read, entry=entry, split=split, source=self.table.name, text_field=text_field,
-            max_bytes=self.settings.max_document_bytes, index=at[0], offset=at[1], adopt=adopt)
+            read,
+            entry=entry,
+            split=split,
+            source=self.table.name,
+            text_field=text_field,
+            max_bytes=self.settings.max_document_bytes,
+            index=at[0],
+            offset=at[1],
+            adopt=adopt,
+        )
         if not isinstance(records, Replay):
             self._missed.add((epoch, slot))
         return records

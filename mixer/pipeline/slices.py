@@ -37,12 +37,15 @@ def stripe(lane: int, lanes: int, splits: int) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=64)
-def _deal(splits: tuple[Split, ...], seed: int, source: str, epoch: int,
-          lanes: int) -> tuple[tuple[SliceItem, ...], ...]:
+def _deal(
+    splits: tuple[Split, ...], seed: int, source: str, epoch: int, lanes: int
+) -> tuple[tuple[SliceItem, ...], ...]:
     order = permutation(len(splits), derive_key(seed, "splits", source, epoch))
     if len(splits) < lanes:
-        return tuple((SliceItem(order[lane % len(splits)], *stripe(lane, lanes, len(splits))),)
-                     for lane in range(lanes))
+        return tuple(
+            (SliceItem(order[lane % len(splits)], *stripe(lane, lanes, len(splits))),)
+            for lane in range(lanes)
+        )
     assigned: list[list[SliceItem]] = [[] for _ in range(lanes)]
     heap = [(0, lane) for lane in range(lanes)]
     for index in order:
@@ -52,8 +55,9 @@ def _deal(splits: tuple[Split, ...], seed: int, source: str, epoch: int,
     return tuple(tuple(items) for items in assigned)
 
 
-def lane_slice(splits: tuple[Split, ...], *, seed: int, source: str, epoch: int, lanes: int,
-               lane: int) -> tuple[SliceItem, ...]:
+def lane_slice(
+    splits: tuple[Split, ...], *, seed: int, source: str, epoch: int, lanes: int, lane: int
+) -> tuple[SliceItem, ...]:
     """The ordered splits (with stripes) that `lane` reads in `epoch` of `source`."""
     return _deal(splits, seed, source, epoch, lanes)[lane]
 

@@ -29,20 +29,25 @@ class SourceStream:
     """Shuffled, tokenized documents of one source in one lane (`settings`: what the recipe
     says of the stream, unpacked by `StreamSettings.from_recipe`)."""
 
-    def __init__(self, *, table: SourceTable, lane: int,
-                 encode: Callable[[list[str]], list[np.ndarray]],
-                 settings: StreamSettings,
-                 documents: DocumentBuilder | None = None,
-                 token_cache: TokenCache | None = None,
-                 clock: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        table: SourceTable,
+        lane: int,
+        encode: Callable[[list[str]], list[np.ndarray]],
+        settings: StreamSettings,
+        documents: DocumentBuilder | None = None,
+        token_cache: TokenCache | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
         self.table = table
         self.name = table.name
         self.lane = lane
         self.settings = settings
         self.encode = encode
-        self.tokenizer = getattr(encode, "info", None)   # pre-tokenized readers' EOS/vocab
+        self.tokenizer = getattr(encode, "info", None)  # pre-tokenized readers' EOS/vocab
         self.documents = documents
-        self.token_cache = token_cache if documents is None else None   # text recipes only
+        self.token_cache = token_cache if documents is None else None  # text recipes only
         self.reader = SliceReader(table, lane, settings, self.tokenizer, self.token_cache)
         self.windows = WindowReader(self.reader, settings, documents is not None)
         self.encoder = EncodeAhead(encode, documents)
@@ -84,7 +89,7 @@ class SourceStream:
 
     @property
     def skipped(self) -> int:
-        if self._saved is not None:   # (only while the window is not read again)
+        if self._saved is not None:  # (only while the window is not read again)
             return self._saved[1]
         return self.cursor.skipped(self._win)
 
@@ -106,7 +111,7 @@ class SourceStream:
         """The metrics a loaded state holds (see `state_dict`'s caller): reported while the
         window it was saved inside is not read again, which counted that window's skips and
         interpolated its progress."""
-        if self._win is None:   # (best_fit saves a window's start: also at a boundary)
+        if self._win is None:  # (best_fit saves a window's start: also at a boundary)
             self._saved = (progress, skipped, dict(reasons))
 
     # -- state -------------------------------------------------------------------------------
@@ -139,9 +144,13 @@ class SourceStream:
                 self._win = self._saved = None
                 continue
             entry = win.items[cursor.pos]
-            if entry.encoded is None and self.documents is None and not win.ahead and (
-                    not isinstance(entry.text, str)):
-                entry.encoded, entry.text = entry.text, ""   # pre-tokenized (or cached)
+            if (
+                entry.encoded is None
+                and self.documents is None
+                and not win.ahead
+                and (not isinstance(entry.text, str))
+            ):
+                entry.encoded, entry.text = entry.text, ""  # pre-tokenized (or cached)
             elif entry.encoded is None:
                 self.encoder.tokenize_from(win, cursor.pos)
             if self.documents is None:
@@ -151,7 +160,7 @@ class SourceStream:
             entry.encoded = None
             cursor.pos += 1
             if cursor.pos >= win.encoded_end:
-                win.packing = None   # the chunk is packed: its share of the budget given back
+                win.packing = None  # the chunk is packed: its share of the budget given back
             if document is not None:
                 cursor.yielded = True
                 return document

@@ -27,12 +27,12 @@ from mixer.tokenize.encoding import TOKENIZE_BYTES
 class WindowItem:
     """One document of a window, before and after encoding."""
 
-    text: Any                   # str, or np.ndarray for a pre-tokenized (or cached) record
-    images: tuple[EncodedImage, ...] = ()   # when building documents
+    text: Any  # str, or np.ndarray for a pre-tokenized (or cached) record
+    images: tuple[EncodedImage, ...] = ()  # when building documents
     file: str = ""
     location: str = ""
-    origin: tuple[Any, Any] | None = None   # (token-cache writer, its document) to feed
-    encoded: Any = None         # np.ndarray (text path) or Document | Rejected (builder path)
+    origin: tuple[Any, Any] | None = None  # (token-cache writer, its document) to feed
+    encoded: Any = None  # np.ndarray (text path) or Document | Rejected (builder path)
 
 
 @dataclass
@@ -40,22 +40,22 @@ class Window:
     """A shuffled window and the bookkeeping of its consumption."""
 
     items: list[WindowItem]
-    end: Cursor3                # cursor (slot, index, offset) after the window
+    end: Cursor3  # cursor (slot, index, offset) after the window
     end_of_epoch: bool
-    skipped: int                # records skipped inside the window
-    reasons: dict[str, int]     # the same, per reason (`DataError.reason`)
+    skipped: int  # records skipped inside the window
+    reasons: dict[str, int]  # the same, per reason (`DataError.reason`)
     # The part of the split read at the window's start and end cursors, where the cursor's
     # offset does not tell (whole compressed files, cache replays); -1: unknown.
     inner_start: float = -1.0
     inner_end: float = -1.0
-    span: tuple[float, float] | None = None   # the slice's part before its start and end
+    span: tuple[float, float] | None = None  # the slice's part before its start and end
     # chunks queued: start, stop, tokens, share of the process's `TEXT_AHEAD` (None if needed)
     ahead: list[tuple[int, int, Future, Held | None]] = field(default_factory=list)
     packing: Held | None = None  # the chunk being packed: its share of `ENCODED_HELD`
     chunk_bytes: int = TOKENIZE_BYTES  # text budget of the next chunk cut (doubles per chunk)
-    encoded_end: int = 0        # end of the chunks encoded so far (where the next one starts)
-    prefetch_end: int = 0       # documents before this one have their images decoding
-    prefetch_tokens: int = 0    # tokens of the documents after `pos` and before that
+    encoded_end: int = 0  # end of the chunks encoded so far (where the next one starts)
+    prefetch_end: int = 0  # documents before this one have their images decoding
+    prefetch_tokens: int = 0  # tokens of the documents after `pos` and before that
 
 
 @dataclass
@@ -79,7 +79,7 @@ class WindowReader:
     def __init__(self, reader: SliceReader, settings: StreamSettings, building: bool) -> None:
         self.reader = reader
         self.settings = settings
-        self.building = building   # documents are built (image recipes): keep their images
+        self.building = building  # documents are built (image recipes): keep their images
         self.name = reader.table.name
 
     def read(self, epoch: int, window: int, start: Cursor3) -> Window:
@@ -88,13 +88,14 @@ class WindowReader:
         fill = _Fill(*start)
         while fill.slot < len(items) and not self._full(fill):
             item = items[fill.slot]
-            records, lookahead = self.reader.records(epoch, window, (fill.slot, fill.index,
-                                                                     fill.offset))
+            records, lookahead = self.reader.records(
+                epoch, window, (fill.slot, fill.index, fill.offset)
+            )
             pending = [lookahead] if lookahead is not None else []
             measure = (fill.slot, fill.index, fill.offset) == start and fill.index > 0
             if measure and isinstance(records, Replay):
                 measure, fill.inner_start = False, records.fraction(fill.index)
-            if isinstance(records, Replay) and not pending:   # a cache hit: no record objects
+            if isinstance(records, Replay) and not pending:  # a cache hit: no record objects
                 if self._take(fill, epoch, item, records):
                     break
             if self._read_records(fill, epoch, item, records, pending, measure):
@@ -105,14 +106,18 @@ class WindowReader:
 
     def _full(self, fill: _Fill) -> bool:
         return len(fill.docs) >= self.settings.window_docs or (
-            fill.size >= self.settings.window_bytes)
+            fill.size >= self.settings.window_bytes
+        )
 
     def _take(self, fill: _Fill, epoch: int, item: SliceItem, records: Replay) -> bool:
         """Take a cache replay's documents; whether the window filled up in it."""
-        taken = records.take(stride=item.stride, phase=item.phase,
-                             docs=self.settings.window_docs - len(fill.docs),
-                             size=self.settings.window_bytes - fill.size,
-                             raise_errors=self.settings.on_error == "raise")
+        taken = records.take(
+            stride=item.stride,
+            phase=item.phase,
+            docs=self.settings.window_docs - len(fill.docs),
+            size=self.settings.window_bytes - fill.size,
+            raise_errors=self.settings.on_error == "raise",
+        )
         self.reader.records_read += taken.read
         fill.docs += [WindowItem(tokens) for tokens in taken.tokens]
         fill.size += taken.size
@@ -125,26 +130,32 @@ class WindowReader:
         self.reader.pause(epoch, (fill.slot, fill.index, fill.offset), records, None)
         return True
 
-    def _read_records(self, fill: _Fill, epoch: int, item: SliceItem, records: Any,
-                      pending: list[Record], measure: bool) -> bool:
+    def _read_records(
+        self,
+        fill: _Fill,
+        epoch: int,
+        item: SliceItem,
+        records: Any,
+        pending: list[Record],
+        measure: bool,
+    ) -> bool:
         """Read records of the slot into the window; whether the window filled up in it."""
         raise_errors = self.settings.on_error == "raise"
         for record in itertools.chain(pending, records):  # (does not close `records`)
             if not pending or record is not pending[0]:
                 self.reader.records_read += 1
             if record.error is not None and raise_errors:
-                raise record.error   # in every lane striping the split, not just one
-            if measure:   # the first record read at a cursor inside a split
+                raise record.error  # in every lane striping the split, not just one
+            if measure:  # the first record read at a cursor inside a split
                 measure = False
                 fill.inner_start = self.reader.inner(epoch, fill.slot, record, records)
             if record.index % item.stride != item.phase:
-                continue   # (a skipped record is counted by the lane that owns it)
+                continue  # (a skipped record is counted by the lane that owns it)
             if self._full(fill):
                 fill.index, fill.offset = record.index, record.offset
                 fill.inner_end = self.reader.inner(epoch, fill.slot, record, records)
                 if self.reader.keeps_reader_open(item, records):
-                    self.reader.pause(epoch, (fill.slot, fill.index, fill.offset), records,
-                                      record)
+                    self.reader.pause(epoch, (fill.slot, fill.index, fill.offset), records, record)
                 else:
                     records.close()
                 return True
@@ -163,8 +174,10 @@ class WindowReader:
             fill.skipped += 1
             fill.reasons[record.error.reason] += 1
             return
-        entry = WindowItem(record.text if record.tokens is None else record.tokens,
-                           origin=(writer, doc) if doc is not None else None)
+        entry = WindowItem(
+            record.text if record.tokens is None else record.tokens,
+            origin=(writer, doc) if doc is not None else None,
+        )
         fill.size += record.size
         if self.building:
             split = self.reader.split_of(item)
@@ -172,16 +185,25 @@ class WindowReader:
             entry.images = record.images
             entry.file = file.url
             entry.location = record.location or FORMATS[file.format].describe_offset(
-                split, record.offset)
+                split, record.offset
+            )
             fill.size += sum(len(image.data) for image in record.images)
         fill.docs.append(entry)
 
     def _shuffled(self, fill: _Fill, epoch: int, window: int, end_of_epoch: bool) -> Window:
-        order = permutation(len(fill.docs), shuffle_key(self.settings.seed, self.name,
-                                                        self.reader.lane, epoch, window))
-        return Window([fill.docs[i] for i in order], (fill.slot, fill.index, fill.offset),
-                      end_of_epoch, fill.skipped, fill.reasons, inner_start=fill.inner_start,
-                      inner_end=fill.inner_end)
+        order = permutation(
+            len(fill.docs),
+            shuffle_key(self.settings.seed, self.name, self.reader.lane, epoch, window),
+        )
+        return Window(
+            [fill.docs[i] for i in order],
+            (fill.slot, fill.index, fill.offset),
+            end_of_epoch,
+            fill.skipped,
+            fill.reasons,
+            inner_start=fill.inner_start,
+            inner_end=fill.inner_end,
+        )
 
     def _images_without_layout(self, record: Record, item: SliceItem) -> Record:
         """A record with images in a text-only recipe: an error, never a silent text-only
@@ -189,14 +211,20 @@ class WindowReader:
         image = record.images[0]
         videos = sum(isinstance(m, EncodedVideo) for m in record.images)
         what = "image" if not videos else "video"
-        counts = (f"{len(record.images) - videos} image(s)" if not videos else
-                  f"{len(record.images) - videos} image(s) and {videos} video(s)")
-        error = DataError(f"the sample has {counts} but the recipe has no "
-                          "`images:` block (add one to train on them, or use text-only "
-                          "samples)", source=self.name,
-                          file=self.reader.table.files[self.reader.split_of(item).file].url,
-                          location=f"member {image.member} at byte offset {image.offset}",
-                          reason=f"bad_{what}")
+        counts = (
+            f"{len(record.images) - videos} image(s)"
+            if not videos
+            else f"{len(record.images) - videos} image(s) and {videos} video(s)"
+        )
+        error = DataError(
+            f"the sample has {counts} but the recipe has no "
+            "`images:` block (add one to train on them, or use text-only "
+            "samples)",
+            source=self.name,
+            file=self.reader.table.files[self.reader.split_of(item).file].url,
+            location=f"member {image.member} at byte offset {image.offset}",
+            reason=f"bad_{what}",
+        )
         return Record(record.index, record.offset, None, error)
 
 

@@ -22,16 +22,24 @@ from mixer.tokenize import Encoder
 if TYPE_CHECKING:
     import torch
 
-Send = Callable[[BatchLayout, Batch], Any]   # a batch → what crosses to the loader's process
+Send = Callable[[BatchLayout, Batch], Any]  # a batch → what crosses to the loader's process
 
 
 class LaneDataset:
     """Makes (batch array or what `send` makes of it, lane metadata) for the global batches a
     worker serves (`produce`)."""
 
-    def __init__(self, recipe: Recipe, tables: list[SourceTable], tokenizer: TokenizerInfo,
-                 lane_states: dict[int, dict | None], start: int, rank: int,
-                 world_size: int, plan: WeightPlan) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        tables: list[SourceTable],
+        tokenizer: TokenizerInfo,
+        lane_states: dict[int, dict | None],
+        start: int,
+        rank: int,
+        world_size: int,
+        plan: WeightPlan,
+    ) -> None:
         self.recipe = recipe
         self.plan = plan
         self.tables = tables
@@ -41,8 +49,9 @@ class LaneDataset:
         self.rank = rank
         self.world_size = world_size
 
-    def produce(self, worker: int, workers: int, send: Send | None
-                ) -> Iterator[tuple[Any, dict[str, Any]]]:
+    def produce(
+        self, worker: int, workers: int, send: Send | None
+    ) -> Iterator[tuple[Any, dict[str, Any]]]:
         """The batches of worker `worker` of `workers` (DataLoader workers or Ray actors).
         `send` turns a batch into what crosses the process boundary; None: in the loader's
         own process, where a `MixerError` is raised rather than sent as an item."""
@@ -55,22 +64,36 @@ class LaneDataset:
         lanes: dict[int, Lane] = {}
         try:
             yield from self._batches(lanes, worker, workers, send, encoder, layout, block)
-        finally:   # (not left to the cycle collector: open files, temporary files)
+        finally:  # (not left to the cycle collector: open files, temporary files)
             for lane in lanes.values():
                 lane.close()
 
-    def _batches(self, lanes: dict[int, Lane], worker: int, workers: int, send: Send | None,
-                 encoder: Encoder, layout: BatchLayout, block: int
-                 ) -> Iterator[tuple[Any, dict[str, Any]]]:
+    def _batches(
+        self,
+        lanes: dict[int, Lane],
+        worker: int,
+        workers: int,
+        send: Send | None,
+        encoder: Encoder,
+        layout: BatchLayout,
+        block: int,
+    ) -> Iterator[tuple[Any, dict[str, Any]]]:
         step = worker
         while True:  # never stop: the main process decides the end
             g = self.start + step * self.world_size + self.rank
             index = g % self.recipe.lanes
             lane = lanes.get(index)
             if lane is None:
-                lane = Lane(index, self.recipe, self.tables, encoder,
-                            self.lane_states.get(index), block_size=block, layout=layout,
-                            plan=self.plan)
+                lane = Lane(
+                    index,
+                    self.recipe,
+                    self.tables,
+                    encoder,
+                    self.lane_states.get(index),
+                    block_size=block,
+                    layout=layout,
+                    plan=self.plan,
+                )
                 lanes[index] = lane
             try:
                 batch = lane.next_batch(self.recipe.batch_size)
@@ -81,8 +104,14 @@ class LaneDataset:
                 # message alone, losing `.source`, `.file` and `.location`.
                 yield None, {"g": g, "error": exc, "worker": worker}
                 return
-            meta = {"g": g, "lane": index, "padding": batch.padding,
-                    "state": lane.state_dict(), "worker": worker, "io": IO_STATS.as_dict()}
+            meta = {
+                "g": g,
+                "lane": index,
+                "padding": batch.padding,
+                "state": lane.state_dict(),
+                "worker": worker,
+                "io": IO_STATS.as_dict(),
+            }
             # Across a process boundary: for DataLoader workers one buffer in compact dtypes
             # through the pipe is cheaper than int64 tensors in shared memory (measured: about
             # half the time); Ray actors send arrays through the object store.

@@ -44,7 +44,9 @@ from mixer.tokenize.tokenizer import finish_preloads, resolve_recipe_tokenizer
 from mixer.tokenize.verify import preload
 
 log = logging.getLogger("mixer.loader")
-BATCH_KEYS = TEXT_KEYS   # every layout has these; image layouts add more
+BATCH_KEYS = TEXT_KEYS  # every layout has these; image layouts add more
+
+
 class Loader:
     """Iterable of batches (dicts of [batch_size, seq_len] int64 tensors) with exact state.
 
@@ -52,9 +54,18 @@ class Loader:
     Inside a torch.distributed job `state_dict()` is a collective: every rank must call it.
     """
 
-    def __init__(self, recipe: Recipe, *, tables: list[SourceTable], tokenizer: TokenizerInfo,
-                 rank: int, world_size: int, num_workers: int,
-                 distributed: bool = False, workers: RayWorkers | None = None) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        *,
+        tables: list[SourceTable],
+        tokenizer: TokenizerInfo,
+        rank: int,
+        world_size: int,
+        num_workers: int,
+        distributed: bool = False,
+        workers: RayWorkers | None = None,
+    ) -> None:
         check_workers(recipe.lanes, rank, world_size, num_workers, workers)
         self.workers = workers
         self._pool: ActorPool | None = None
@@ -67,16 +78,16 @@ class Loader:
         self._distributed = distributed
         self._fingerprint = fingerprint(recipe, tokenizer, tables)
         self.layout = layout_for(recipe, tokenizer)
-        self._next_global = 0          # first global batch of the next step
+        self._next_global = 0  # first global batch of the next step
         self._lane_states: dict[int, dict | None] = {}
-        self._io: dict[int, dict[str, int]] = {}   # latest remote-read counters per worker
+        self._io: dict[int, dict[str, int]] = {}  # latest remote-read counters per worker
         self._gen: weakref.ref | None = None
-        self._closing = False   # set by `close` from another thread while iterating
+        self._closing = False  # set by `close` from another thread while iterating
         self._plan = WeightPlan(recipe)
         # Bumped by set_weights and load_state_dict: a running iteration restarts from the
         # handed-out (or loaded) lane states.
         self._plan_version = 0
-        self.backend: BackendChoice | None = None   # which encodes, and why (build_loader)
+        self.backend: BackendChoice | None = None  # which encodes, and why (build_loader)
 
     # -- ownership ---------------------------------------------------------------------------
     def own_lanes(self) -> list[int]:
@@ -101,13 +112,18 @@ class Loader:
     def _rank_payload(self) -> dict:
         tokens = self._plan.tokens_at(self._next_global)
         override = self._plan.override
-        return {"kind": "global" if self.world_size == 1 else "rank",
-                "fingerprint": self._fingerprint, "next_global": self._next_global,
-                "world_size": self.world_size, "rank": self.rank,
-                "lanes": {str(i): self._lane_states.get(i) for i in self.own_lanes()},
-                "listing_skipped": {t.name: len(t.skipped) for t in self.tables},
-                "global_tokens": tokens, "schedule": schedule_snapshot(self.recipe, tokens),
-                "override": override.to_dict(self._plan.names) if override else None}
+        return {
+            "kind": "global" if self.world_size == 1 else "rank",
+            "fingerprint": self._fingerprint,
+            "next_global": self._next_global,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "lanes": {str(i): self._lane_states.get(i) for i in self.own_lanes()},
+            "listing_skipped": {t.name: len(t.skipped) for t in self.tables},
+            "global_tokens": tokens,
+            "schedule": schedule_snapshot(self.recipe, tokens),
+            "override": override.to_dict(self._plan.names) if override else None,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """Fixed-shape, JSON-serialisable state (kilobytes).
@@ -117,8 +133,10 @@ class Loader:
         """
         payload = self._rank_payload()
         if self._distributed and self.world_size > 1:
-            dist.barrier_or_fail(dist.collective_timeout(),
-                                 "loader.state_dict() is a collective: call it on every rank")
+            dist.barrier_or_fail(
+                dist.collective_timeout(),
+                "loader.state_dict() is a collective: call it on every rank",
+            )
             # The gathered payloads are this job's own: joined as they are, not re-checked.
             return pack(merge_payloads(dist.all_gather_objects(payload)))
         return pack(payload)
@@ -136,12 +154,15 @@ class Loader:
         check_fingerprint(header["fingerprint"], self._fingerprint)
         payload = unpack(state, lanes=self._lanes_from(header["next_global"]))
         if payload["kind"] == "rank" and (payload["world_size"], payload["rank"]) != (
-                self.world_size, self.rank):
+            self.world_size,
+            self.rank,
+        ):
             raise StateError(
                 f"this state holds only rank {payload['rank']}'s lanes of a "
                 f"{payload['world_size']}-rank job; to resume on {self.world_size} rank(s) "
                 "combine all ranks' states with mixer.merge_states (or save from inside the "
-                "torch.distributed job, which does it for you)")
+                "torch.distributed job, which does it for you)"
+            )
         needed = self._lanes_from(payload["next_global"])
         missing = [i for i in needed if str(i) not in payload["lanes"]]
         if missing:
@@ -154,7 +175,7 @@ class Loader:
         self._next_global = payload["next_global"]
         self._lane_states = lanes
         self._plan = WeightPlan(self.recipe, payload["next_global"], tokens, override)
-        self._plan_version += 1   # a running iteration restarts from here
+        self._plan_version += 1  # a running iteration restarts from here
 
     # -- mixture -----------------------------------------------------------------------------
     def set_weights(self, weights: dict[str, float]) -> None:
@@ -175,14 +196,21 @@ class Loader:
             mine = (self._next_global, normalized)
             gathered = dist.all_gather_objects(mine)
             if any(g != mine for g in gathered):
-                detail = "; ".join(f"rank {r}: step {g[0] // self.world_size}, weights "
-                                   f"{[round(w, 6) for w in g[1]]}"
-                                   for r, g in enumerate(gathered))
-                raise StateError("set_weights is a collective: every rank must call it at "
-                                 f"the same step with the same weights, got {detail}")
-        self._plan = WeightPlan(self.recipe, self._next_global,
-                                self._plan.tokens_at(self._next_global),
-                                Override(self._next_global, normalized))
+                detail = "; ".join(
+                    f"rank {r}: step {g[0] // self.world_size}, weights "
+                    f"{[round(w, 6) for w in g[1]]}"
+                    for r, g in enumerate(gathered)
+                )
+                raise StateError(
+                    "set_weights is a collective: every rank must call it at "
+                    f"the same step with the same weights, got {detail}"
+                )
+        self._plan = WeightPlan(
+            self.recipe,
+            self._next_global,
+            self._plan.tokens_at(self._next_global),
+            Override(self._next_global, normalized),
+        )
         self._plan_version += 1
 
     def metrics(self, all_ranks: bool = False) -> dict[str, Any]:
@@ -206,9 +234,12 @@ class Loader:
             names=list(self.recipe.names),
             lane_states={lane: self._lane_states.get(lane) for lane in self.own_lanes()},
             listing_skipped={t.name: len(t.skipped) for t in self.tables},
-            target_share=list(target), global_tokens=self._plan.tokens_at(next_global),
-            io=list(self._io.values()), next_global_batch=next_global,
-            next_global=self._next_global)
+            target_share=list(target),
+            global_tokens=self._plan.tokens_at(next_global),
+            io=list(self._io.values()),
+            next_global_batch=next_global,
+            next_global=self._next_global,
+        )
 
     # -- iteration ---------------------------------------------------------------------------
     def _lanes_done(self, pending: dict[int, dict]) -> bool:
@@ -246,17 +277,20 @@ class Loader:
                 f"rank {self.rank}'s lanes {self.own_lanes()} have nothing left to draw: "
                 f"the sources weighted from here on ({', '.join(drawn)}) are capped and "
                 "ran out, and every unlimited source weighs 0 (set_weights or the "
-                "schedule); give an unlimited source a positive weight", reason="other")
+                "schedule); give an unlimited source a positive weight",
+                reason="other",
+            )
         raise DataError(
             f"the recipe has unlimited sources but rank {self.rank}'s lanes "
             f"{self.own_lanes()} ran out of documents of every source (each source has "
             "fewer documents than the lanes reading it); use fewer lanes or more data",
-            reason="other")
+            reason="other",
+        )
 
     def _generate(self) -> Iterator[dict[str, torch.Tensor]]:
         # A set_weights or load_state_dict call while iterating discards what the workers
         # prefetched and starts them again from the handed-out (or loaded) lane states.
-        if self.workers is not None:   # Ray actors live as long as the iteration
+        if self.workers is not None:  # Ray actors live as long as the iteration
             self._pool = ActorPool(self.workers, self.layout)
         try:
             while (yield from self._run()):
@@ -283,14 +317,21 @@ class Loader:
     def _run(self) -> Iterator[dict[str, torch.Tensor]]:
         """Batches until the stream ends (returns False) or the weights change (True)."""
         version = self._plan_version
-        dataset = TorchLaneDataset(self.recipe, self.tables, self.tokenizer,
-                                   dict(self._lane_states), self._next_global, self.rank,
-                                   self.world_size, self._plan)
+        dataset = TorchLaneDataset(
+            self.recipe,
+            self.tables,
+            self.tokenizer,
+            dict(self._lane_states),
+            self._next_global,
+            self.rank,
+            self.world_size,
+            self._plan,
+        )
         source = self._open(dataset)
         held: list[tuple[dict, dict]] = []
         try:
             while True:
-                if self._closing:   # closed from another thread (see `close`)
+                if self._closing:  # closed from another thread (see `close`)
                     return False
                 if self._plan_version != version:
                     return True
@@ -303,8 +344,9 @@ class Loader:
                 data = self._receive(dataset.ring, data, meta["padding"])
                 expected = self._next_global + len(held) * self.world_size + self.rank
                 if meta["g"] != expected:
-                    raise RuntimeError(f"internal error: got global batch {meta['g']}, "
-                                       f"expected {expected}")
+                    raise RuntimeError(
+                        f"internal error: got global batch {meta['g']}, expected {expected}"
+                    )
                 pending = {m["lane"]: m["state"] for _, m in held}
                 pending[meta["lane"]] = meta["state"]
                 real, finished = self._decide(meta["padding"], self._lanes_done(pending))
@@ -318,7 +360,7 @@ class Loader:
                     self._hand(held_meta)
                     yield as_batch(self.layout, held_data, held_meta)
                     if self._plan_version != version:
-                        return True   # the rest was made with the old weights
+                        return True  # the rest was made with the old weights
                 held.clear()
                 self._hand(meta)
                 yield as_batch(self.layout, data, meta)
@@ -328,8 +370,8 @@ class Loader:
             traceback.clear_frames(exc.__traceback__)
             raise
         finally:
-            if self.num_workers == 0:   # in-process lanes, or the Ray stream
-                source.close()   # closes the lanes' readers and unfinished cache entries
+            if self.num_workers == 0:  # in-process lanes, or the Ray stream
+                source.close()  # closes the lanes' readers and unfinished cache entries
             del source  # shuts DataLoader workers down
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -346,7 +388,7 @@ class Loader:
         the iterating one is inside `next()`: that iteration ends after the batch it is
         getting (the workers stop then)."""
         gen = self._gen() if self._gen is not None else None
-        if gen is not None and gen.gi_running:   # inside next() in another thread
+        if gen is not None and gen.gi_running:  # inside next() in another thread
             self._closing = True
             return
         self._gen = None
@@ -366,9 +408,14 @@ class Loader:
             pass
 
 
-def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
-                 world_size: int | None = None, num_workers: int = 0,
-                 workers: RayWorkers | None = None) -> Loader:
+def build_loader(
+    recipe: Recipe | dict | str,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    num_workers: int = 0,
+    workers: RayWorkers | None = None,
+) -> Loader:
     """A loader for this rank. Rank and world size default to torch.distributed's, else 0/1.
     `workers=mixer.RayWorkers(...)` runs the lanes in Ray actors (num_workers must be 0)."""
     recipe = load_recipe(recipe)
@@ -379,7 +426,7 @@ def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
         world_size = found_world if world_size is None else world_size
     check_workers(recipe.lanes, rank, world_size, num_workers, workers)
     tokenizer = resolve_recipe_tokenizer(recipe, tokenizer_info_dir(recipe))
-    preload(recipe, tokenizer, tokenizer_info_dir(recipe))   # on a thread, while listing
+    preload(recipe, tokenizer, tokenizer_info_dir(recipe))  # on a thread, while listing
     lister = lambda: list_sources(recipe)
     tables = dist.list_once(lister) if distributed and world_size > 1 else lister()
     choice = resolve_backend(recipe, tokenizer, tables, info_cache=tokenizer_info_dir(recipe))
@@ -387,7 +434,15 @@ def build_loader(recipe: Recipe | dict | str, *, rank: int | None = None,
         finish_preloads(keep=choice.info.backend == "fastokens")
     # (DataLoader workers: `worker_batches` waits for the load right before they fork, so that
     # building the loader overlaps it)
-    loader = Loader(recipe, tables=tables, tokenizer=choice.info, rank=rank, world_size=world_size,
-                    num_workers=num_workers, distributed=distributed, workers=workers)
+    loader = Loader(
+        recipe,
+        tables=tables,
+        tokenizer=choice.info,
+        rank=rank,
+        world_size=world_size,
+        num_workers=num_workers,
+        distributed=distributed,
+        workers=workers,
+    )
     loader.backend = choice
     return loader

@@ -16,21 +16,21 @@ from mixer.config.recipe import Recipe
 log = logging.getLogger("mixer.loader")
 
 PER_SOURCE_SUMS = ("tokens", "documents", "skipped", "oversize")
-LISTING_REASON = "unreadable_file"   # files that listing skipped (on_error: skip)
+LISTING_REASON = "unreadable_file"  # files that listing skipped (on_error: skip)
 
 
 @dataclass(frozen=True)
 class MetricsSnapshot:
     """What a loader hands `loader_metrics`: plain data, read at the call."""
 
-    names: list[str]                        # the recipe's sources, in order
-    lane_states: dict[int, dict | None]     # this rank's lanes: state as of the batches out
-    listing_skipped: dict[str, int]         # files the listing skipped, per source
-    target_share: list[float]               # at the next global batch
-    global_tokens: int                      # tokens of the global stream before it
-    io: list[dict[str, int]]                # remote-read counters of each process
+    names: list[str]  # the recipe's sources, in order
+    lane_states: dict[int, dict | None]  # this rank's lanes: state as of the batches out
+    listing_skipped: dict[str, int]  # files the listing skipped, per source
+    target_share: list[float]  # at the next global batch
+    global_tokens: int  # tokens of the global stream before it
+    io: list[dict[str, int]]  # remote-read counters of each process
     next_global_batch: int
-    next_global: Any                        # the loader's per-rank position (state's own)
+    next_global: Any  # the loader's per-rank position (state's own)
 
 
 def loader_metrics(snapshot: MetricsSnapshot) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def loader_metrics(snapshot: MetricsSnapshot) -> dict[str, Any]:
     for lane in lanes:
         for name, entry in (snapshot.lane_states[lane] or {}).get("sources", {}).items():
             if name not in epochs:
-                continue   # a source removed from the recipe (refused on load anyway)
+                continue  # a source removed from the recipe (refused on load anyway)
             for key in PER_SOURCE_SUMS:
                 sums[key][name] += entry.get(key, 0)
             for reason, n in entry.get("reasons", {}).items():
@@ -109,10 +109,16 @@ def warn_left_over(recipe: Recipe, epochs: dict[str, float], rank: int) -> None:
     """A finite stream ended: name the sources this rank's lanes had not finished (their
     weight was 0 from there on: a schedule, or `set_weights`), since their documents were
     never delivered."""
-    left = [f"{src.name} ({epochs[src.name]:.4g} of {src.epochs} epochs)"
-            for src in recipe.sources
-            if src.epochs is not None and epochs[src.name] < src.epochs]
+    left = [
+        f"{src.name} ({epochs[src.name]:.4g} of {src.epochs} epochs)"
+        for src in recipe.sources
+        if src.epochs is not None and epochs[src.name] < src.epochs
+    ]
     if left:
-        log.warning("rank %d's stream ended with documents left in %s: every source with "
-                    "weight had run out, and these weigh 0 from there on (the schedule or "
-                    "set_weights)", rank, ", ".join(left))
+        log.warning(
+            "rank %d's stream ended with documents left in %s: every source with "
+            "weight had run out, and these weigh 0 from there on (the schedule or "
+            "set_weights)",
+            rank,
+            ", ".join(left),
+        )

@@ -61,14 +61,17 @@ class RayWorkers:
         for name, low in (("actors", 1), ("in_flight", 1), ("max_restarts", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise TopologyError(f"RayWorkers: {name} must be an integer >= {low}, "
-                                    f"got {value!r}")
+                raise TopologyError(
+                    f"RayWorkers: {name} must be an integer >= {low}, got {value!r}"
+                )
         cpus = self.cpus_per_actor
         if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not cpus >= 0:
             raise TopologyError(f"RayWorkers: cpus_per_actor must be a number >= 0, got {cpus!r}")
         if self.resources is not None and not isinstance(self.resources, dict):
-            raise TopologyError("RayWorkers: resources must be a dict of resource name → "
-                                f"amount, got {self.resources!r}")
+            raise TopologyError(
+                "RayWorkers: resources must be a dict of resource name → "
+                f"amount, got {self.resources!r}"
+            )
 
 
 def connect(spec: RayWorkers) -> Any:
@@ -96,14 +99,15 @@ def connect(spec: RayWorkers) -> Any:
 def to_store(layout: BatchLayout, batch: Batch) -> dict[str, np.ndarray]:
     """A batch's arrays in their compact wire dtypes: numpy arrays travel through Ray's
     object store as buffers, not pickled element by element."""
-    return {spec.key: np.ascontiguousarray(batch.arrays[spec.key], dtype=spec.wire)
-            for spec in layout.specs}
+    return {
+        spec.key: np.ascontiguousarray(batch.arrays[spec.key], dtype=spec.wire)
+        for spec in layout.specs
+    }
 
 
 def from_store(layout: BatchLayout, arrays: dict[str, np.ndarray], padding: bool) -> Batch:
     """The driver's own copy (in the user's dtypes) of arrays read from the object store."""
-    return Batch({spec.key: arrays[spec.key].astype(spec.dtype) for spec in layout.specs},
-                 padding)
+    return Batch({spec.key: arrays[spec.key].astype(spec.dtype) for spec in layout.specs}, padding)
 
 
 class LaneActor:
@@ -129,11 +133,11 @@ class LaneActor:
             group.append(item)
             if len(group) == count or "error" in item[1]:
                 return group
-        return group + [(None, {"end": True})]   # after an error item, already raised
+        return group + [(None, {"end": True})]  # after an error item, already raised
 
     def stop(self) -> None:
         if self._batches is not None:
-            self._batches.close()   # closes the lanes' readers
+            self._batches.close()  # closes the lanes' readers
             self._batches = None
 
 
@@ -183,18 +187,18 @@ class ActorPool:
         for actor in actors:
             try:
                 self.ray.kill(actor, no_restart=True)
-            except Exception:   # already gone, or Ray shut down first
+            except Exception:  # already gone, or Ray shut down first
                 pass
 
     def stream(self, dataset: LaneDataset) -> Iterator[tuple[Any, dict]]:
         """(batch, meta) for the dataset's steps in order, as a DataLoader would yield them."""
         count = len(self.actors)
-        group = max(1, self.spec.in_flight // 2)   # batches per call
-        calls = max(1, self.spec.in_flight // group)   # calls outstanding per actor
-        pending: list[deque] = [deque() for _ in range(count)]   # their references
-        ready: list[deque] = [deque() for _ in range(count)]   # batches received
+        group = max(1, self.spec.in_flight // 2)  # batches per call
+        calls = max(1, self.spec.in_flight // group)  # calls outstanding per actor
+        pending: list[deque] = [deque() for _ in range(count)]  # their references
+        ready: list[deque] = [deque() for _ in range(count)]  # batches received
         dataset = plain(dataset)
-        states = dict(dataset.lane_states)   # each lane's latest state passed on
+        states = dict(dataset.lane_states)  # each lane's latest state passed on
         shared = self.ray.put(dataset)
         for w, actor in enumerate(self.actors):
             actor.start.remote(shared, w, count)
@@ -216,7 +220,7 @@ class ActorPool:
                 if "lane" in meta:
                     states[meta["lane"]] = meta["state"]
                     data = from_store(self.layout, data, meta["padding"])
-                yield data, meta   # the object store's copy is released with the group
+                yield data, meta  # the object store's copy is released with the group
                 step += 1
         finally:
             for queue in pending + ready:
@@ -224,11 +228,21 @@ class ActorPool:
 
     def lanes_of(self, w: int, dataset: LaneDataset) -> list[int]:
         count, world, lanes = len(self.actors), dataset.world_size, dataset.recipe.lanes
-        return sorted({(dataset.start + (w + k * count) * world + dataset.rank) % lanes
-                       for k in range(lanes // (count * world))})
+        return sorted(
+            {
+                (dataset.start + (w + k * count) * world + dataset.rank) % lanes
+                for k in range(lanes // (count * world))
+            }
+        )
 
-    def _replace(self, w: int, exc: Exception, dataset: LaneDataset, step: int,
-                 states: dict[int, dict | None]) -> None:
+    def _replace(
+        self,
+        w: int,
+        exc: Exception,
+        dataset: LaneDataset,
+        step: int,
+        states: dict[int, dict | None],
+    ) -> None:
         """Actor `w` died before making `step`: a new one resumes its lanes there."""
         lanes = self.lanes_of(w, dataset)
         try:
@@ -239,9 +253,15 @@ class ActorPool:
         if self.restarts[w] > self.spec.max_restarts:
             raise MixerError(
                 f"the Ray actor serving lane(s) {lanes} died {self.restarts[w]} times "
-                f"(max_restarts={self.spec.max_restarts}); its last error: {exc}") from exc
-        log.warning("the Ray actor serving lane(s) %s died (%s); replacing it (%d of %d)",
-                    lanes, type(exc).__name__, self.restarts[w], self.spec.max_restarts)
+                f"(max_restarts={self.spec.max_restarts}); its last error: {exc}"
+            ) from exc
+        log.warning(
+            "the Ray actor serving lane(s) %s died (%s); replacing it (%d of %d)",
+            lanes,
+            type(exc).__name__,
+            self.restarts[w],
+            self.spec.max_restarts,
+        )
         restart = copy.copy(dataset)
         restart.lane_states = dict(states)
         # produce(w, ...) starts at start + w·W: shifted so that its first step is `step`.

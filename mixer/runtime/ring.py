@@ -44,7 +44,7 @@ class InRing:
 
     slot: int
     size: int
-    wire: Wire   # shapes and tensors; its `data` is in the slot
+    wire: Wire  # shapes and tensors; its `data` is in the slot
 
 
 class BatchRing:
@@ -58,11 +58,12 @@ class BatchRing:
         self._memory = SharedPages(flags_bytes + count * self.slot_bytes)
         self._flags = np.frombuffer(self._memory.view, dtype=np.uint8, count=count)
         self._data = np.frombuffer(self._memory.view, dtype=np.uint8, offset=flags_bytes)
-        self._next = [0] * workers   # (each worker's own copy after the fork)
+        self._next = [0] * workers  # (each worker's own copy after the fork)
 
     @classmethod
-    def for_layout(cls, layout: BatchLayout, batch_size: int, workers: int,
-                   slots: int) -> BatchRing | None:
+    def for_layout(
+        cls, layout: BatchLayout, batch_size: int, workers: int, slots: int
+    ) -> BatchRing | None:
         """Slots for `layout`'s batches (`layout.wire_bytes`: its arrays in their wire
         dtypes, small pixel arrays included; larger ones cross as shared tensors), or None
         where the system will not map that much (then every batch crosses through the pipe,
@@ -71,9 +72,14 @@ class BatchRing:
         try:
             return cls(workers, slots, slot_bytes)
         except (OSError, ValueError, OverflowError) as exc:
-            log.warning("no shared-memory ring for the workers' batches (%d workers x %d "
-                        "slots x %.1f MB: %s); batches cross through the DataLoader's pipe",
-                        workers, slots, slot_bytes / 1e6, exc)
+            log.warning(
+                "no shared-memory ring for the workers' batches (%d workers x %d "
+                "slots x %.1f MB: %s); batches cross through the DataLoader's pipe",
+                workers,
+                slots,
+                slot_bytes / 1e6,
+                exc,
+            )
             return None
 
     def send(self, worker: int, layout: BatchLayout, batch: Batch) -> InRing | Wire:
@@ -84,11 +90,11 @@ class BatchRing:
         if self._flags[slot]:
             return layout.to_wire(batch)
         start = slot * self.slot_bytes
-        wire = layout.to_wire(batch, self._data[start:start + self.slot_bytes])
+        wire = layout.to_wire(batch, self._data[start : start + self.slot_bytes])
         if not isinstance(wire.data, memoryview):
-            return wire   # larger than a slot
+            return wire  # larger than a slot
         self._next[worker] = (self._next[worker] + 1) % self.slots
-        self._flags[slot] = 1   # after the data: the reader frees it once it has read it
+        self._flags[slot] = 1  # after the data: the reader frees it once it has read it
         return InRing(slot, len(wire.data), Wire(b"", wire.shapes, wire.tensors))
 
     def keep_from_later_forks(self) -> None:
@@ -101,7 +107,7 @@ class BatchRing:
         again (`read` must copy what it keeps: the slot's bytes are reused)."""
         start = item.slot * self.slot_bytes
         wire = item.wire
-        wire.data = memoryview(self._data[start:start + item.size])
+        wire.data = memoryview(self._data[start : start + item.size])
         try:
             return read(wire)
         finally:
@@ -124,8 +130,14 @@ class SharedPages:
     def __init__(self, size: int) -> None:
         if size <= 0:
             raise ValueError(f"shared pages need a positive size, not {size}")
-        address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE,
-                             mmap.MAP_SHARED | mmap.MAP_ANONYMOUS, -1, 0)
+        address = _libc.mmap(
+            None,
+            size,
+            mmap.PROT_READ | mmap.PROT_WRITE,
+            mmap.MAP_SHARED | mmap.MAP_ANONYMOUS,
+            -1,
+            0,
+        )
         if address in (None, _MAP_FAILED):
             errno = ctypes.get_errno()
             raise OSError(errno, f"mmap of {size} shared bytes: {os.strerror(errno)}")
@@ -136,7 +148,7 @@ class SharedPages:
         pages = (ctypes.c_uint8 * size).from_address(address)
         # Views (numpy arrays over `view`) keep `pages` alive; the last one gone unmaps them.
         unmap = weakref.finalize(pages, self._mapping.unmap)
-        unmap.atexit = False   # the system frees them at exit; a thread may still read them
+        unmap.atexit = False  # the system frees them at exit; a thread may still read them
         self.view = memoryview(pages).cast("B")
 
     def keep_from_later_forks(self) -> None:
@@ -166,7 +178,7 @@ class _Mapping:
 
 def _after_fork_in_child() -> None:
     for mapping in list(_mappings):
-        if mapping.forked:   # inherited: the child's own to unmap
+        if mapping.forked:  # inherited: the child's own to unmap
             mapping.owner = os.getpid()
 
 
@@ -174,8 +186,14 @@ _mappings: weakref.WeakSet[_Mapping] = weakref.WeakSet()
 os.register_at_fork(after_in_child=_after_fork_in_child)
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_int, ctypes.c_long]
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MAP_FAILED = ctypes.c_void_p(-1).value

@@ -22,10 +22,20 @@ from mixer.runtime.state_schema import check_payload
 from mixer.sources import SourceTable
 
 STATE_FORMAT = "mixer.loader"
-STATE_VERSION = 3   # 3: lanes encoded column by column
-_STREAM_FIELDS = ("seed", "seq_len", "lanes", "packing", "pack_window", "shuffle_window",
-                  "shuffle_window_bytes", "shuffle_budget_bytes", "split_bytes",
-                  "max_document_bytes", "mask_document_boundaries")
+STATE_VERSION = 3  # 3: lanes encoded column by column
+_STREAM_FIELDS = (
+    "seed",
+    "seq_len",
+    "lanes",
+    "packing",
+    "pack_window",
+    "shuffle_window",
+    "shuffle_window_bytes",
+    "shuffle_budget_bytes",
+    "split_bytes",
+    "max_document_bytes",
+    "mask_document_boundaries",
+)
 # `images` keys added after the image block first entered the fingerprint (videos): in it only
 # when set, so a state saved before them still resumes an image recipe.
 _LATER_IMAGE_KEYS = ("video", "video_marker", "max_videos_per_batch", "tokens_per_second")
@@ -38,7 +48,7 @@ def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTab
     stream["eos_id"] = tokenizer.eos_id
     if recipe.images is not None:
         images = recipe.images.model_dump(mode="json")
-        for key in _LATER_IMAGE_KEYS:   # at their defaults: the fingerprint states had before
+        for key in _LATER_IMAGE_KEYS:  # at their defaults: the fingerprint states had before
             if images[key] == type(recipe.images).model_fields[key].default:
                 del images[key]
         stream["images"] = images
@@ -46,9 +56,15 @@ def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTab
     for src, table in zip(recipe.sources, tables):
         files = hashlib.sha256(json.dumps(table.fingerprint()).encode()).hexdigest()[:16]
         splits = hashlib.sha256(json.dumps([s.to_list() for s in table.splits]).encode())
-        sources[src.name] = {"text_field": src.text_field, "format": src.format,
-                             "epochs": src.epochs, "on_error": src.on_error, "files": files,
-                             "splits": splits.hexdigest()[:16], "versions": _versions(table)}
+        sources[src.name] = {
+            "text_field": src.text_field,
+            "format": src.format,
+            "epochs": src.epochs,
+            "on_error": src.on_error,
+            "files": files,
+            "splits": splits.hexdigest()[:16],
+            "versions": _versions(table),
+        }
     return {"stream": stream, "sources": sources}
 
 
@@ -86,35 +102,48 @@ def check_fingerprint(saved: dict, current: dict) -> None:
     for name, was in saved["sources"].items():
         now = current["sources"].get(name)
         if now is None:
-            raise StateError(f"cannot resume: source {name!r} was removed from the recipe "
-                             "(adding sources is allowed, removing or renaming is not)")
+            raise StateError(
+                f"cannot resume: source {name!r} was removed from the recipe "
+                "(adding sources is allowed, removing or renaming is not)"
+            )
         diff = [k for k in was if k != "versions" and was[k] != now.get(k)]
         versions_now, versions_was = now.get("versions"), was.get("versions")
-        if (not diff and isinstance(versions_was, list) and versions_now and versions_was
-                and versions_was[0] == versions_now[0] and versions_was != versions_now):
+        if (
+            not diff
+            and isinstance(versions_was, list)
+            and versions_now
+            and versions_was
+            and versions_was[0] == versions_now[0]
+            and versions_was != versions_now
+        ):
             kind = "ETags" if versions_now[0] == "etag" else "modification times"
             raise StateError(
                 f"cannot resume: source {name!r} has files whose content changed since the "
                 f"checkpoint (same names and sizes, other {kind}); resuming would read other "
                 "documents at the saved offsets. If the files are exact copies, restore their "
-                "modification times (cp -p, rsync -t)")
+                "modification times (cp -p, rsync -t)"
+            )
         if diff == ["splits"]:
-            raise StateError(f"cannot resume: source {name!r} is cut into other splits than at "
-                             "the checkpoint (a manifest from `mixer index` was added or "
-                             "removed, or its row groups changed); resume with the same "
-                             "manifest setting")
+            raise StateError(
+                f"cannot resume: source {name!r} is cut into other splits than at "
+                "the checkpoint (a manifest from `mixer index` was added or "
+                "removed, or its row groups changed); resume with the same "
+                "manifest setting"
+            )
         if diff:
             what = "its files (names or sizes)" if "files" in diff else ", ".join(diff)
-            raise StateError(f"cannot resume: source {name!r} changed {what} since the "
-                             "checkpoint")
+            raise StateError(f"cannot resume: source {name!r} changed {what} since the checkpoint")
 
 
 def pack(payload: dict) -> dict[str, Any]:
     """The fixed-shape state of a payload (its lanes encoded column by column)."""
     if isinstance(payload, dict) and encodable(payload.get("lanes")):
         payload = {**payload, "lanes": encode_lanes(payload["lanes"])}
-    return {"format": STATE_FORMAT, "version": STATE_VERSION,
-            "json": json.dumps(payload, separators=(",", ":"), sort_keys=True)}
+    return {
+        "format": STATE_FORMAT,
+        "version": STATE_VERSION,
+        "json": json.dumps(payload, separators=(",", ":"), sort_keys=True),
+    }
 
 
 def unpack(state: dict[str, Any], *, lanes: Iterable[int] | None = None) -> dict:
@@ -126,8 +155,10 @@ def unpack(state: dict[str, Any], *, lanes: Iterable[int] | None = None) -> dict
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise StateError("not a mixer loader state (expected the dict from loader.state_dict())")
     if state.get("version") != STATE_VERSION:
-        raise StateError(f"loader state version {state.get('version')} is not supported "
-                         f"(this mixer writes version {STATE_VERSION})")
+        raise StateError(
+            f"loader state version {state.get('version')} is not supported "
+            f"(this mixer writes version {STATE_VERSION})"
+        )
     try:
         payload = json.loads(state["json"])
     except (KeyError, TypeError, ValueError, RecursionError) as exc:
@@ -163,27 +194,39 @@ def merge_payloads(payloads: list[dict]) -> dict:
     world = first["world_size"]
     ranks = sorted(p["rank"] for p in payloads)
     if ranks != list(range(world)):
-        raise StateError(f"merge_states needs exactly one state per rank 0..{world - 1}, got "
-                         f"ranks {ranks}")
+        raise StateError(
+            f"merge_states needs exactly one state per rank 0..{world - 1}, got ranks {ranks}"
+        )
     lanes: dict[str, Any] = {}
     skipped: dict[str, int] = {}
     for p in payloads:
         if p["fingerprint"] != first["fingerprint"]:
             raise StateError(f"rank {p['rank']}'s state comes from a different recipe")
         if p["next_global"] != first["next_global"] or p["world_size"] != world:
-            raise StateError(f"rank {p['rank']} is at global batch {p['next_global']}, rank "
-                             f"{first['rank']} at {first['next_global']}: states of one step "
-                             "are needed")
+            raise StateError(
+                f"rank {p['rank']} is at global batch {p['next_global']}, rank "
+                f"{first['rank']} at {first['next_global']}: states of one step "
+                "are needed"
+            )
         for key in ("global_tokens", "schedule", "override"):
             if p.get(key) != first.get(key):
-                raise StateError(f"rank {p['rank']}'s {key} differs from rank "
-                                 f"{first['rank']}'s: states of one step of one job are needed")
+                raise StateError(
+                    f"rank {p['rank']}'s {key} differs from rank "
+                    f"{first['rank']}'s: states of one step of one job are needed"
+                )
         lanes.update(p["lanes"])
         skipped = p["listing_skipped"]
     if len(lanes) != first["fingerprint"]["stream"]["lanes"]:
         raise StateError("the ranks' states do not cover every lane")
-    return {"kind": "global", "fingerprint": first["fingerprint"],
-            "next_global": first["next_global"], "world_size": world, "rank": 0,
-            "lanes": lanes, "listing_skipped": skipped,
-            "global_tokens": first.get("global_tokens", 0),
-            "schedule": first.get("schedule"), "override": first.get("override")}
+    return {
+        "kind": "global",
+        "fingerprint": first["fingerprint"],
+        "next_global": first["next_global"],
+        "world_size": world,
+        "rank": 0,
+        "lanes": lanes,
+        "listing_skipped": skipped,
+        "global_tokens": first.get("global_tokens", 0),
+        "schedule": first.get("schedule"),
+        "override": first.get("override"),
+    }

@@ -22,10 +22,11 @@ from mixer.core.errors import StateError
 
 CODEC = "columns"
 _DIGITS = np.frombuffer(
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_", dtype=np.uint8)
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_", dtype=np.uint8
+)
 _VALUE = np.full(256, 255, dtype=np.uint8)
 _VALUE[_DIGITS] = np.arange(64, dtype=np.uint8)
-_MAX_WIDTH = 10   # 60 bits: offsets of counters below 2**63 that lanes actually hold
+_MAX_WIDTH = 10  # 60 bits: offsets of counters below 2**63 that lanes actually hold
 
 
 def _to_digits(offsets: list[int]) -> tuple[int, str] | None:
@@ -40,7 +41,7 @@ def _to_digits(offsets: list[int]) -> tuple[int, str] | None:
 
 def _from_digits(width: int, digits: str, count: int) -> list[int] | None:
     raw = np.frombuffer(digits.encode(), dtype=np.uint8)
-    if len(raw) != width * count:   # also refuses non-ASCII characters
+    if len(raw) != width * count:  # also refuses non-ASCII characters
         return None
     values = _VALUE[raw]
     if count and values.max() == 255:
@@ -63,8 +64,9 @@ def _column(values: list[Any]) -> list[Any]:
     if isinstance(first, (str, int, float, type(None))):
         kind = type(first)
         if all(type(v) is kind and v == first for v in values) and (
-                kind is not float or len({math.copysign(1.0, v) for v in values}) == 1):
-            return ["=", first]   # (-0.0 == 0.0, but each is given back as written)
+            kind is not float or len({math.copysign(1.0, v) for v in values}) == 1
+        ):
+            return ["=", first]  # (-0.0 == 0.0, but each is given back as written)
         if kind is int and all(type(v) is int for v in values):
             low = min(values)
             digits = _to_digits([v - low for v in values])
@@ -76,7 +78,8 @@ def _column(values: list[Any]) -> list[Any]:
 def encodable(lanes: Any) -> bool:
     """Whether `lanes` is a dict of lane key → dict or None (what loaders write)."""
     return isinstance(lanes, dict) and all(
-        isinstance(k, str) and (v is None or isinstance(v, dict)) for k, v in lanes.items())
+        isinstance(k, str) and (v is None or isinstance(v, dict)) for k, v in lanes.items()
+    )
 
 
 def encode_lanes(lanes: dict[str, dict | None]) -> dict[str, Any]:
@@ -110,13 +113,18 @@ def _values(column: Any, count: int, where: str) -> list[Any]:
     kind = column[0]
     if kind == "=" and len(column) == 2:
         return [column[1]] * count
-    if kind == "+" and len(column) == 4 and type(column[1]) is int and type(
-            column[2]) is int and 1 <= column[2] <= _MAX_WIDTH and isinstance(column[3], str):
+    if (
+        kind == "+"
+        and len(column) == 4
+        and type(column[1]) is int
+        and type(column[2]) is int
+        and 1 <= column[2] <= _MAX_WIDTH
+        and isinstance(column[3], str)
+    ):
         offsets = _from_digits(column[2], column[3], count)
         if offsets is not None:
             return [column[1] + v for v in offsets]
-    if kind == "*" and len(column) == 2 and isinstance(column[1], list) and len(
-            column[1]) == count:
+    if kind == "*" and len(column) == 2 and isinstance(column[1], list) and len(column[1]) == count:
         return column[1]
     raise _damaged(where, f"a {kind!r} column of the wrong shape for {count} lanes")
 
@@ -137,8 +145,9 @@ def _tree(paths: list[list[str]], where: str) -> dict[str, Any]:
 
 
 def _build(tree: dict[str, Any], row: list[Any]) -> dict[str, Any]:
-    return {key: _build(sub, row) if isinstance(sub, dict) else row[sub]
-            for key, sub in tree.items()}
+    return {
+        key: _build(sub, row) if isinstance(sub, dict) else row[sub] for key, sub in tree.items()
+    }
 
 
 def decode_lanes(data: Any, keep: Collection[str] | None = None) -> dict[str, Any]:
@@ -166,15 +175,17 @@ def decode_lanes(data: Any, keep: Collection[str] | None = None) -> dict[str, An
         if not isinstance(group, dict):
             raise _damaged(where, "not an object")
         keys, paths, columns = group.get("lanes"), group.get("paths"), group.get("columns")
-        if not (isinstance(keys, list) and isinstance(paths, list) and isinstance(columns, list)
-                and len(paths) == len(columns)):
+        if not (
+            isinstance(keys, list)
+            and isinstance(paths, list)
+            and isinstance(columns, list)
+            and len(paths) == len(columns)
+        ):
             raise _damaged(where, "needs lists 'lanes', 'paths' and as many 'columns'")
-        if not all(isinstance(p, list) and p and all(isinstance(k, str) for k in p)
-                   for p in paths):
+        if not all(isinstance(p, list) and p and all(isinstance(k, str) for k in p) for p in paths):
             raise _damaged(where, "a path is not a non-empty list of strings")
         tree = _tree(paths, where)
-        values = [_values(c, len(keys), f"{where}['columns'][{i}]")
-                  for i, c in enumerate(columns)]
+        values = [_values(c, len(keys), f"{where}['columns'][{i}]") for i, c in enumerate(columns)]
         for j, (key, row) in enumerate(zip(keys, zip(*values) if values else [()] * len(keys))):
             claim(key, f"{where}['lanes'][{j}]")
             lanes[key] = _build(tree, row) if keep is None or key in keep else {}

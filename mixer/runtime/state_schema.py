@@ -55,7 +55,7 @@ class BestFitPackerState(_Shape):
 class SourceEntry(_Shape):
     tokens: Count
     mix: Count
-    deficit: Annotated[int, Field(gt=-(1 << 63), lt=1 << 63)]   # target - mix, milli-tokens
+    deficit: Annotated[int, Field(gt=-(1 << 63), lt=1 << 63)]  # target - mix, milli-tokens
     documents: Count
     skipped: Count
     epochs: Annotated[float, Field(ge=0, strict=False)] = 0.0
@@ -88,8 +88,10 @@ class BestFitLaneState(LaneState):
 
 
 # One validator call for all the lanes checked (the packer's shape follows the packing).
-_LANES = {"concat": TypeAdapter(dict[str, ConcatLaneState | None]),
-          "best_fit": TypeAdapter(dict[str, BestFitLaneState | None])}
+_LANES = {
+    "concat": TypeAdapter(dict[str, ConcatLaneState | None]),
+    "best_fit": TypeAdapter(dict[str, BestFitLaneState | None]),
+}
 
 
 class Override(_Shape):
@@ -117,9 +119,9 @@ class Payload(_Shape):
     rank: Count
     lanes: dict[LaneKey, Any]
     listing_skipped: dict[str, Count]
-    global_tokens: Count = 0                   # position of global batch `next_global`
-    schedule: dict[str, Any] | None = None     # points at or before it (schedule.py)
-    override: Override | None = None           # the set_weights call in force
+    global_tokens: Count = 0  # position of global batch `next_global`
+    schedule: dict[str, Any] | None = None  # points at or before it (schedule.py)
+    override: Override | None = None  # the set_weights call in force
 
 
 def _where(loc: tuple[Any, ...]) -> str:
@@ -129,8 +131,9 @@ def _where(loc: tuple[Any, ...]) -> str:
 def _refuse(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> StateError:
     first = exc.errors()[0]
     more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
-    return StateError(f"loader state is damaged at {_where(prefix + tuple(first['loc']))}: "
-                      f"{first['msg']}{more}")
+    return StateError(
+        f"loader state is damaged at {_where(prefix + tuple(first['loc']))}: {first['msg']}{more}"
+    )
 
 
 def check_payload(data: Any, *, lanes: Iterable[int] | None = None) -> None:
@@ -143,8 +146,10 @@ def check_payload(data: Any, *, lanes: Iterable[int] | None = None) -> None:
     except ValidationError as exc:
         raise _refuse(exc) from None
     if payload.rank >= payload.world_size:
-        raise StateError(f"loader state is damaged: rank {payload.rank} is outside world_size "
-                         f"{payload.world_size}")
+        raise StateError(
+            f"loader state is damaged: rank {payload.rank} is outside world_size "
+            f"{payload.world_size}"
+        )
     count = payload.fingerprint.stream.lanes
     for key in payload.lanes:
         if int(key) >= count:
@@ -158,5 +163,6 @@ def check_payload(data: Any, *, lanes: Iterable[int] | None = None) -> None:
         raise _refuse(exc, ("lanes",)) from None
     for key, lane in checked.items():
         if lane is not None and lane.lane != int(key):
-            raise StateError(f"loader state is damaged: lane {key} holds the state of lane "
-                             f"{lane.lane}")
+            raise StateError(
+                f"loader state is damaged: lane {key} holds the state of lane {lane.lane}"
+            )

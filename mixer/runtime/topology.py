@@ -11,14 +11,16 @@ MAX_WORKERS = 1024
 
 def check_ranks(rank: int, world_size: int, num_workers: int) -> None:
     """Refuse a rank, world size or worker count that is not a sane integer, naming it."""
-    for name, value, low, high in (("world_size", world_size, 1, MAX_WORLD_SIZE),
-                                   ("num_workers", num_workers, 0, MAX_WORKERS)):
+    for name, value, low, high in (
+        ("world_size", world_size, 1, MAX_WORLD_SIZE),
+        ("num_workers", num_workers, 0, MAX_WORKERS),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise TopologyError(f"{name} must be an integer from {low} to {high:,}, got "
-                                f"{value!r}")
+            raise TopologyError(f"{name} must be an integer from {low} to {high:,}, got {value!r}")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise TopologyError(f"rank must be an integer from 0 to world_size - 1 = "
-                            f"{world_size - 1}, got {rank!r}")
+        raise TopologyError(
+            f"rank must be an integer from 0 to world_size - 1 = {world_size - 1}, got {rank!r}"
+        )
 
 
 def fits(lanes: int, world_size: int, num_workers: int) -> bool:
@@ -31,8 +33,9 @@ def valid_workers(lanes: int, world_size: int) -> list[int]:
     return [n for n in range(1, lanes + 1) if fits(lanes, world_size, n)]
 
 
-def check_workers(lanes: int, rank: int, world_size: int, num_workers: int,
-                  ray_workers: object | None) -> None:
+def check_workers(
+    lanes: int, rank: int, world_size: int, num_workers: int, ray_workers: object | None
+) -> None:
     """The loader's checks: sane ranks, and the lanes rule for its DataLoader workers, or
     for its Ray actors (`RayWorkers`: `actors` in place of `num_workers`, which must be 0)."""
     check_ranks(rank, world_size, num_workers)
@@ -40,13 +43,16 @@ def check_workers(lanes: int, rank: int, world_size: int, num_workers: int,
         check_topology(lanes, world_size, num_workers)
         return
     if num_workers:
-        raise TopologyError(f"num_workers={num_workers} with workers=RayWorkers(...): the "
-                            "Ray actors are the workers; set num_workers=0")
+        raise TopologyError(
+            f"num_workers={num_workers} with workers=RayWorkers(...): the "
+            "Ray actors are the workers; set num_workers=0"
+        )
     check_topology(lanes, world_size, ray_workers.actors, what="actors")  # type: ignore
 
 
-def check_topology(lanes: int, world_size: int, num_workers: int,
-                   what: str = "num_workers") -> None:
+def check_topology(
+    lanes: int, world_size: int, num_workers: int, what: str = "num_workers"
+) -> None:
     """Refuse a topology whose workers × ranks do not divide the lanes, listing valid values."""
     workers = max(num_workers, 1)
     if fits(lanes, world_size, num_workers):
@@ -57,4 +63,5 @@ def check_topology(lanes: int, world_size: int, num_workers: int,
         f"lanes={lanes} is not divisible by {what} × world_size = {workers} × "
         f"{world_size}; valid {what} for world_size {world_size}: "
         f"{valid_workers_ or 'none (lanes must be a multiple of world_size)'} (0 counts as 1); "
-        f"or set lanes to a multiple of {workers * world_size}, e.g. {valid_lanes}")
+        f"or set lanes to a multiple of {workers * world_size}, e.g. {valid_lanes}"
+    )

@@ -23,11 +23,11 @@ from mixer.runtime.lane_dataset import LaneDataset
 from mixer.runtime.ring import BatchRing
 from mixer.tokenize.backends import finish_preloads
 
-PREFETCH = 2            # items each DataLoader worker makes ahead
-ITEM_BYTES = 1 << 20    # text batches of a DataLoader item, by their wire bytes (at most)
+PREFETCH = 2  # items each DataLoader worker makes ahead
+ITEM_BYTES = 1 << 20  # text batches of a DataLoader item, by their wire bytes (at most)
 MAX_ITEM_BATCHES = 8
 
-Pair = tuple[Any, dict[str, Any]]   # (batch or its wire form, lane metadata)
+Pair = tuple[Any, dict[str, Any]]  # (batch or its wire form, lane metadata)
 
 
 def batches_per_item(recipe: Recipe, layout: BatchLayout) -> int:
@@ -52,20 +52,29 @@ class TorchLaneDataset(LaneDataset, IterableDataset):
         info = get_worker_info()
         if info is None:
             return self.produce(0, 1, None)
-        send = (_wire if self.ring is None else functools.partial(self.ring.send, info.id))
+        send = _wire if self.ring is None else functools.partial(self.ring.send, info.id)
         return _grouped(self.produce(info.id, info.num_workers, send), self.group)
 
 
 def worker_batches(dataset: TorchLaneDataset, layout: BatchLayout, num_workers: int) -> InOrder:
     """Start `num_workers` DataLoader workers (forked) on `dataset`; their batches in order."""
-    finish_preloads()   # (a fork while a thread is inside fastokens could copy its locks held)
+    finish_preloads()  # (a fork while a thread is inside fastokens could copy its locks held)
     dataset.group = batches_per_item(dataset.recipe, layout)
-    dataset.ring = BatchRing.for_layout(layout, dataset.recipe.batch_size, num_workers,
-                                        (PREFETCH + 2) * dataset.group)
+    dataset.ring = BatchRing.for_layout(
+        layout, dataset.recipe.batch_size, num_workers, (PREFETCH + 2) * dataset.group
+    )
     with workers.inherit_no_garbage():
-        items = iter(DataLoader(dataset, batch_size=None, num_workers=num_workers,
-                                prefetch_factor=PREFETCH, multiprocessing_context="fork",
-                                worker_init_fn=workers.init_fn(), collate_fn=sent_as_is))
+        items = iter(
+            DataLoader(
+                dataset,
+                batch_size=None,
+                num_workers=num_workers,
+                prefetch_factor=PREFETCH,
+                multiprocessing_context="fork",
+                worker_init_fn=workers.init_fn(),
+                collate_fn=sent_as_is,
+            )
+        )
     workers.adopt(items._workers)  # stopped at exit even if never closed
     if dataset.ring is not None:
         dataset.ring.keep_from_later_forks()

@@ -39,12 +39,12 @@ from mixer.core.resources import PerProcess
 from mixer.images.shared import make_in_shared_memory
 from mixer.tokenize.encoding import tokenizer_thread_budget, use_worker_encoding_threads
 
-POLL_S = 0.2          # how often a worker's watchdog looks at its parent
-STOP_GRACE_S = 2.0    # how long the owner waits for SIGTERMed workers before SIGKILL
+POLL_S = 0.2  # how often a worker's watchdog looks at its parent
+STOP_GRACE_S = 2.0  # how long the owner waits for SIGTERMed workers before SIGKILL
 _PR_SET_PDEATHSIG = 1
 
 _live: weakref.WeakSet[BaseProcess] = weakref.WeakSet()
-_hooks: PerProcess[bool] = PerProcess()   # whether this process registered its exit hook
+_hooks: PerProcess[bool] = PerProcess()  # whether this process registered its exit hook
 
 
 def adopt(processes: Iterable[BaseProcess]) -> None:
@@ -56,7 +56,7 @@ def adopt(processes: Iterable[BaseProcess]) -> None:
 def _register_exit_hook() -> bool:
     # Registered at the first worker start, after torch and multiprocessing registered
     # theirs: atexit runs hooks last-in first-out, so this one runs before them.
-    _live.clear()   # a forked child inherits its parent's entries, not its children
+    _live.clear()  # a forked child inherits its parent's entries, not its children
     atexit.register(_stop_at_exit, os.getpid())
     return True
 
@@ -125,10 +125,10 @@ def _forget_forking() -> None:
     _forking, _froze, _freeze_lock = 0, False, threading.Lock()
 
 
-_forking = 0       # inherit_no_garbage blocks entered and not left, in all threads
-_froze = False     # whether the first of them froze (the application had not)
+_forking = 0  # inherit_no_garbage blocks entered and not left, in all threads
+_froze = False  # whether the first of them froze (the application had not)
 _freeze_lock = threading.Lock()
-os.register_at_fork(after_in_child=_forget_forking)   # (a worker's copy: not its own blocks)
+os.register_at_fork(after_in_child=_forget_forking)  # (a worker's copy: not its own blocks)
 
 
 def init_fn() -> Callable[[int], None]:
@@ -138,12 +138,15 @@ def init_fn() -> Callable[[int], None]:
     the forking *thread* exits, and any other thread may end while the workers are in use.
     """
     deathsig = threading.current_thread() is threading.main_thread()
-    return functools.partial(worker_init, parent=os.getpid(), deathsig=deathsig,
-                             tokenizer_threads=tokenizer_thread_budget())
+    return functools.partial(
+        worker_init,
+        parent=os.getpid(),
+        deathsig=deathsig,
+        tokenizer_threads=tokenizer_thread_budget(),
+    )
 
 
-def worker_init(worker_id: int, *, parent: int, deathsig: bool,
-                tokenizer_threads: int) -> None:
+def worker_init(worker_id: int, *, parent: int, deathsig: bool, tokenizer_threads: int) -> None:
     """Inside a worker: die with the process `parent`; take this worker's share of the
     parent's `tokenizer_threads`; make batch pixels where they cross to the parent without a
     copy (`images.shared`)."""

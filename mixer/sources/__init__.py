@@ -19,10 +19,23 @@ def read_split(*, entry: FileEntry, text_field: str | None, **kwargs: Any) -> It
     carrying a `DataError` (see `boundary.py`). `text_field` None: the format's default.
     Pre-tokenized formats need `tokenizer=` (a `TokenizerInfo`); the others ignore it."""
     fmt = FORMATS[entry.format]
-    return read_records(fmt, entry=entry, text_field=fmt.text_field(text_field),
-                        **kwargs)
+    return read_records(fmt, entry=entry, text_field=fmt.text_field(text_field), **kwargs)
 
 
-__all__ = ["FORMATS", "IO_STATS", "READERS", "EncodedImage", "EncodedVideo", "FileEntry",
-           "Format", "Record", "SourceTable", "Split", "Storage", "filesystem", "infer_format",
-           "list_source", "read_split"]
+__all__ = [
+    "FORMATS",
+    "IO_STATS",
+    "READERS",
+    "EncodedImage",
+    "EncodedVideo",
+    "FileEntry",
+    "Format",
+    "Record",
+    "SourceTable",
+    "Split",
+    "Storage",
+    "filesystem",
+    "infer_format",
+    "list_source",
+    "read_split",
+]

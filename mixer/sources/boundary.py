@@ -36,23 +36,35 @@ def _invalid_text(text: Any, piece: int = _CHECK_CHARS) -> str | None:
     time)."""
     if not isinstance(text, str):
         return f"text is {type(text).__name__}, not a string"
-    if text.isascii():   # O(1) in CPython; most text is, and cannot hold a surrogate
+    if text.isascii():  # O(1) in CPython; most text is, and cannot hold a surrogate
         return None
     # Encoding to UTF-8 is what finds a surrogate fastest (~7x a regex search), a megabyte
     # of characters at a time.
     for start in range(0, len(text), piece):
         try:
-            (text[start:start + piece] if len(text) > piece else text).encode()
+            (text[start : start + piece] if len(text) > piece else text).encode()
         except UnicodeEncodeError as exc:
-            return (f"text is not valid Unicode (surrogates not allowed at character "
-                    f"{start + exc.start}; e.g. a lone surrogate escape such as \"\\ud800\" "
-                    "in JSON)")
+            return (
+                f"text is not valid Unicode (surrogates not allowed at character "
+                f'{start + exc.start}; e.g. a lone surrogate escape such as "\\ud800" '
+                "in JSON)"
+            )
     return None
 
 
-def read_records(fmt: Format, *, storage: Any, entry: FileEntry, split: Split, source: str,
-                 text_field: str, max_bytes: int, index: int, offset: int,
-                 tokenizer: TokenizerInfo | None = None) -> Iterator[Record]:
+def read_records(
+    fmt: Format,
+    *,
+    storage: Any,
+    entry: FileEntry,
+    split: Split,
+    source: str,
+    text_field: str,
+    max_bytes: int,
+    index: int,
+    offset: int,
+    tokenizer: TokenizerInfo | None = None,
+) -> Iterator[Record]:
     """The reader's records of `split` from a cursor; failures become error records.
 
     `tokenizer` reaches only the readers of pre-tokenized formats (EOS, BOS, vocabulary).
@@ -61,38 +73,69 @@ def read_records(fmt: Format, *, storage: Any, entry: FileEntry, split: Split, s
     position = offset
     extra = {"tokenizer": tokenizer} if fmt.pretokenized else {}
     try:
-        records = fmt.reader(storage=storage, entry=entry, split=split, source=source,
-                             text_field=text_field, max_bytes=max_bytes, index=index,
-                             offset=offset, **extra)
+        records = fmt.reader(
+            storage=storage,
+            entry=entry,
+            split=split,
+            source=source,
+            text_field=text_field,
+            max_bytes=max_bytes,
+            index=index,
+            offset=offset,
+            **extra,
+        )
         for record in records:
             index, position = record.index + 1, record.offset
             if record.error is None and record.tokens is None:
                 why = _invalid_text(record.text)
                 if why is not None:
-                    err = DataError(why, source=source, file=entry.url,
-                                    location=fmt.describe_offset(split, record.offset),
-                                    reason="bad_text")
+                    err = DataError(
+                        why,
+                        source=source,
+                        file=entry.url,
+                        location=fmt.describe_offset(split, record.offset),
+                        reason="bad_text",
+                    )
                     record = Record(record.index, record.offset, None, err)
             yield record
-    except GeneratorExit:   # closed early (or at interpreter exit, when globals are gone)
+    except GeneratorExit:  # closed early (or at interpreter exit, when globals are gone)
         raise
     except DataError as exc:  # raised by storage (not found, changed, retries spent)
         if exc.source is None:
-            exc = DataError(exc.message, source=source, file=entry.url,
-                            location=fmt.describe_offset(split, position), reason=exc.reason)
+            exc = DataError(
+                exc.message,
+                source=source,
+                file=entry.url,
+                location=fmt.describe_offset(split, position),
+                reason=exc.reason,
+            )
         yield Record(index, position, None, exc)
     except Exception as exc:  # anything else a reader or its libraries raise
         message = redact(f"cannot read: {type(exc).__name__}: {exc}", storage.storage_options)
-        yield Record(index, position, None,
-                     DataError(message, source=source, file=entry.url,
-                               location=fmt.describe_offset(split, position),
-                               reason=_reason_of(exc)))
+        yield Record(
+            index,
+            position,
+            None,
+            DataError(
+                message,
+                source=source,
+                file=entry.url,
+                location=fmt.describe_offset(split, position),
+                reason=_reason_of(exc),
+            ),
+        )
 
 
 # What a reader's libraries raise for data that decodes wrongly (the rest: unreadable).
-_CODEC_ERRORS: tuple[type[BaseException], ...] = (zlib.error, zstandard.ZstdError, EOFError,
-                                                   gzip.BadGzipFile, pyarrow.ArrowInvalid,
-                                                   UnicodeError, struct.error)
+_CODEC_ERRORS: tuple[type[BaseException], ...] = (
+    zlib.error,
+    zstandard.ZstdError,
+    EOFError,
+    gzip.BadGzipFile,
+    pyarrow.ArrowInvalid,
+    UnicodeError,
+    struct.error,
+)
 
 
 def _reason_of(exc: BaseException) -> str:

@@ -29,13 +29,19 @@ import numpy as np
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
-HEADER = struct.Struct("<9sQBQQ")   # magic, version, dtype code, sequences, document entries
+HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequences, document entries
 DTYPES: dict[int, np.dtype] = {
-    1: np.dtype(np.uint8), 2: np.dtype(np.int8), 3: np.dtype(np.int16), 4: np.dtype(np.int32),
-    5: np.dtype(np.int64), 6: np.dtype(np.float64), 7: np.dtype(np.float32),
-    8: np.dtype(np.uint16)}
+    1: np.dtype(np.uint8),
+    2: np.dtype(np.int8),
+    3: np.dtype(np.int16),
+    4: np.dtype(np.int32),
+    5: np.dtype(np.int64),
+    6: np.dtype(np.float64),
+    7: np.dtype(np.float32),
+    8: np.dtype(np.uint16),
+}
 CODES = {dtype: code for code, dtype in DTYPES.items()}
-TOKEN_CODES = (1, 3, 4, 5, 8)   # integer dtypes a token file may use (int8 cannot hold ids)
+TOKEN_CODES = (1, 3, 4, 5, 8)  # integer dtypes a token file may use (int8 cannot hold ids)
 
 
 class IndexFormatError(ValueError):
@@ -52,9 +58,9 @@ class Index:
     """A parsed `.idx`: per sequence its length and byte pointer; document boundaries."""
 
     dtype: np.dtype
-    lengths: np.ndarray      # int32[S]
-    pointers: np.ndarray     # int64[S]
-    documents: np.ndarray    # int64[D]
+    lengths: np.ndarray  # int32[S]
+    pointers: np.ndarray  # int64[S]
+    documents: np.ndarray  # int64[D]
 
     @property
     def num_documents(self) -> int:
@@ -81,8 +87,9 @@ def parse_header(data: bytes | memoryview) -> tuple[np.dtype, int, int]:
     """(dtype, sequence count, document-index entries) of an index's first `HEADER.size`
     bytes; `IndexFormatError` says what is wrong."""
     if len(data) < HEADER.size:
-        raise IndexFormatError(f"index is {len(data)} bytes, shorter than its {HEADER.size}-byte "
-                          "header")
+        raise IndexFormatError(
+            f"index is {len(data)} bytes, shorter than its {HEADER.size}-byte header"
+        )
     magic, version, code, sequences, entries = HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise IndexFormatError(f"not a Megatron index: magic {magic!r}, expected {MAGIC!r}")
@@ -93,11 +100,13 @@ def parse_header(data: bytes | memoryview) -> tuple[np.dtype, int, int]:
     return DTYPES[code], sequences, entries
 
 
-def _check(lengths: np.ndarray, pointers: np.ndarray, documents: np.ndarray, first: int,
-           last: int) -> None:
+def _check(
+    lengths: np.ndarray, pointers: np.ndarray, documents: np.ndarray, first: int, last: int
+) -> None:
     """Document indices from `first` to `last` in order; no negative length or pointer."""
-    if len(documents) and (documents[0] != first or documents[-1] != last
-                           or np.any(np.diff(documents) < 0)):
+    if len(documents) and (
+        documents[0] != first or documents[-1] != last or np.any(np.diff(documents) < 0)
+    ):
         raise IndexFormatError("document indices do not run from 0 to the sequence count in order")
     if len(lengths) and (np.any(lengths < 0) or np.any(pointers < 0)):
         raise IndexFormatError("negative sequence length or pointer")
@@ -124,16 +133,17 @@ def read_index_slice(read: Callable[[int, int], bytes], first: int, last: int) -
     returns that range of the `.idx`. The slice's document `d` is the file's `first + d`."""
     dtype, sequences, entries = parse_header(read(0, HEADER.size))
     if not 0 <= first <= last <= entries - 1:
-        raise IndexFormatError(f"documents [{first}, {last}) are not in the index "
-                               f"({max(entries - 1, 0)} documents)")
-    documents = np.frombuffer(read(HEADER.size + sequences * 12 + first * 8,
-                                   (last - first + 1) * 8), np.int64)
+        raise IndexFormatError(
+            f"documents [{first}, {last}) are not in the index ({max(entries - 1, 0)} documents)"
+        )
+    documents = np.frombuffer(
+        read(HEADER.size + sequences * 12 + first * 8, (last - first + 1) * 8), np.int64
+    )
     s0, s1 = int(documents[0]), int(documents[-1])
     if not 0 <= s0 <= s1 <= sequences:
         raise IndexFormatError(f"document indices point past the {sequences} sequences")
     lengths = np.frombuffer(read(HEADER.size + s0 * 4, (s1 - s0) * 4), np.int32)
-    pointers = np.frombuffer(read(HEADER.size + sequences * 4 + s0 * 8, (s1 - s0) * 8),
-                             np.int64)
+    pointers = np.frombuffer(read(HEADER.size + sequences * 4 + s0 * 8, (s1 - s0) * 8), np.int64)
     _check(lengths, pointers, documents, s0, s1)
     return Index(dtype, lengths, pointers, documents - s0)
 

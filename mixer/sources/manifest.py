@@ -23,12 +23,16 @@ from mixer.sources.formats.registry import FORMATS
 from mixer.sources.listing import SourceTable, list_source
 
 MANIFEST_FORMAT = "mixer.manifest"
-MANIFEST_VERSION = 2   # 2: local files' modification times
+MANIFEST_VERSION = 2  # 2: local files' modification times
 
 
 def _key(recipe: Recipe, src: SourceConfig) -> dict[str, Any]:
-    key = {"globs": [recipe.resolve(g) for g in src.globs], "format": src.format,
-           "split_bytes": recipe.split_bytes, "on_error": src.on_error}
+    key = {
+        "globs": [recipe.resolve(g) for g in src.globs],
+        "format": src.format,
+        "split_bytes": recipe.split_bytes,
+        "on_error": src.on_error,
+    }
     if src.token_dtype is not None:
         key["token_dtype"] = src.token_dtype
     return key
@@ -40,15 +44,17 @@ def _row(f: FileEntry) -> list[Any]:
 
 def _pretokenized(files: list[FileEntry]) -> list[list[Any]]:
     """[file number, token dtype, [the `.idx`'s row] or []] of each pre-tokenized file."""
-    return [[i, f.dtype, [] if f.index is None else [_row(f.index)]]
-            for i, f in enumerate(files) if f.dtype or f.index is not None]
+    return [
+        [i, f.dtype, [] if f.index is None else [_row(f.index)]]
+        for i, f in enumerate(files)
+        if f.dtype or f.index is not None
+    ]
 
 
 def _entries(rows: list, pretokenized: list) -> list[FileEntry]:
     files = [FileEntry(*row) for row in rows]
     for i, dtype, index in pretokenized:
-        files[i] = replace(files[i], dtype=dtype,
-                           index=FileEntry(*index[0]) if index else None)
+        files[i] = replace(files[i], dtype=dtype, index=FileEntry(*index[0]) if index else None)
     return files
 
 
@@ -70,9 +76,12 @@ def write_manifest(recipe: Recipe, path: Path) -> dict[str, Any]:
             "skipped": table.skipped,
         }
         known = [s.records for s in table.splits]
-        summary[src.name] = {"files": len(table.files), "splits": len(table.splits),
-                             "bytes": table.total_bytes,
-                             "documents": sum(known) if all(n >= 0 for n in known) else None}
+        summary[src.name] = {
+            "files": len(table.files),
+            "splits": len(table.splits),
+            "bytes": table.total_bytes,
+            "documents": sum(known) if all(n >= 0 for n in known) else None,
+        }
     data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "sources": sources}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -90,11 +99,11 @@ def _known_format(name: str) -> str:
 # Strict scalars (no "12" or true for a size); rows are JSON arrays.
 Count = Annotated[StrictInt, Field(ge=0)]
 Flag = Annotated[StrictInt, Field(ge=0, le=1)]
-Known = Annotated[StrictInt, Field(ge=-1)]        # -1: unknown / not used
+Known = Annotated[StrictInt, Field(ge=-1)]  # -1: unknown / not used
 # url, key, size, format, etag, mtime_ns
 KnownFormat = Annotated[StrictStr, AfterValidator(_known_format)]
 FileRow = tuple[StrictStr, StrictStr, Count, KnownFormat, StrictStr, Count]
-PretokenizedRow = tuple[Count, StrictStr, list[FileRow]]   # file, dtype, [its .idx] or []
+PretokenizedRow = tuple[Count, StrictStr, list[FileRow]]  # file, dtype, [its .idx] or []
 SplitRow = tuple[Count, Count, Count, Known, Flag, Count, Known]  # as Split.to_list() writes
 
 
@@ -118,23 +127,32 @@ def _read(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
         raise RecipeError(f"manifest: cannot read {str(path)!r}: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or data.get(
-            "version") != MANIFEST_VERSION:
-        raise RecipeError(f"manifest: {str(path)!r} is not a version-{MANIFEST_VERSION} mixer "
-                          "manifest; re-run `mixer index`")
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != MANIFEST_FORMAT
+        or data.get("version") != MANIFEST_VERSION
+    ):
+        raise RecipeError(
+            f"manifest: {str(path)!r} is not a version-{MANIFEST_VERSION} mixer "
+            "manifest; re-run `mixer index`"
+        )
     try:
         manifest = _Manifest.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise RecipeError(f"manifest: {str(path)!r} is damaged at "
-                          f"{field_path(tuple(first['loc']))}: {first['msg']}; "
-                          "re-run `mixer index`") from None
+        raise RecipeError(
+            f"manifest: {str(path)!r} is damaged at "
+            f"{field_path(tuple(first['loc']))}: {first['msg']}; "
+            "re-run `mixer index`"
+        ) from None
     for name, saved in manifest.sources.items():
         for field, rows in (("splits", saved.splits), ("pretokenized", saved.pretokenized)):
             bad = next((i for i, row in enumerate(rows) if row[0] >= len(saved.files)), None)
             if bad is not None:
-                raise RecipeError(f"manifest: {str(path)!r} is damaged at sources.{name}."
-                                  f"{field}[{bad}]: no such file; re-run `mixer index`")
+                raise RecipeError(
+                    f"manifest: {str(path)!r} is damaged at sources.{name}."
+                    f"{field}[{bad}]: no such file; re-run `mixer index`"
+                )
     return data
 
 

@@ -24,7 +24,7 @@ from mixer.core.errors import DataError
 from mixer.core.records import FileEntry
 from mixer.core.resources import PerProcess
 
-_fs_cache: PerProcess[Any] = PerProcess()   # one filesystem per process, protocol, options
+_fs_cache: PerProcess[Any] = PerProcess()  # one filesystem per process, protocol, options
 DEFAULT_BLOCK = 8 << 20
 _TAIL_BLOCK = 64 << 10
 
@@ -45,15 +45,20 @@ def filesystem(url: str, storage_options: dict, source: str | None = None) -> tu
         try:
             return fsspec.filesystem(protocol, **_with_env_endpoint(protocol, storage_options))
         except Exception as exc:
-            raise DataError(redact(f"cannot create the {protocol} filesystem: {exc}",
-                                   storage_options), source=source, file=url,
-                            reason="unreadable") from None
+            raise DataError(
+                redact(f"cannot create the {protocol} filesystem: {exc}", storage_options),
+                source=source,
+                file=url,
+                reason="unreadable",
+            ) from None
+
     fs = _fs_cache.get((protocol, repr(sorted(storage_options.items()))), make)
     return fs, fs._strip_protocol(url)
 
 
 def redact(text: str, storage_options: dict) -> str:
     """Replace every secret-looking value of `storage_options` in `text` by ***."""
+
     def values(obj: Any):
         if isinstance(obj, dict):
             for v in obj.values():
@@ -63,6 +68,7 @@ def redact(text: str, storage_options: dict) -> str:
                 yield from values(v)
         elif isinstance(obj, str) and len(obj) >= 4:
             yield obj
+
     for value in sorted(set(values(storage_options)), key=len, reverse=True):
         if "://" not in value:  # endpoints are not secret and make errors readable
             text = text.replace(value, "***")
@@ -112,11 +118,12 @@ class RetryPolicy:
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         # "Full jitter": uniform in [0, min(max, base * 2^attempt)].
-        return rng.uniform(0, min(self.max_delay, self.base_delay * (2 ** attempt)))
+        return rng.uniform(0, min(self.max_delay, self.base_delay * (2**attempt)))
 
 
-def call_with_retries(call: Any, *, describe: str, policy: RetryPolicy, rng: random.Random,
-                      stats: IOStats = IO_STATS) -> Any:
+def call_with_retries(
+    call: Any, *, describe: str, policy: RetryPolicy, rng: random.Random, stats: IOStats = IO_STATS
+) -> Any:
     """`call()` with retries on transient errors; permanent ones and the last failure raise.
 
     Raises `PermissionError`/`FileNotFoundError` as they come, and `TimeoutError` naming
@@ -133,16 +140,27 @@ def call_with_retries(call: Any, *, describe: str, policy: RetryPolicy, rng: ran
             last = exc
         stats.retries += 1
         time.sleep(policy.delay(attempt, rng))
-    raise TimeoutError(f"{describe}: giving up after {policy.attempts} attempts: "
-                       f"{type(last).__name__}: {last}")
+    raise TimeoutError(
+        f"{describe}: giving up after {policy.attempts} attempts: {type(last).__name__}: {last}"
+    )
 
 
 class RangeStream(io.RawIOBase):
     """A seekable read-only view of a remote object through range requests."""
 
-    def __init__(self, fs: Any, url: str, size: int, *, source: str, storage_options: dict,
-                 block_size: int, policy: RetryPolicy, stats: IOStats = IO_STATS,
-                 soft_end: int | None = None) -> None:
+    def __init__(
+        self,
+        fs: Any,
+        url: str,
+        size: int,
+        *,
+        source: str,
+        storage_options: dict,
+        block_size: int,
+        policy: RetryPolicy,
+        stats: IOStats = IO_STATS,
+        soft_end: int | None = None,
+    ) -> None:
         self._fs, self._url, self._size = fs, url, size
         self._source, self._options = source, storage_options
         self._block = block_size
@@ -175,13 +193,18 @@ class RangeStream(io.RawIOBase):
             ahead = self._soft_end - self._pos
             want = min(want, ahead) if ahead > 0 else min(want, _TAIL_BLOCK)
         data = self._fetch(self._pos, self._pos + want)
-        buffer[:len(data)] = data
+        buffer[: len(data)] = data
         self._pos += len(data)
         return len(data)
 
     def _error(self, message: str, offset: int) -> DataError:
-        return DataError(redact(message, self._options), source=self._source, file=self._url,
-                         location=f"byte offset {offset}", reason="unreadable")
+        return DataError(
+            redact(message, self._options),
+            source=self._source,
+            file=self._url,
+            location=f"byte offset {offset}",
+            reason="unreadable",
+        )
 
     def _fetch(self, start: int, end: int) -> bytes:
         def get() -> bytes:
@@ -191,8 +214,9 @@ class RangeStream(io.RawIOBase):
             return data
 
         try:
-            data = call_with_retries(get, describe="read", policy=self._policy,
-                                     rng=self._jitter, stats=self._stats)
+            data = call_with_retries(
+                get, describe="read", policy=self._policy, rng=self._jitter, stats=self._stats
+            )
         except (PermissionError, FileNotFoundError) as exc:
             raise self._error(f"{_failure_kind(exc, 'not found')}: {exc}", start) from None
         except TimeoutError as exc:
@@ -204,8 +228,14 @@ class RangeStream(io.RawIOBase):
 class Storage:
     """Opens the files of one source in this process."""
 
-    def __init__(self, source: str, storage_options: dict, *, block_size: int = DEFAULT_BLOCK,
-                 policy: RetryPolicy | None = None) -> None:
+    def __init__(
+        self,
+        source: str,
+        storage_options: dict,
+        *,
+        block_size: int = DEFAULT_BLOCK,
+        policy: RetryPolicy | None = None,
+    ) -> None:
         self.source = source
         self.storage_options = storage_options
         self.block_size = block_size
@@ -218,9 +248,16 @@ class Storage:
         if isinstance(fs, LocalFileSystem):
             return self._open_local(path, entry)
         self._check_unchanged(fs, entry)
-        raw = RangeStream(fs, entry.url, entry.size, source=self.source,
-                          storage_options=self.storage_options, block_size=self.block_size,
-                          policy=self.policy, soft_end=end_hint)
+        raw = RangeStream(
+            fs,
+            entry.url,
+            entry.size,
+            source=self.source,
+            storage_options=self.storage_options,
+            block_size=self.block_size,
+            policy=self.policy,
+            soft_end=end_hint,
+        )
         return io.BufferedReader(raw, buffer_size=self.block_size)
 
     def _open_local(self, path: str, entry: FileEntry) -> IO[bytes]:
@@ -229,18 +266,29 @@ class Storage:
         try:
             f = open(path, "rb")  # noqa: SIM115  (the caller closes it)
         except OSError as exc:
-            kind = _failure_kind(exc, "cannot open",
-                                 missing="not found (deleted or moved since listing?)")
-            raise DataError(f"{kind}: {exc.strerror or exc}", source=self.source,
-                            file=entry.url, location="byte offset 0", reason="unreadable") from None
+            kind = _failure_kind(
+                exc, "cannot open", missing="not found (deleted or moved since listing?)"
+            )
+            raise DataError(
+                f"{kind}: {exc.strerror or exc}",
+                source=self.source,
+                file=entry.url,
+                location="byte offset 0",
+                reason="unreadable",
+            ) from None
         stat = os.fstat(f.fileno())
         if stat.st_size != entry.size or (entry.mtime_ns and stat.st_mtime_ns != entry.mtime_ns):
             f.close()
-            raise DataError(f"file changed since it was listed or indexed (size {entry.size} -> "
-                            f"{stat.st_size}, modified time {entry.mtime_ns} -> "
-                            f"{stat.st_mtime_ns} ns); re-run `mixer index` or restart from a "
-                            "fresh listing", source=self.source, file=entry.url,
-                            location="byte offset 0", reason="unreadable")
+            raise DataError(
+                f"file changed since it was listed or indexed (size {entry.size} -> "
+                f"{stat.st_size}, modified time {entry.mtime_ns} -> "
+                f"{stat.st_mtime_ns} ns); re-run `mixer index` or restart from a "
+                "fresh listing",
+                source=self.source,
+                file=entry.url,
+                location="byte offset 0",
+                reason="unreadable",
+            )
         return f
 
     def _check_unchanged(self, fs: Any, entry: FileEntry) -> None:
@@ -249,17 +297,30 @@ class Storage:
             return
         fs.invalidate_cache(fs._strip_protocol(entry.url))  # a fresh answer, not the listing's
         try:
-            info = call_with_retries(lambda: fs.info(entry.url), describe="stat",
-                                     policy=self.policy, rng=random.Random(entry.url))
+            info = call_with_retries(
+                lambda: fs.info(entry.url),
+                describe="stat",
+                policy=self.policy,
+                rng=random.Random(entry.url),
+            )
         except Exception as exc:
             kind = _failure_kind(exc, "cannot stat")
-            raise DataError(redact(f"{kind}: {exc}", self.storage_options), source=self.source,
-                            file=entry.url, location="byte offset 0", reason="unreadable") from None
+            raise DataError(
+                redact(f"{kind}: {exc}", self.storage_options),
+                source=self.source,
+                file=entry.url,
+                location="byte offset 0",
+                reason="unreadable",
+            ) from None
         etag = info.get("ETag") or info.get("etag")
         if int(info.get("size") or 0) != entry.size or (entry.etag and etag != entry.etag):
-            raise DataError(f"object changed since it was listed or indexed (size "
-                            f"{entry.size} -> {info.get('size')}, ETag {entry.etag} -> {etag}); "
-                            "re-run `mixer index` or restart from a fresh listing",
-                            source=self.source, file=entry.url, location="byte offset 0",
-                            reason="unreadable")
+            raise DataError(
+                f"object changed since it was listed or indexed (size "
+                f"{entry.size} -> {info.get('size')}, ETag {entry.etag} -> {etag}); "
+                "re-run `mixer index` or restart from a fresh listing",
+                source=self.source,
+                file=entry.url,
+                location="byte offset 0",
+                reason="unreadable",
+            )
         self._checked.add(entry.url)

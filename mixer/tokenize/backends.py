@@ -37,11 +37,9 @@ class Backend(Protocol):
         every id of the call fits, else uint32."""
         ...
 
-    def token_to_id(self, token: str) -> int | None:
-        ...
+    def token_to_id(self, token: str) -> int | None: ...
 
-    def decode(self, ids: list[int]) -> str:
-        ...
+    def decode(self, ids: list[int]) -> str: ...
 
 
 # Encoded documents wait in windows and packers (a stream's chunk, a row's cut tail) until
@@ -72,7 +70,7 @@ class HfBackend:
             if bos is not None:
                 ids.insert(0, bos)
         if self._narrow:
-            try:   # (a C array raises OverflowError on an id that does not fit)
+            try:  # (a C array raises OverflowError on an id that does not fit)
                 return [np.frombuffer(array.array("H", ids), dtype=NARROW) for ids in lists]
             except OverflowError:
                 pass
@@ -100,7 +98,7 @@ class FastokensBackend:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         ids, at = self._flat(texts)
-        return [ids[at[i]:at[i + 1]].tolist() for i in range(len(texts))]
+        return [ids[at[i] : at[i + 1]].tolist() for i in range(len(texts))]
 
     def encode_docs(self, texts: list[str], bos: int | None, eos: int) -> list[np.ndarray]:
         ids, at = self._flat(texts)
@@ -113,7 +111,7 @@ class FastokensBackend:
             doc = np.empty(head + n + 1, dtype=dtype)
             if bos is not None:
                 doc[0] = bos
-            doc[head:head + n] = ids[at[i]:at[i + 1]]
+            doc[head : head + n] = ids[at[i] : at[i + 1]]
             doc[-1] = eos
             out.append(doc)
         return out
@@ -151,6 +149,7 @@ def fastokens_version() -> str | None:
     if fastokens_missing() is not None:
         return None
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("fastokens")
     except PackageNotFoundError:
@@ -192,7 +191,7 @@ def _load_fastokens(file: str, digest: str) -> FastokensBackend:
     set_fastokens_threads()
     try:
         tok = fastokens.Tokenizer.from_file(file)
-    except Exception as exc:   # its ValueError names the component it does not support
+    except Exception as exc:  # its ValueError names the component it does not support
         raise Unavailable(_reason(exc)) from None
     whole_documents(tok)
     held = _fast_loaded[(file, digest)] = FastokensBackend(tok)
@@ -219,8 +218,7 @@ def preload_fastokens(file: str, digest: str) -> None:
     are listed and read; `load_fastokens` waits for it. A failure is left for
     `load_fastokens` to report. Call `finish_preloads` before forking."""
     key = (file, digest)
-    if key in _fast_loaded or key in _fast_loading or importlib.util.find_spec(
-            "fastokens") is None:
+    if key in _fast_loaded or key in _fast_loading or importlib.util.find_spec("fastokens") is None:
         return
 
     def load() -> None:
@@ -228,6 +226,7 @@ def preload_fastokens(file: str, digest: str) -> None:
             _load_fastokens(file, digest)
         except Unavailable:
             pass
+
     # Not a daemon: the interpreter waits for it at exit (a process that ends while fastokens
     # is still parsing, e.g. a script that fails before its first batch, aborts otherwise).
     thread = threading.Thread(target=load, name="mixer-fastokens-load", daemon=False)

@@ -99,7 +99,7 @@ def use_worker_encoding_threads(num_workers: int, budget: int) -> None:
     """
     global _encoding_threads
     _encoding_threads = WORKER_ENCODING_THREADS
-    rayon = bool(os.environ.get("RAYON_NUM_THREADS"))   # (the parent's, as forked)
+    rayon = bool(os.environ.get("RAYON_NUM_THREADS"))  # (the parent's, as forked)
     setting = os.environ.get("TOKENIZERS_PARALLELISM")
     if setting is None or setting.lower() not in _PARALLELISM_OFF:
         os.environ["RAYON_NUM_THREADS"] = str(max(1, budget // max(1, num_workers)))
@@ -124,9 +124,9 @@ def _positive(value: str | None) -> int:
 # but the thread's exit clears it. Every 16 MB of text bounds it near +25 MB a thread, at
 # ~10 % of fastokens' speed (it refills the cache) (docs/benchmarks.md, "Issue 22, round 6").
 FASTOKENS_THREAD_TEXT = 16 << 20
-_rotate_after: int | None = None   # FASTOKENS_THREAD_TEXT once this process uses fastokens
+_rotate_after: int | None = None  # FASTOKENS_THREAD_TEXT once this process uses fastokens
 
-_pools: PerProcess[RotatingPool] = PerProcess()   # by thread count
+_pools: PerProcess[RotatingPool] = PerProcess()  # by thread count
 
 
 def _pool(threads: int) -> RotatingPool:

@@ -24,9 +24,9 @@ class SampledDocument:
     """One sampled document and where it was read, for a mismatch's message."""
 
     source: str
-    number: int      # documents of the source before it, in the sample
+    number: int  # documents of the source before it, in the sample
     file: str
-    where: str       # the format's words for its offset ("line 12", "row 3")
+    where: str  # the format's words for its offset ("line 12", "row 3")
     text: str
 
 
@@ -56,8 +56,9 @@ def _has_text(table: SourceTable) -> bool:
     return bool(table.splits) and any(not FORMATS[f.format].pretokenized for f in table.files)
 
 
-def sample_source(recipe: Any, index: int, table: SourceTable,
-                  tokenizer: TokenizerInfo) -> tuple[list[SampledDocument], int]:
+def sample_source(
+    recipe: Any, index: int, table: SourceTable, tokenizer: TokenizerInfo
+) -> tuple[list[SampledDocument], int]:
     """The source's sampled documents and how many of its first splits they came from."""
     src = recipe.sources[index]
     docs: list[SampledDocument] = []
@@ -68,18 +69,31 @@ def sample_source(recipe: Any, index: int, table: SourceTable,
     for split in table.splits:
         used += 1
         entry = table.files[split.file]
-        records = read_split(storage=storage, entry=entry, split=split, source=src.name,
-                             text_field=src.chosen_text_field,
-                             max_bytes=recipe.max_document_bytes, index=0, offset=0,
-                             tokenizer=tokenizer)
+        records = read_split(
+            storage=storage,
+            entry=entry,
+            split=split,
+            source=src.name,
+            text_field=src.chosen_text_field,
+            max_bytes=recipe.max_document_bytes,
+            index=0,
+            offset=0,
+            tokenizer=tokenizer,
+        )
         try:
             for record in records:
-                if record.text is None:   # an error record, or stored tokens
+                if record.text is None:  # an error record, or stored tokens
                     continue
                 text = record.text[:SAMPLE_BYTES]
-                docs.append(SampledDocument(
-                    src.name, len(docs), entry.url,
-                    FORMATS[entry.format].describe_offset(split, record.offset), text))
+                docs.append(
+                    SampledDocument(
+                        src.name,
+                        len(docs),
+                        entry.url,
+                        FORMATS[entry.format].describe_offset(split, record.offset),
+                        text,
+                    )
+                )
                 size += len(text.encode("utf-8", "surrogatepass"))
                 if size >= SAMPLE_BYTES:
                     break
@@ -90,8 +104,9 @@ def sample_source(recipe: Any, index: int, table: SourceTable,
     return docs, used
 
 
-def sample_sources(recipe: Any, tables: list[SourceTable], tokenizer: TokenizerInfo
-                   ) -> tuple[list[SampledDocument], dict[str, list]]:
+def sample_sources(
+    recipe: Any, tables: list[SourceTable], tokenizer: TokenizerInfo
+) -> tuple[list[SampledDocument], dict[str, list]]:
     """Every source's sample, and per source the ids of the splits it was read from."""
     docs: list[SampledDocument] = []
     sampled: dict[str, list] = {}
@@ -104,9 +119,12 @@ def sample_sources(recipe: Any, tables: list[SourceTable], tokenizer: TokenizerI
 
 def planned_ids(recipe: Any, tables: list[SourceTable]) -> dict[str, list]:
     """Per source, the ids of the splits its sample is expected to read (`planned_splits`)."""
-    return {src.name: ([split_id(table, k) for k in range(planned_splits(table))]
-                       if _has_text(table) else [])
-            for src, table in zip(recipe.sources, tables)}
+    return {
+        src.name: (
+            [split_id(table, k) for k in range(planned_splits(table))] if _has_text(table) else []
+        )
+        for src, table in zip(recipe.sources, tables)
+    }
 
 
 def still_listed(sampled: dict[str, list], recipe: Any, tables: list[SourceTable]) -> bool:

@@ -25,14 +25,34 @@ REPEATS = 10_000
 # (Lt, Zl, Zp, Pi, Pf, Me, Co, Cn); `_categories` adds a stride sample of the whole range for
 # breadth.
 _PICKED = {
-    "Lu": "AZÀΩДՊႠ", "Ll": "azßæωдա", "Lt": "ǅǈǋᾈ", "Lm": "ʰˆーꜝ", "Lo": "אخकกあ中ᄀ",
-    "Mn": "\u0300\u0301\u0308\u05b4\u093c", "Mc": "\u0903\u093e\u0bbe", "Me": "\u20dd\u20de\u0488",
-    "Nd": "09٣९๓０", "Nl": "ⅠⅫ〇ᛮ", "No": "²¼①⑽",
-    "Pc": "_‿⁀", "Pd": "-‐—〜", "Ps": "([{‚⁅", "Pe": ")]}」", "Pi": "«‘“‹", "Pf": "»’”›",
-    "Po": "!?.,;:¡¿。、", "Sm": "+<=>|~±×÷∑√", "Sc": "$¢£¥€₹₿", "Sk": "^`¨¯´˚",
-    "So": "©®°☃♥⚡", "Zs": " \u00a0\u1680\u2000\u2003\u2009\u202f\u205f\u3000", "Zl": "\u2028",
-    "Zp": "\u2029", "Cc": "\x00\x01\x07\x08\x0b\x0c\x1b\x7f\x85\x9f",
-    "Cf": "\u00ad\u180e\u200b\u200c\u200d\u200e\u200f\u2060\ufeff", "Co": "\ue000\uf8ff\U000f0000",
+    "Lu": "AZÀΩДՊႠ",
+    "Ll": "azßæωдա",
+    "Lt": "ǅǈǋᾈ",
+    "Lm": "ʰˆーꜝ",
+    "Lo": "אخकกあ中ᄀ",
+    "Mn": "\u0300\u0301\u0308\u05b4\u093c",
+    "Mc": "\u0903\u093e\u0bbe",
+    "Me": "\u20dd\u20de\u0488",
+    "Nd": "09٣९๓０",
+    "Nl": "ⅠⅫ〇ᛮ",
+    "No": "²¼①⑽",
+    "Pc": "_‿⁀",
+    "Pd": "-‐—〜",
+    "Ps": "([{‚⁅",
+    "Pe": ")]}」",
+    "Pi": "«‘“‹",
+    "Pf": "»’”›",
+    "Po": "!?.,;:¡¿。、",
+    "Sm": "+<=>|~±×÷∑√",
+    "Sc": "$¢£¥€₹₿",
+    "Sk": "^`¨¯´˚",
+    "So": "©®°☃♥⚡",
+    "Zs": " \u00a0\u1680\u2000\u2003\u2009\u202f\u205f\u3000",
+    "Zl": "\u2028",
+    "Zp": "\u2029",
+    "Cc": "\x00\x01\x07\x08\x0b\x0c\x1b\x7f\x85\x9f",
+    "Cf": "\u00ad\u180e\u200b\u200c\u200d\u200e\u200f\u2060\ufeff",
+    "Co": "\ue000\uf8ff\U000f0000",
     "Cn": "\u0378\u0e5c\U0003fffe\U0010ffff",
 }
 GENERAL_CATEGORIES = tuple(_PICKED) + ("Cs",)
@@ -42,8 +62,9 @@ def _categories() -> str:
     """Every category's picked code points, then a stride sample of all planes, each code
     point between two letters and on its own."""
     points = [ch for chars in _PICKED.values() for ch in chars]
-    points += [chr(cp) for cp in range(0x20, 0x110000, 251)
-               if unicodedata.category(chr(cp)) != "Cs"]
+    points += [
+        chr(cp) for cp in range(0x20, 0x110000, 251) if unicodedata.category(chr(cp)) != "Cs"
+    ]
     inline = "".join(f"x{ch}y" for ch in points)
     return inline + " " + " ".join(points)
 
@@ -54,24 +75,42 @@ def _categories() -> str:
 # Unicode (each library carries its own tables). Differential fuzzing found fastokens and
 # `tokenizers` disagreeing on such code points in custom `Split` patterns (docs/benchmarks.md,
 # "Issue 22, round 5"); `_classes` sets each in the contexts where a class decides the split.
-_SPACE_LIKE = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u180e"
-               + "".join(map(chr, range(0x2000, 0x200C))) + "\u2028\u2029\u202f\u205f\u2060"
-               "\u3000\ufeff")
+_SPACE_LIKE = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u180e"
+    + "".join(map(chr, range(0x2000, 0x200C)))
+    + "\u2028\u2029\u202f\u205f\u2060"
+    "\u3000\ufeff"
+)
 _ENCLOSED = ((0x2460, 0x2500), (0x1F100, 0x1F1AE))
-_NEWER_BLOCKS = ((0x105C0, 0x10600), (0x10D40, 0x10D90), (0x11380, 0x11400),
-                 (0x11BC0, 0x11C00), (0x11F00, 0x11F60), (0x16100, 0x16140),
-                 (0x16D40, 0x16D80), (0x1D2C0, 0x1D2E0), (0x1E4D0, 0x1E500),
-                 (0x1E5D0, 0x1E600))
+_NEWER_BLOCKS = (
+    (0x105C0, 0x10600),
+    (0x10D40, 0x10D90),
+    (0x11380, 0x11400),
+    (0x11BC0, 0x11C00),
+    (0x11F00, 0x11F60),
+    (0x16100, 0x16140),
+    (0x16D40, 0x16D80),
+    (0x1D2C0, 0x1D2E0),
+    (0x1E4D0, 0x1E500),
+    (0x1E5D0, 0x1E600),
+)
 
 
 def _classes() -> str:
-    marks_and_numbers = [chr(cp) for cp in range(0x20000)   # (planes 0 and 1 hold them all)
-                         if unicodedata.category(chr(cp)) in ("Mc", "Me", "No")]
-    points = [*_SPACE_LIKE, *marks_and_numbers,
-              *(chr(cp) for lo, hi in (*_ENCLOSED, *_NEWER_BLOCKS) for cp in range(lo, hi))]
+    marks_and_numbers = [
+        chr(cp)
+        for cp in range(0x20000)  # (planes 0 and 1 hold them all)
+        if unicodedata.category(chr(cp)) in ("Mc", "Me", "No")
+    ]
+    points = [
+        *_SPACE_LIKE,
+        *marks_and_numbers,
+        *(chr(cp) for lo, hi in (*_ENCLOSED, *_NEWER_BLOCKS) for cp in range(lo, hi)),
+    ]
     marks = [ch for ch in marks_and_numbers if unicodedata.category(ch) != "No"]
-    return ("".join(f"a{ch}b {ch}'s  {ch}\n {ch}'t 1{ch}2 " for ch in points)
-            + _marks_in_words(marks))
+    return "".join(f"a{ch}b {ch}'s  {ch}\n {ch}'t 1{ch}2 " for ch in points) + _marks_in_words(
+        marks
+    )
 
 
 def _marks_in_words(marks: list[str]) -> str:
@@ -82,31 +121,65 @@ def _marks_in_words(marks: list[str]) -> str:
     out = []
     for mark in marks:
         block = ord(mark) & ~0x7F
-        letters = [chr(b) for b in range(block, block + 0x80)
-                   if unicodedata.category(chr(b)) in ("Lo", "Ll", "Lu")]
-        spread = letters[::max(1, len(letters) // 8)][:8]
+        letters = [
+            chr(b)
+            for b in range(block, block + 0x80)
+            if unicodedata.category(chr(b)) in ("Lo", "Ll", "Lu")
+        ]
+        spread = letters[:: max(1, len(letters) // 8)][:8]
         out += [f"{letter}{mark}{letter}{letter}{mark} " for letter in spread]
     return "".join(out)
 
 
-_EMOJI = ("👨\u200d👩\u200d👧\u200d👦 family, 🏳️\u200d🌈 flag, 👩🏽\u200d💻 coder, "
-          "🧑🏿\u200d🤝\u200d🧑🏻, ❤️\u200d🔥, 🇫🇷🇯🇵🇺🇸🇧🇷 flags, 🏴\U000e0067\U000e0062\U000e0073"
-          "\U000e0063\U000e0074\U000e007f Scotland, 1️⃣ #️⃣ keycaps, 👍🏻👍🏼👍🏽👍🏾👍🏿, ☺︎ vs ☺️, "
-          "😀😃😄😁😆😅🤣😂🙂🙃 in a row, text😀text")
-_CJK = ("中文的句子，没有空格。日本語の文章です、ひらがなとカタカナ。한국어 문장입니다. "
-        "繁體中文與簡体字。全角ＡＢＣ１２３！？　半角ｶﾀｶﾅ。𠮷野家 𩸽 CJK extension B.")
-_RTL = ("العربية: مَرْحَبًا بِالْعَالَم، ١٢٣٤ والأرقام 1234. עברית: שָׁלוֹם עוֹלָם, "
-        "mixed \u200fRTL\u200e and LTR (עם סוגריים) [مع أقواس] ﷺ ﻻ.")
-_INDIC_THAI = ("हिन्दी: नमस्ते दुनिया, क्षत्रिय श्री ज्ञान, ०१२३४५। "
-               "ภาษาไทย: สวัสดีชาวโลกนี่คือประโยคที่ไม่มีช่องว่าง ๑๒๓ ฯลฯ ๆ. "
-               "தமிழ் বাংলা ગુજરાતી ಕನ್ನಡ")
-_COMBINING = ("e\u0301 é, A\u030a Å \u212b, n\u0303 ñ, o\u0308\u0304 ȫ, "
-              "Z\u0351\u0346\u0334a\u0360\u0315\u0337l\u0342\u0327g\u035bo\u0489, "
-              "\u1100\u1161\u11a8 각, ﬁ fi, ① 1, ｶ カ, ℌ H, x\u0338 x\u20d7 q\u0323\u0307")
+_EMOJI = (
+    "👨\u200d👩\u200d👧\u200d👦 family, 🏳️\u200d🌈 flag, 👩🏽\u200d💻 coder, "
+    "🧑🏿\u200d🤝\u200d🧑🏻, ❤️\u200d🔥, 🇫🇷🇯🇵🇺🇸🇧🇷 flags, 🏴\U000e0067\U000e0062\U000e0073"
+    "\U000e0063\U000e0074\U000e007f Scotland, 1️⃣ #️⃣ keycaps, 👍🏻👍🏼👍🏽👍🏾👍🏿, ☺︎ vs ☺️, "
+    "😀😃😄😁😆😅🤣😂🙂🙃 in a row, text😀text"
+)
+_CJK = (
+    "中文的句子，没有空格。日本語の文章です、ひらがなとカタカナ。한국어 문장입니다. "
+    "繁體中文與簡体字。全角ＡＢＣ１２３！？　半角ｶﾀｶﾅ。𠮷野家 𩸽 CJK extension B."
+)
+_RTL = (
+    "العربية: مَرْحَبًا بِالْعَالَم، ١٢٣٤ والأرقام 1234. עברית: שָׁלוֹם עוֹלָם, "
+    "mixed \u200fRTL\u200e and LTR (עם סוגריים) [مع أقواس] ﷺ ﻻ."
+)
+_INDIC_THAI = (
+    "हिन्दी: नमस्ते दुनिया, क्षत्रिय श्री ज्ञान, ०१२३४५। "
+    "ภาษาไทย: สวัสดีชาวโลกนี่คือประโยคที่ไม่มีช่องว่าง ๑๒๓ ฯลฯ ๆ. "
+    "தமிழ் বাংলা ગુજરાતી ಕನ್ನಡ"
+)
+_COMBINING = (
+    "e\u0301 é, A\u030a Å \u212b, n\u0303 ñ, o\u0308\u0304 ȫ, "
+    "Z\u0351\u0346\u0334a\u0360\u0315\u0337l\u0342\u0327g\u035bo\u0489, "
+    "\u1100\u1161\u11a8 각, ﬁ fi, ① 1, ｶ カ, ℌ H, x\u0338 x\u20d7 q\u0323\u0307"
+)
 _NF_WORDS = ("café", "naïve", "Ångström", "Überstraße", "ǅemal", "ﬀlorescent", "한국어")
-_WHITESPACE = ["a\r\nb", "a\nb", "a\rb", "\r\n\r\n", "\n\n\n", "\t", "\t\t\t", "a\tb",
-               "\u00a0", "a\u00a0b", "\u2028", "\u2029", "\u3000", "a\u3000b", "\u2003",
-               "\u200b", "\ufeff", "\x0b", "\x0c", "\x85", " \t \r\n \u00a0\u3000 ", "x "]
+_WHITESPACE = [
+    "a\r\nb",
+    "a\nb",
+    "a\rb",
+    "\r\n\r\n",
+    "\n\n\n",
+    "\t",
+    "\t\t\t",
+    "a\tb",
+    "\u00a0",
+    "a\u00a0b",
+    "\u2028",
+    "\u2029",
+    "\u3000",
+    "a\u3000b",
+    "\u2003",
+    "\u200b",
+    "\ufeff",
+    "\x0b",
+    "\x0c",
+    "\x85",
+    " \t \r\n \u00a0\u3000 ",
+    "x ",
+]
 _CODE = '''def f(x: int) -> int:
 \t"""Docstring."""
     if x <= 0:  # comment
@@ -119,25 +192,28 @@ SELECT id, name FROM users WHERE age >= 18 ORDER BY name;   -- trailing spaces
 {"key": "value", "list": [true, false, null], "nested": {"n": -1.5E+10}}
     \t  indented with tabs and spaces  \t
 '''
-_URLS = ("https://example.com/path/to/page.html?q=hello+world&x=%20%E2%9C%93#frag "
-         "http://user:pass@sub.domain.co.uk:8080/a_b-c~d/ ftp://ftp.example.org/file.tar.gz "
-         "mailto:someone@example.com www.example.com/?utm_source=x&amp;y=1 "
-         "C:\\Users\\name\\file.txt /usr/local/bin/python3 ../relative/path ~/.config "
-         "https://例え.jp/パス?クエリ=値 git@github.com:owner/repo.git")
+_URLS = (
+    "https://example.com/path/to/page.html?q=hello+world&x=%20%E2%9C%93#frag "
+    "http://user:pass@sub.domain.co.uk:8080/a_b-c~d/ ftp://ftp.example.org/file.tar.gz "
+    "mailto:someone@example.com www.example.com/?utm_source=x&amp;y=1 "
+    "C:\\Users\\name\\file.txt /usr/local/bin/python3 ../relative/path ~/.config "
+    "https://例え.jp/パス?クエリ=値 git@github.com:owner/repo.git"
+)
 
 
 def _whitespace() -> str:
     runs = [" " * n for n in (1, 2, 3, 4, 7, 8, 15, 16, 31, 40)]
-    runs += [ch * n for ch in ("\t", "\n", "\r\n", "\u00a0", "\u3000", "\u2028")
-             for n in (1, 2, 5)]
+    runs += [ch * n for ch in ("\t", "\n", "\r\n", "\u00a0", "\u3000", "\u2028") for n in (1, 2, 5)]
     return "word".join(_WHITESPACE + runs) + "  \n"
 
 
 def _digits() -> str:
     long_run = "".join(str((i * 7 + 3) % 10) for i in range(600))
-    return ("0 1 12 123 1234 12345 123456 1234567 3.14159 -2.5e-10 1,000,000 1.000.000,00 "
-            "$1,234.56 50% 2024-01-31T12:34:56Z 192.168.0.1 +1 (555) 010-9999 v1.2.3 "
-            "٠١٢٣٤٥٦٧٨٩ ०१२३४५६७८९ 〇一二三 ⅻ ²³ ½ " + long_run + " " + "9" * 64)
+    return (
+        "0 1 12 123 1234 12345 123456 1234567 3.14159 -2.5e-10 1,000,000 1.000.000,00 "
+        "$1,234.56 50% 2024-01-31T12:34:56Z 192.168.0.1 +1 (555) 010-9999 v1.2.3 "
+        "٠١٢٣٤٥٦٧٨٩ ०१२३४५६७८९ 〇一二三 ⅻ ²³ ½ " + long_run + " " + "9" * 64
+    )
 
 
 def _long_word() -> str:
@@ -183,13 +259,23 @@ def stress_sections(added: list[str], partners: list[str] = ()) -> list[tuple[st
     """(name, text) of each section of the stress text, `added` (the tokenizer's added and
     special tokens) included, each also beside each of `partners` (see `_pairs`); the last
     section is all the others but the pairs joined by newlines."""
-    sections = [("categories", _categories()), ("emoji", _EMOJI), ("cjk", _CJK),
-                ("arabic-hebrew", _RTL), ("devanagari-thai", _INDIC_THAI),
-                ("combining", _COMBINING), ("normal-forms", _normal_forms()),
-                ("whitespace", _whitespace()), ("digits", _digits()), ("code", _CODE),
-                ("urls", _URLS), ("long-word", _long_word()),
-                ("repeats", "a" * REPEATS), ("repeats-multibyte", "é" * REPEATS),
-                ("added-tokens", _added(added))]
+    sections = [
+        ("categories", _categories()),
+        ("emoji", _EMOJI),
+        ("cjk", _CJK),
+        ("arabic-hebrew", _RTL),
+        ("devanagari-thai", _INDIC_THAI),
+        ("combining", _COMBINING),
+        ("normal-forms", _normal_forms()),
+        ("whitespace", _whitespace()),
+        ("digits", _digits()),
+        ("code", _CODE),
+        ("urls", _URLS),
+        ("long-word", _long_word()),
+        ("repeats", "a" * REPEATS),
+        ("repeats-multibyte", "é" * REPEATS),
+        ("added-tokens", _added(added)),
+    ]
     sections.append(("all", "\n".join(text for _, text in sections)))
     # (not in "all": each pair and each class context is a context of its own, and the pairs
     # grow with the added tokens)

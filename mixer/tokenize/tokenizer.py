@@ -54,8 +54,12 @@ def _load(file: str, digest: str) -> Tokenizer:
         off = whole_documents(loaded)
         tok = _loaded.setdefault((file, digest), loaded)
         if off and tok is loaded:
-            log.info("tokenizer %s: its %s turned off (mixer encodes whole documents; "
-                     "packing cuts them)", file, " and ".join(off))
+            log.info(
+                "tokenizer %s: its %s turned off (mixer encodes whole documents; "
+                "packing cuts them)",
+                file,
+                " and ".join(off),
+            )
     return tok
 
 
@@ -72,8 +76,10 @@ def _files(path: Path) -> tuple[Path, dict]:
     if path.is_dir():
         file = path / "tokenizer.json"
         if not file.is_file():
-            raise RecipeError(f"tokenizer: folder {str(path)!r} has no tokenizer.json "
-                              "(only fast tokenizers are supported)")
+            raise RecipeError(
+                f"tokenizer: folder {str(path)!r} has no tokenizer.json "
+                "(only fast tokenizers are supported)"
+            )
         config: dict = {}
         for name in ("special_tokens_map.json", "tokenizer_config.json"):
             extra = path / name
@@ -89,13 +95,14 @@ def _bos_from_post_processor(tok: Tokenizer) -> int | None:
     """The special token the tokenizer's own template puts before every text, if any."""
     plain = tok.encode("a", add_special_tokens=False).ids
     full = tok.encode("a", add_special_tokens=True).ids
-    if len(full) > len(plain) and full[1:1 + len(plain)] == plain:
+    if len(full) > len(plain) and full[1 : 1 + len(plain)] == plain:
         return full[0]
     return None
 
 
-def resolve_tokenizer(path: str, eos_token: str | None = None, *,
-                      info_cache: str | None = None) -> TokenizerInfo:
+def resolve_tokenizer(
+    path: str, eos_token: str | None = None, *, info_cache: str | None = None
+) -> TokenizerInfo:
     """Resolve a tokenizer's metadata and refuse one without an EOS token.
 
     With `info_cache` (a local folder) the resolved ids are kept there under the tokenizer's
@@ -123,8 +130,11 @@ def resolve_tokenizer(path: str, eos_token: str | None = None, *,
 def resolve_recipe_tokenizer(recipe: Any, info_cache: str | None) -> TokenizerInfo:
     """The recipe's tokenizer for a loader: its ids kept in `info_cache`, else in the user's
     cache folder (so a warm start where fastokens encodes loads no `tokenizers` tokenizer)."""
-    return resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token,
-                             info_cache=info_cache or str(user_cache_dir() / "tokenizers"))
+    return resolve_tokenizer(
+        recipe.resolve(recipe.tokenizer),
+        recipe.eos_token,
+        info_cache=info_cache or str(user_cache_dir() / "tokenizers"),
+    )
 
 
 def _resolve(file: Path, config: dict, digest: str, eos_token: str | None) -> TokenizerInfo:
@@ -148,8 +158,10 @@ def _resolve(file: Path, config: dict, digest: str, eos_token: str | None) -> To
         specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
         eos_name = next((c for c in _EOS_CANDIDATES if c in specials), None)
     if eos_name is None:
-        raise RecipeError(f"eos_token: the tokenizer {str(file)!r} defines no EOS token; name one "
-                          "with `eos_token:` in the recipe")
+        raise RecipeError(
+            f"eos_token: the tokenizer {str(file)!r} defines no EOS token; name one "
+            "with `eos_token:` in the recipe"
+        )
     eos_id = lookup(eos_name, "eos_token")
     assert eos_id is not None
     bos_id = None
@@ -161,8 +173,9 @@ def _resolve(file: Path, config: dict, digest: str, eos_token: str | None) -> To
     if pad_name is None:
         pad_name = next((c for c in _PAD_CANDIDATES if c in vocab), None)
     pad_id = vocab[pad_name] if pad_name in vocab else eos_id
-    return TokenizerInfo(str(file), eos_id, bos_id, pad_id, digest,
-                         tok.get_vocab_size(with_added_tokens=True))
+    return TokenizerInfo(
+        str(file), eos_id, bos_id, pad_id, digest, tok.get_vocab_size(with_added_tokens=True)
+    )
 
 
 # -- resolved tokenizers kept by digest --------------------------------------------------------
@@ -179,14 +192,16 @@ def _info_check(fields: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _read_info(stored: Path, file: str, digest: str,
-               eos_token: str | None) -> TokenizerInfo | None:
+def _read_info(stored: Path, file: str, digest: str, eos_token: str | None) -> TokenizerInfo | None:
     """The TokenizerInfo kept in `stored`, or None when it is missing or not trustworthy."""
     try:
         data = json.loads(stored.read_bytes())
         fields = {k: data[k] for k in ("digest", "eos_token", *_INFO_FIELDS)}
-        if data["check"] != _info_check(fields) or fields["digest"] != digest or \
-                fields["eos_token"] != eos_token:
+        if (
+            data["check"] != _info_check(fields)
+            or fields["digest"] != digest
+            or fields["eos_token"] != eos_token
+        ):
             raise ValueError("checksum or key mismatch")
         vocab = fields["vocab_size"]
         ids = [fields["eos_id"], fields["pad_id"]]
@@ -198,14 +213,16 @@ def _read_info(stored: Path, file: str, digest: str,
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         log.debug("tokenizer info %s is unusable (%s); loading the tokenizer", stored, exc)
         return None
-    return TokenizerInfo(file, fields["eos_id"], fields["bos_id"], fields["pad_id"], digest,
-                         vocab)
+    return TokenizerInfo(file, fields["eos_id"], fields["bos_id"], fields["pad_id"], digest, vocab)
 
 
 def _write_info(stored: Path, info: TokenizerInfo, eos_token: str | None) -> None:
     """Keep `info` in `stored` (a unique temporary name renamed into place); best effort."""
-    fields = {"digest": info.digest, "eos_token": eos_token,
-              **{k: getattr(info, k) for k in _INFO_FIELDS}}
+    fields = {
+        "digest": info.digest,
+        "eos_token": eos_token,
+        **{k: getattr(info, k) for k in _INFO_FIELDS},
+    }
     try:
         stored.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(stored, json.dumps({**fields, "check": _info_check(fields)}).encode())
@@ -218,17 +235,22 @@ def load_backend(info: TokenizerInfo) -> Backend:
     if info.backend == "fastokens":
         try:
             return load_fastokens(info.path, info.digest)
-        except Unavailable as exc:   # chosen where it loaded: another machine or install
+        except Unavailable as exc:  # chosen where it loaded: another machine or install
             if info.required:
-                raise RecipeError(f"tokenizer_backend: fastokens cannot encode with "
-                                  f"{info.path!r} in this process: {exc}") from None
-            log.warning("tokenizer backend: tokenizers in process %d (fastokens, chosen "
-                        "where the loader was built, cannot load here: %s; the same ids)",
-                        os.getpid(), exc)
+                raise RecipeError(
+                    f"tokenizer_backend: fastokens cannot encode with "
+                    f"{info.path!r} in this process: {exc}"
+                ) from None
+            log.warning(
+                "tokenizer backend: tokenizers in process %d (fastokens, chosen "
+                "where the loader was built, cannot load here: %s; the same ids)",
+                os.getpid(),
+                exc,
+            )
     return HfBackend(_load(info.path, info.digest))
 
 
-_fell_back: dict[int, object] = {}   # process ids where fastokens raised (logged once)
+_fell_back: dict[int, object] = {}  # process ids where fastokens raised (logged once)
 
 
 class Encoder:
@@ -244,7 +266,7 @@ class Encoder:
         self.info = info
         self._backend: Backend | None = None
         self._pid = -1
-        if info.backend == "fastokens":   # (also in a Ray actor, which verified nothing)
+        if info.backend == "fastokens":  # (also in a Ray actor, which verified nothing)
             use_fastokens_encoding_threads()
 
     def backend(self) -> Backend:
@@ -259,7 +281,7 @@ class Encoder:
             docs = self.backend().encode_docs(texts, bos, eos)
         except BaseException as exc:
             docs = self._reference(exc).encode_docs(texts, bos, eos)
-        FREED_MEMORY.maybe_release()   # (mostly on an encoding thread, off the main one)
+        FREED_MEMORY.maybe_release()  # (mostly on an encoding thread, off the main one)
         return docs
 
     def encode_raw(self, texts: list[str]) -> list[list[int]]:
@@ -274,14 +296,20 @@ class Encoder:
         (e.g. a backtracking regex running out of stack on a megabyte of spaces): the
         reference's ids are the very ids fastokens stands in for, so the stream is the same.
         Any other failure (an interrupt, `tokenizers` itself) is raised."""
-        if (isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit)
-                or self.backend().name != "fastokens"):
+        if (
+            isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit)
+            or self.backend().name != "fastokens"
+        ):
             raise exc
         first = object()
-        if _fell_back.setdefault(os.getpid(), first) is first:   # (atomic: once per process)
-            log.warning("tokenizer backend: fastokens raised %s (%s) on a chunk of documents; "
-                        "it and any other such chunk in this process are encoded with "
-                        "tokenizers (the same ids)", type(exc).__name__, str(exc)[:200])
+        if _fell_back.setdefault(os.getpid(), first) is first:  # (atomic: once per process)
+            log.warning(
+                "tokenizer backend: fastokens raised %s (%s) on a chunk of documents; "
+                "it and any other such chunk in this process are encoded with "
+                "tokenizers (the same ids)",
+                type(exc).__name__,
+                str(exc)[:200],
+            )
         return HfBackend(_load(self.info.path, self.info.digest))
 
     def token_id(self, token: str) -> int | None:

@@ -45,7 +45,7 @@ from mixer.tokenize.stress import STRESS_ID, stress_sections
 from mixer.tokenize.tokenizer import _load as _load_hf
 
 VERDICT_FORMAT = 1
-_CONTEXT = 4   # ids shown on either side of the first mismatch
+_CONTEXT = 4  # ids shown on either side of the first mismatch
 log = logging.getLogger("mixer.tokenizer")
 
 
@@ -68,7 +68,7 @@ class BackendChoice:
     info: TokenizerInfo
     requested: str
     verdict: Verdict | None = None
-    cached: bool = False   # the verdict came from the cache: nothing was encoded
+    cached: bool = False  # the verdict came from the cache: nothing was encoded
 
     def describe(self) -> str:
         """`fastokens (verified on 1,204 documents, 3.1 MB)`, `tokenizers (fastokens:
@@ -79,15 +79,25 @@ class BackendChoice:
         if self.info.backend == "fastokens" and not v.documents:
             return "fastokens (verified on the stress text; no source text)"
         if self.info.backend == "fastokens":
-            size = (f"{v.text_bytes / 1e6:.1f} MB" if v.text_bytes >= 100_000 else
-                    f"{v.text_bytes / 1e3:.1f} KB")
-            return (f"fastokens (verified on {v.documents:,} "
-                    f"document{'' if v.documents == 1 else 's'}, {size})")
+            size = (
+                f"{v.text_bytes / 1e6:.1f} MB"
+                if v.text_bytes >= 100_000
+                else f"{v.text_bytes / 1e3:.1f} KB"
+            )
+            return (
+                f"fastokens (verified on {v.documents:,} "
+                f"document{'' if v.documents == 1 else 's'}, {size})"
+            )
         return f"tokenizers (fastokens: {v.reason})"
 
 
-def resolve_backend(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None, *,
-                    info_cache: str | None = None) -> BackendChoice:
+def resolve_backend(
+    recipe: Any,
+    info: TokenizerInfo,
+    tables: list[SourceTable] | None,
+    *,
+    info_cache: str | None = None,
+) -> BackendChoice:
     """The backend for `recipe` (`info` with `backend` set); `tables` None: the sources could
     not be listed, so only the stress text is checked (and nothing is cached).
 
@@ -98,15 +108,19 @@ def resolve_backend(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] 
         return BackendChoice(dataclasses.replace(info, backend="hf"), wanted)
     verdict, cached = _verdict(recipe, info, tables, info_cache)
     if verdict.ok:
-        use_fastokens_encoding_threads()   # (before the first chunk is handed to the pool)
-        choice = BackendChoice(dataclasses.replace(info, backend="fastokens",
-                                                   required=wanted == "fastokens"),
-                               wanted, verdict, cached)
+        use_fastokens_encoding_threads()  # (before the first chunk is handed to the pool)
+        choice = BackendChoice(
+            dataclasses.replace(info, backend="fastokens", required=wanted == "fastokens"),
+            wanted,
+            verdict,
+            cached,
+        )
         log.info("tokenizer backend: %s", choice.describe())
         return choice
     if wanted == "fastokens":
-        raise RecipeError(f"tokenizer_backend: fastokens is not usable with "
-                          f"{info.path!r}: {verdict.reason}")
+        raise RecipeError(
+            f"tokenizer_backend: fastokens is not usable with {info.path!r}: {verdict.reason}"
+        )
     choice = BackendChoice(dataclasses.replace(info, backend="hf"), wanted, verdict, cached)
     # Not loading is expected (a component fastokens lacks, no wheel); differing ids are not.
     level = logging.WARNING if verdict.reason.startswith("differs") else logging.INFO
@@ -161,9 +175,16 @@ def preload(recipe: Any, info: TokenizerInfo, info_cache: str | None) -> None:
 def _key(recipe: Any, info: TokenizerInfo, version: str, tables: list[SourceTable]) -> str:
     planned = sample.planned_ids(recipe, tables)
     sources = [[s.name, s.format, s.chosen_text_field, planned[s.name]] for s in recipe.sources]
-    material = [VERDICT_FORMAT, STRESS_ID, sample.SAMPLE_BYTES, info.digest, version,
-                tokenizers.__version__,
-                recipe.max_document_bytes, sources]
+    material = [
+        VERDICT_FORMAT,
+        STRESS_ID,
+        sample.SAMPLE_BYTES,
+        info.digest,
+        version,
+        tokenizers.__version__,
+        recipe.max_document_bytes,
+        sources,
+    ]
     return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:24]
 
 
@@ -174,12 +195,15 @@ def _check(fields: dict) -> str:
 def _read(path: Path, key: str) -> tuple[Verdict, dict] | None:
     try:
         data = json.loads(path.read_bytes())
-        fields = {k: data[k] for k in ("key", "ok", "reason", "documents", "text_bytes",
-                                       "sampled")}
+        fields = {k: data[k] for k in ("key", "ok", "reason", "documents", "text_bytes", "sampled")}
         if data["check"] != _check(fields) or fields["key"] != key:
             raise ValueError("checksum or key mismatch")
-        verdict = Verdict(bool(fields["ok"]), str(fields["reason"]), int(fields["documents"]),
-                          int(fields["text_bytes"]))
+        verdict = Verdict(
+            bool(fields["ok"]),
+            str(fields["reason"]),
+            int(fields["documents"]),
+            int(fields["text_bytes"]),
+        )
         return verdict, dict(fields["sampled"])
     except FileNotFoundError:
         return None
@@ -197,8 +221,9 @@ def _write(path: Path, key: str, verdict: Verdict, sampled: dict) -> None:
         log.debug("cannot keep the backend verdict in %s (%s)", path, exc)
 
 
-def _verdict(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None,
-             info_cache: str | None) -> tuple[Verdict, bool]:
+def _verdict(
+    recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None, info_cache: str | None
+) -> tuple[Verdict, bool]:
     """(verdict, whether it was cached) for fastokens on this tokenizer and these sources."""
     version = fastokens_version()
     if version is None:
@@ -213,14 +238,15 @@ def _verdict(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None,
         if held is None:
             held = _read(cache_folder(info_cache) / f"backend-{key}.json", key)
         # (a refusal before any source was sampled, `sampled` empty, holds whatever they list)
-        if held is not None and (not held[0].ok and not held[1]
-                                 or sample.still_listed(held[1], recipe, tables)):
+        if held is not None and (
+            not held[0].ok and not held[1] or sample.still_listed(held[1], recipe, tables)
+        ):
             _verdicts[key] = held
             return held[0], True
     verdict, sampled = verify(recipe, info, tables)
     _verdicts[key] = (verdict, sampled)
     if not verdict.ok and not sampled and _lasting(verdict.reason):
-        key = _tokenizer_key(info, version)   # whatever the sources: `known_refusal`
+        key = _tokenizer_key(info, version)  # whatever the sources: `known_refusal`
         _verdicts[key] = (verdict, sampled)
         _write(cache_folder(info_cache) / f"refused-{key}.json", key, verdict, sampled)
     elif verdict.ok or sampled:
@@ -239,8 +265,9 @@ def _lasting(reason: str) -> bool:
 
 
 # -- verification ------------------------------------------------------------------------------
-def verify(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None
-           ) -> tuple[Verdict, dict[str, list]]:
+def verify(
+    recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None
+) -> tuple[Verdict, dict[str, list]]:
     """Encode the stress text and the sources' samples with both backends (no cache); the
     verdict and the splits sampled. On a thread of its own, which takes with it when it exits
     the words cache fastokens keeps per calling thread (megabytes for a few MB of samples)."""
@@ -248,7 +275,7 @@ def verify(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None
     once = ThreadPoolExecutor(1, thread_name_prefix="mixer-verify")
     try:
         return once.submit(_verify, recipe, info, tables, stop).result()
-    except BaseException:   # (an interrupt, here: the thread stops at its next chunk)
+    except BaseException:  # (an interrupt, here: the thread stops at its next chunk)
         stop.set()
         raise
     finally:
@@ -259,8 +286,9 @@ class _Stopped(Exception):
     """The caller of `verify` was interrupted: the verification gives up."""
 
 
-def _verify(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None,
-            stop: threading.Event) -> tuple[Verdict, dict[str, list]]:
+def _verify(
+    recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None, stop: threading.Event
+) -> tuple[Verdict, dict[str, list]]:
     try:
         fast = load_fastokens(info.path, info.digest)
     except Unavailable as exc:
@@ -277,8 +305,11 @@ def _verify(recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None,
     found = _first_mismatch(hf, fast, [d.text for d in docs], stop)
     if found is not None:
         doc = docs[found[0]]
-        return Verdict(False, f"differs on source {doc.source!r}, document {doc.number} "
-                              f"({doc.file}, {doc.where}), {found[1]}"), sampled
+        return Verdict(
+            False,
+            f"differs on source {doc.source!r}, document {doc.number} "
+            f"({doc.file}, {doc.where}), {found[1]}",
+        ), sampled
     size = sum(len(d.text.encode("utf-8", "surrogatepass")) for d in docs)
     return Verdict(True, "", len(docs), size), sampled
 
@@ -288,8 +319,7 @@ def _check_tokenizer(hf: HfBackend, fast: FastokensBackend) -> str | None:
     for token in _added_tokens(hf):
         ours, theirs = hf.token_to_id(token), fast.token_to_id(token)
         if ours != theirs:
-            return (f"differs on added token {token!r}: tokenizers id {ours}, "
-                    f"fastokens id {theirs}")
+            return f"differs on added token {token!r}: tokenizers id {ours}, fastokens id {theirs}"
     return None
 
 
@@ -298,7 +328,7 @@ def _added_tokens(hf: HfBackend) -> list[str]:
     return [decoder[i].content for i in sorted(decoder)]
 
 
-PAIR_PARTNERS = 16   # at most: every added token is set beside each (see `stress._pairs`)
+PAIR_PARTNERS = 16  # at most: every added token is set beside each (see `stress._pairs`)
 
 
 def _pair_partners(hf: HfBackend) -> list[str]:
@@ -344,8 +374,9 @@ def _stress_mismatch(hf: HfBackend, fast: FastokensBackend, info: TokenizerInfo)
     return why
 
 
-def _first_mismatch(hf: HfBackend, fast: FastokensBackend, texts: list[str],
-                    stop: threading.Event | None = None) -> tuple[int, str] | None:
+def _first_mismatch(
+    hf: HfBackend, fast: FastokensBackend, texts: list[str], stop: threading.Event | None = None
+) -> tuple[int, str] | None:
     """(text index, `character N: tokenizers [...] vs fastokens [...]`) of the first text the
     backends encode differently. fastokens encodes in the chunks `Encoder` uses; `tokenizers`
     one text at a time (no thread pool in this process: DataLoader workers forked later keep
@@ -360,13 +391,13 @@ def _first_mismatch(hf: HfBackend, fast: FastokensBackend, texts: list[str],
             end += 1
         try:
             encoded = fast.encode_batch(texts[at:end])
-        except BaseException as exc:   # (pyo3's PanicException is no Exception)
+        except BaseException as exc:  # (pyo3's PanicException is no Exception)
             why = _raised(exc)
             return next((k for k in range(at, end) if _fails(fast, texts[k])), at), why
         for k, got in enumerate(encoded, start=at):
             try:
                 ref = hf.tok.encode(texts[k], add_special_tokens=False)
-            except BaseException as exc:   # the reference itself fails on this text
+            except BaseException as exc:  # the reference itself fails on this text
                 return k, _raised(exc, "tokenizers")
             if ref.ids != got:
                 return k, _describe(ref, got, len(texts[k]))
@@ -395,5 +426,7 @@ def _describe(ref: Any, got: list[int], chars: int) -> str:
     i = next((k for k, (a, b) in enumerate(zip(ids, got)) if a != b), min(len(ids), len(got)))
     char = ref.offsets[i][0] if i < len(ids) else chars
     lo = max(0, i - _CONTEXT)
-    return (f"character {char:,} (token {i:,}): tokenizers {ids[lo:i + _CONTEXT]} vs "
-            f"fastokens {got[lo:i + _CONTEXT]}")
+    return (
+        f"character {char:,} (token {i:,}): tokenizers {ids[lo : i + _CONTEXT]} vs "
+        f"fastokens {got[lo : i + _CONTEXT]}"
+    )

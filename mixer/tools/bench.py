@@ -16,8 +16,15 @@ def peak_rss_mb() -> float:
     return (own + children) / 1024
 
 
-def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool,
-              metrics_out: str | None = None, metrics_every: int = 1) -> dict[str, Any]:
+def run_bench(
+    recipe: Any,
+    *,
+    batches: int,
+    num_workers: int,
+    progress: bool,
+    metrics_out: str | None = None,
+    metrics_every: int = 1,
+) -> dict[str, Any]:
     """Iterate `batches` batches and measure throughput, latency, memory and shares.
 
     With `metrics_out`, append one JSON line of `loader.metrics()` every `metrics_every`
@@ -36,15 +43,14 @@ def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool,
     got = images = videos = frames = 0
     temporal = recipe.images.temporal_patch_size if recipe.images is not None else 1
     log = MetricsWriter(metrics_out, recipe, every=metrics_every) if metrics_out else None
-    with loader, tqdm(total=batches, disable=not progress, unit="batch",
-                      file=sys.stderr) as bar:
+    with loader, tqdm(total=batches, disable=not progress, unit="batch", file=sys.stderr) as bar:
         for batch in loader:
             if first is None:
                 first = time.perf_counter() - start
             ids = batch["source_ids"].flatten()
-            if "pixel_values" in batch:   # one grid row per image (qwen2_vl), else one crop
+            if "pixel_values" in batch:  # one grid row per image (qwen2_vl), else one crop
                 images += len(batch.get("image_grid_thw", batch["pixel_values"]))
-            if "video_grid_thw" in batch:   # sampled frames: t temporal patches per video
+            if "video_grid_thw" in batch:  # sampled frames: t temporal patches per video
                 videos += len(batch["video_grid_thw"])
                 frames += int(batch["video_grid_thw"][:, 0].sum()) * temporal
             for i, name in enumerate(names):
@@ -61,18 +67,29 @@ def run_bench(recipe: Any, *, batches: int, num_workers: int, progress: bool,
     elapsed = time.perf_counter() - start
     total = sum(counts.values())
     backend = loader.backend.describe() if loader.backend is not None else None
-    result = {"batches": got, "num_workers": num_workers, "tokens": total,
-              "tokenizer_backend": backend,
-              "seconds": elapsed, "tokens_per_s": total / elapsed if elapsed else 0.0,
-              "time_to_first_batch_s": first, "peak_rss_mb": peak_rss_mb(),
-              "share": {n: (counts[n] / total if total else 0.0) for n in names},
-              "weight": _mean_targets(recipe, got), "skipped": metrics["skipped"]}
+    result = {
+        "batches": got,
+        "num_workers": num_workers,
+        "tokens": total,
+        "tokenizer_backend": backend,
+        "seconds": elapsed,
+        "tokens_per_s": total / elapsed if elapsed else 0.0,
+        "time_to_first_batch_s": first,
+        "peak_rss_mb": peak_rss_mb(),
+        "share": {n: (counts[n] / total if total else 0.0) for n in names},
+        "weight": _mean_targets(recipe, got),
+        "skipped": metrics["skipped"],
+    }
     if recipe.images is not None:
-        result.update(images=images, images_per_s=images / elapsed if elapsed else 0.0,
-                      oversize=metrics.get("oversize", {}))
+        result.update(
+            images=images,
+            images_per_s=images / elapsed if elapsed else 0.0,
+            oversize=metrics.get("oversize", {}),
+        )
     if recipe.images is not None and recipe.images.video is not None:
-        result.update(videos=videos, frames=frames,
-                      frames_per_s=frames / elapsed if elapsed else 0.0)
+        result.update(
+            videos=videos, frames=frames, frames_per_s=frames / elapsed if elapsed else 0.0
+        )
     return result
 
 

@@ -17,15 +17,17 @@ from mixer.config.recipe import Recipe
 from mixer.core.errors import DataError
 
 
-def complete(step: int, metrics: dict[str, Any], recipe: Recipe,
-             world_size: int = 1) -> dict[str, Any]:
+def complete(
+    step: int, metrics: dict[str, Any], recipe: Recipe, world_size: int = 1
+) -> dict[str, Any]:
     """A log line: `metrics` plus `global_tokens` and `target_share` when they are absent."""
     line = {"step": step, **metrics}
     if "global_tokens" not in line:
         batch_tokens = recipe.batch_size * recipe.seq_len
         batches = line.get("next_global_batch", line.get("next_global"))
-        line["global_tokens"] = (batches if batches is not None else step * world_size) \
-            * batch_tokens
+        line["global_tokens"] = (
+            batches if batches is not None else step * world_size
+        ) * batch_tokens
     if "target_share" not in line:
         line["target_share"] = dict(zip(recipe.names, recipe.weights_at(line["global_tokens"])))
     return line
@@ -63,16 +65,21 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise DataError(f"cannot read the metrics log: {exc}", file=str(path),
-                        reason="unreadable") from exc
+        raise DataError(
+            f"cannot read the metrics log: {exc}", file=str(path), reason="unreadable"
+        ) from exc
     for number, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
             continue
         try:
             line = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise DataError(f"not JSON ({exc.msg})", file=str(path),
-                            location=f"line {number}", reason="malformed") from None
+            raise DataError(
+                f"not JSON ({exc.msg})",
+                file=str(path),
+                location=f"line {number}",
+                reason="malformed",
+            ) from None
         problem = _problem(line)
         if problem:
             raise DataError(problem, file=str(path), location=f"line {number}", reason="malformed")

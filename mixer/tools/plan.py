@@ -18,9 +18,9 @@ from mixer.config.recipe import Recipe
 from mixer.core.errors import MixerError
 from mixer.runtime.topology import fits, valid_workers
 
-REPEAT_WARNING = 4.0     # epochs; beyond ~4 repeats extra data is worth little (data-constrained
+REPEAT_WARNING = 4.0  # epochs; beyond ~4 repeats extra data is worth little (data-constrained
 #                          scaling, Muennighoff et al. 2023)
-_LINEAR_STEPS = 256      # sub-steps per linear schedule segment (and at least 1/65536 of N:
+_LINEAR_STEPS = 256  # sub-steps per linear schedule segment (and at least 1/65536 of N:
 #                          the midpoint rule is exact for linear weights; sub-steps only
 #                          matter once a capped source is gone and the others renormalize)
 _EPS = 1e-9
@@ -30,13 +30,13 @@ _EPS = 1e-9
 class SourceSize:
     """What the plan needs to know about one source (from `inspect_recipe`'s row)."""
 
-    tokens: float                      # estimated tokens per epoch
+    tokens: float  # estimated tokens per epoch
     bytes: int = 0
     documents: float = 0.0
     splits: int = 1
     read_amplification: float = 1.0
-    compressed_split_bytes: int = 0    # largest split with no access points (0: none)
-    lanes_without_documents: int = 0   # lanes that get none of it in an epoch (striped, few docs)
+    compressed_split_bytes: int = 0  # largest split with no access points (0: none)
+    lanes_without_documents: int = 0  # lanes that get none of it in an epoch (striped, few docs)
 
 
 def simulate(recipe: Recipe, sizes: dict[str, SourceSize], total: int) -> dict[str, Any]:
@@ -47,8 +47,7 @@ def simulate(recipe: Recipe, sizes: dict[str, SourceSize], total: int) -> dict[s
     where no active source has a positive target, or None).
     """
     names = recipe.names
-    caps = [None if s.epochs is None else s.epochs * sizes[s.name].tokens
-            for s in recipe.sources]
+    caps = [None if s.epochs is None else s.epochs * sizes[s.name].tokens for s in recipe.sources]
     supplied = [0.0] * len(names)
     active = [cap is None or cap > 0 for cap in caps]
     runs_out: dict[str, float] = {n: 0.0 for n, a in zip(names, active) if not a}
@@ -79,11 +78,23 @@ def simulate(recipe: Recipe, sizes: dict[str, SourceSize], total: int) -> dict[s
                 runs_out[names[i]] = t
                 after = [w if a else 0.0 for w, a in zip(recipe.weights_at(t), active)]
                 mass = sum(after)
-                events.append({"at_tokens": round(t), "source": names[i], "weights": {
-                    n: round(w / mass, 6) for n, w, a in zip(names, after, active)
-                    if a and mass > 0}})
-    return {"tokens": dict(zip(names, supplied)), "runs_out_at": runs_out,
-            "renormalizations": events, "ends_at": ends_at}
+                events.append(
+                    {
+                        "at_tokens": round(t),
+                        "source": names[i],
+                        "weights": {
+                            n: round(w / mass, 6)
+                            for n, w, a in zip(names, after, active)
+                            if a and mass > 0
+                        },
+                    }
+                )
+    return {
+        "tokens": dict(zip(names, supplied)),
+        "runs_out_at": runs_out,
+        "renormalizations": events,
+        "ends_at": ends_at,
+    }
 
 
 def _next_boundary(recipe: Recipe, t: float, min_step: float) -> float:
@@ -108,14 +119,23 @@ def topology(recipe: Recipe, world_size: int, num_workers: int | None) -> dict[s
     unit = world_size * max(num_workers or 1, 1)
     below = lanes // unit * unit
     valid_lanes = sorted({unit * k for k in (1, 2, 4, 8)} | {below or unit, below + unit})
-    out = {"world_size": world_size, "num_workers": num_workers, "lanes": lanes,
-           "valid_num_workers": valid, "valid_lanes": valid_lanes,
-           "valid": fits(lanes, world_size, num_workers or 0) if num_workers is not None
-           else bool(valid),
-           "lanes_per_rank": lanes / world_size,
-           # Invariant 6: a rank's shares are within a point of the targets after this.
-           "exact_mixture_after_tokens_per_rank":
-               25 * lanes / world_size * recipe.batch_size * recipe.seq_len}
+    out = {
+        "world_size": world_size,
+        "num_workers": num_workers,
+        "lanes": lanes,
+        "valid_num_workers": valid,
+        "valid_lanes": valid_lanes,
+        "valid": fits(lanes, world_size, num_workers or 0)
+        if num_workers is not None
+        else bool(valid),
+        "lanes_per_rank": lanes / world_size,
+        # Invariant 6: a rank's shares are within a point of the targets after this.
+        "exact_mixture_after_tokens_per_rank": 25
+        * lanes
+        / world_size
+        * recipe.batch_size
+        * recipe.seq_len,
+    }
     if num_workers is not None and out["valid"]:
         out["lanes_per_worker"] = lanes // unit
         out["open_streams_per_worker"] = lanes // unit * len(recipe.sources)
@@ -138,8 +158,14 @@ def resume_cost(recipe: Recipe, size: SourceSize) -> int:
     return round(max(window, size.compressed_split_bytes))
 
 
-def plan(recipe: Recipe, tokens: int, *, world_size: int = 1, num_workers: int | None = None,
-         sizes: dict[str, SourceSize] | None = None) -> dict[str, Any]:
+def plan(
+    recipe: Recipe,
+    tokens: int,
+    *,
+    world_size: int = 1,
+    num_workers: int | None = None,
+    sizes: dict[str, SourceSize] | None = None,
+) -> dict[str, Any]:
     """The plan of a run of `tokens` training tokens (JSON-able; keys in docs/recipes.md).
 
     Raises `TopologyError` for a world size or worker count out of range (one that does not
@@ -160,53 +186,81 @@ def plan(recipe: Recipe, tokens: int, *, world_size: int = 1, num_workers: int |
         epochs = got / size.tokens if size.tokens else None
         out_at = sim["runs_out_at"].get(src.name)
         sources[src.name] = {
-            "target_tokens": round(got), "share": got / tokens if tokens else 0.0,
-            "epochs": epochs, "epochs_cap": src.epochs, "tokens_per_epoch": round(size.tokens),
+            "target_tokens": round(got),
+            "share": got / tokens if tokens else 0.0,
+            "epochs": epochs,
+            "epochs_cap": src.epochs,
+            "tokens_per_epoch": round(size.tokens),
             "runs_out_at_tokens": None if out_at is None else round(out_at),
             "read_amplification": size.read_amplification,
-            "resume_bytes_per_stream": resume_cost(recipe, size)}
+            "resume_bytes_per_stream": resume_cost(recipe, size),
+        }
         warnings += _source_warnings(recipe, src, size, epochs, out_at, tokens)
     if sim["ends_at"] is not None:
-        warnings.append(f"the stream ends at {sim['ends_at']:,.0f} tokens, before {tokens:,}: "
-                        "no source with a positive weight is left")
+        warnings.append(
+            f"the stream ends at {sim['ends_at']:,.0f} tokens, before {tokens:,}: "
+            "no source with a positive weight is left"
+        )
     topo = topology(recipe, world_size, num_workers)
     if not topo["valid"]:
-        warnings.append(f"topology: lanes={recipe.lanes} does not fit world_size {world_size}"
-                        f" × num_workers {num_workers or 1}; valid num_workers: "
-                        f"{topo['valid_num_workers'] or 'none'}; valid lanes near it: "
-                        f"{topo['valid_lanes']}")
+        warnings.append(
+            f"topology: lanes={recipe.lanes} does not fit world_size {world_size}"
+            f" × num_workers {num_workers or 1}; valid num_workers: "
+            f"{topo['valid_num_workers'] or 'none'}; valid lanes near it: "
+            f"{topo['valid_lanes']}"
+        )
     per_lane = sum(s["resume_bytes_per_stream"] for s in sources.values())
-    return {"training_tokens": tokens, "planned_tokens": round(sum(sim["tokens"].values())),
-            "ends_at_tokens": None if sim["ends_at"] is None else round(sim["ends_at"]),
-            "schedule": recipe.schedule.interpolate if recipe.schedule else None,
-            "lanes": recipe.lanes, "seq_len": recipe.seq_len, "batch_size": recipe.batch_size,
-            "sources": sources, "renormalizations": sim["renormalizations"],
-            "topology": topo,
-            "resume": {"worst_bytes_per_rank": round(per_lane * recipe.lanes / world_size),
-                       "worst_bytes_all_ranks": per_lane * recipe.lanes},
-            "warnings": warnings}
+    return {
+        "training_tokens": tokens,
+        "planned_tokens": round(sum(sim["tokens"].values())),
+        "ends_at_tokens": None if sim["ends_at"] is None else round(sim["ends_at"]),
+        "schedule": recipe.schedule.interpolate if recipe.schedule else None,
+        "lanes": recipe.lanes,
+        "seq_len": recipe.seq_len,
+        "batch_size": recipe.batch_size,
+        "sources": sources,
+        "renormalizations": sim["renormalizations"],
+        "topology": topo,
+        "resume": {
+            "worst_bytes_per_rank": round(per_lane * recipe.lanes / world_size),
+            "worst_bytes_all_ranks": per_lane * recipe.lanes,
+        },
+        "warnings": warnings,
+    }
 
 
-def _source_warnings(recipe: Recipe, src: Any, size: SourceSize, epochs: float | None,
-                     out_at: float | None, tokens: int) -> list[str]:
+def _source_warnings(
+    recipe: Recipe,
+    src: Any,
+    size: SourceSize,
+    epochs: float | None,
+    out_at: float | None,
+    tokens: int,
+) -> list[str]:
     """What the plan warns of about one source."""
     out: list[str] = []
     if epochs is not None and epochs > REPEAT_WARNING:
-        out.append(f"source {src.name!r} repeats {epochs:.3g} times in {tokens:,} "
-                   f"tokens; beyond ~{REPEAT_WARNING:g} epochs repeated data adds "
-                   "little (data-constrained scaling): add data or lower its weight")
+        out.append(
+            f"source {src.name!r} repeats {epochs:.3g} times in {tokens:,} "
+            f"tokens; beyond ~{REPEAT_WARNING:g} epochs repeated data adds "
+            "little (data-constrained scaling): add data or lower its weight"
+        )
     if out_at is not None and out_at < tokens:
-        out.append(f"source {src.name!r} (epochs: {src.epochs}) runs out at "
-                   f"{out_at:,.0f} tokens, before {tokens:,}; the other sources' "
-                   "weights renormalize from there")
+        out.append(
+            f"source {src.name!r} (epochs: {src.epochs}) runs out at "
+            f"{out_at:,.0f} tokens, before {tokens:,}; the other sources' "
+            "weights renormalize from there"
+        )
     if size.tokens <= 0:
         out.append(f"source {src.name!r} has no tokens in its estimate (empty?)")
     if size.lanes_without_documents:
-        out.append(f"source {src.name!r}: {size.lanes_without_documents} of "
-                   f"{recipe.lanes} lanes get none of its documents (fewer documents "
-                   "per split than the lanes sharing it), so it gets less than its "
-                   "weight and this plan overstates it: give it at least as many "
-                   "files as lanes")
+        out.append(
+            f"source {src.name!r}: {size.lanes_without_documents} of "
+            f"{recipe.lanes} lanes get none of its documents (fewer documents "
+            "per split than the lanes sharing it), so it gets less than its "
+            "weight and this plan overstates it: give it at least as many "
+            "files as lanes"
+        )
     return out
 
 
@@ -215,9 +269,15 @@ def measure(recipe: Recipe) -> dict[str, SourceSize]:
     from mixer.tools.report import inspect_recipe
 
     rows = inspect_recipe(recipe)["sources"]
-    return {row["name"]: SourceSize(
-        tokens=float(row["est_tokens"]), bytes=row["bytes"],
-        documents=float(row["est_documents"]), splits=row["splits"],
-        read_amplification=row["read_amplification"],
-        compressed_split_bytes=row["worst_resume_bytes"],
-        lanes_without_documents=row["lanes_without_documents"]) for row in rows}
+    return {
+        row["name"]: SourceSize(
+            tokens=float(row["est_tokens"]),
+            bytes=row["bytes"],
+            documents=float(row["est_documents"]),
+            splits=row["splits"],
+            read_amplification=row["read_amplification"],
+            compressed_split_bytes=row["worst_resume_bytes"],
+            lanes_without_documents=row["lanes_without_documents"],
+        )
+        for row in rows
+    }

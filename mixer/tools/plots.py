@@ -74,8 +74,9 @@ def report_figure(lines: list[dict[str, Any]]):
     and (when the log has losses) "loss"."""
     plt = _pyplot()
     has_loss = any("loss_by_source" in line or "loss" in line for line in lines)
-    fig, axes = plt.subplots(3 if has_loss else 2, 1, figsize=(9, 10 if has_loss else 7),
-                             sharex=True, squeeze=False)
+    fig, axes = plt.subplots(
+        3 if has_loss else 2, 1, figsize=(9, 10 if has_loss else 7), sharex=True, squeeze=False
+    )
     axes = axes[:, 0]
     x, xlabel = _x(lines)
     colours = {n: f"C{i % 10}" for i, n in enumerate(_names(lines, "tokens"))}
@@ -96,22 +97,36 @@ def _draw_shares(share, lines: list[dict[str, Any]], x: list, colours: dict[str,
     targets = []
     stretches = stretch_shares(lines)
     for name, values in cumulative_shares(lines).items():
-        share.plot(x, stretches[name], color=colours[name], alpha=0.35, linewidth=0.8,
-                   label="_stretch", gid=f"stretch:{name}")   # "_": left out of the legend
-        share.plot(x, values, color=colours[name], linewidth=2.0, label=name,
-                   gid=f"cumulative:{name}")
+        share.plot(
+            x,
+            stretches[name],
+            color=colours[name],
+            alpha=0.35,
+            linewidth=0.8,
+            label="_stretch",
+            gid=f"stretch:{name}",
+        )  # "_": left out of the legend
+        share.plot(
+            x, values, color=colours[name], linewidth=2.0, label=name, gid=f"cumulative:{name}"
+        )
         target = [line.get("target_share", {}).get(name) for line in lines]
         points = [(a, t) for a, t in zip(x, target) if t is not None]
         if len(points) > 1:
             targets.append((points, colours[name]))
     # Targets are one dashed collection, so that the axes' lines are the realized shares.
     if targets:
-        share.add_collection(LineCollection([p for p, _ in targets],
-                                            colors=[c for _, c in targets],
-                                            linestyles="dashed", label="target (dashed)"))
+        share.add_collection(
+            LineCollection(
+                [p for p, _ in targets],
+                colors=[c for _, c in targets],
+                linestyles="dashed",
+                label="target (dashed)",
+            )
+        )
     share.set_ylabel("share of tokens")
-    share.set_title("realized share: cumulative (bold), per logged stretch (light); "
-                    "target (dashed)")
+    share.set_title(
+        "realized share: cumulative (bold), per logged stretch (light); target (dashed)"
+    )
     share.legend(fontsize="small")
 
 
@@ -119,13 +134,23 @@ def _draw_epochs(epochs, lines: list[dict[str, Any]], x: list, colours: dict[str
     epochs.set_label("epochs")
     epoch_names = _names(lines, "epochs")
     for name in epoch_names:
-        epochs.plot(x, [line.get("epochs", {}).get(name, float("nan")) for line in lines],
-                    color=colours.get(name), label=name)
+        epochs.plot(
+            x,
+            [line.get("epochs", {}).get(name, float("nan")) for line in lines],
+            color=colours.get(name),
+            label=name,
+        )
     if epoch_names:
         epochs.legend(fontsize="small")
     else:
-        epochs.text(0.5, 0.5, "this log has no `epochs`", ha="center", va="center",
-                    transform=epochs.transAxes)
+        epochs.text(
+            0.5,
+            0.5,
+            "this log has no `epochs`",
+            ha="center",
+            va="center",
+            transform=epochs.transAxes,
+        )
     epochs.set_ylabel("epochs (completed passes)")
 
 
@@ -133,11 +158,14 @@ def _draw_loss(loss, lines: list[dict[str, Any]], x: list, colours: dict[str, st
     loss.set_label("loss")
     by_source = _names(lines, "loss_by_source")
     for name in by_source:
-        loss.plot(x, [line.get("loss_by_source", {}).get(name, float("nan"))
-                      for line in lines], color=colours.get(name), label=name)
+        loss.plot(
+            x,
+            [line.get("loss_by_source", {}).get(name, float("nan")) for line in lines],
+            color=colours.get(name),
+            label=name,
+        )
     if not by_source:
-        loss.plot(x, [line.get("loss", float("nan")) for line in lines], color="k",
-                  label="loss")
+        loss.plot(x, [line.get("loss", float("nan")) for line in lines], color="k", label="loss")
     loss.set_ylabel("loss")
     loss.legend(fontsize="small")
 

@@ -49,8 +49,10 @@ class VideoRef:
     tokens: int
 
     def __str__(self) -> str:
-        return (f"<video {self.frames}×{self.width}×{self.height} @{self.fps:.3g} fps → "
-                f"{self.tokens} tokens>")
+        return (
+            f"<video {self.frames}×{self.width}×{self.height} @{self.fps:.3g} fps → "
+            f"{self.tokens} tokens>"
+        )
 
 
 class RowRenderer:
@@ -60,36 +62,40 @@ class RowRenderer:
         self.encoder = encoder
         self.vision = getattr(layout, "vision", None)
         self.settings = getattr(layout, "settings", None)
-        self.grids = (batch["image_grid_thw"].tolist() if "image_grid_thw" in batch else None)
+        self.grids = batch["image_grid_thw"].tolist() if "image_grid_thw" in batch else None
         self.next_image = 0
         video = getattr(layout, "video_vision", None)
         self.video_pad = video.placeholder if video is not None else None
         self.video_grids = batch["video_grid_thw"].tolist() if "video_grid_thw" in batch else []
-        self.seconds = (batch["second_per_grid_ts"].tolist() if "second_per_grid_ts" in batch
-                        else None)
+        self.seconds = (
+            batch["second_per_grid_ts"].tolist() if "second_per_grid_ts" in batch else None
+        )
         self.next_video = 0
 
     def _video(self, run: int) -> VideoRef:
         s = self.settings
         index = self.next_video
         t, h, w = self.video_grids[index]
-        fps = (s.temporal_patch_size / self.seconds[index] if self.seconds is not None
-               else s.video.fps)
+        fps = (
+            s.temporal_patch_size / self.seconds[index] if self.seconds is not None else s.video.fps
+        )
         self.next_video += 1
-        return VideoRef(index, t * s.temporal_patch_size, w * s.patch_size, h * s.patch_size,
-                        fps, run)
+        return VideoRef(
+            index, t * s.temporal_patch_size, w * s.patch_size, h * s.patch_size, fps, run
+        )
 
     def _image(self, run: int) -> list[ImageRef]:
         """The image(s) a run of `run` placeholder tokens stands for."""
         s = self.settings
-        if self.grids is not None:   # qwen2_vl: one run per image, delimited
+        if self.grids is not None:  # qwen2_vl: one run per image, delimited
             t, h, w = self.grids[self.next_image]
             refs = [ImageRef(self.next_image, w * s.patch_size, h * s.patch_size, run)]
-        else:                        # llava: fixed-size images, adjacent runs merge
+        else:  # llava: fixed-size images, adjacent runs merge
             side = s.image_size
             per = (side // s.patch_size) ** 2
-            refs = [ImageRef(self.next_image + i, side, side, per)
-                    for i in range(max(run // per, 1))]
+            refs = [
+                ImageRef(self.next_image + i, side, side, per) for i in range(max(run // per, 1))
+            ]
         self.next_image += len(refs)
         return refs
 
@@ -104,8 +110,12 @@ class RowRenderer:
         text: list[int] = []
         image_tokens = i = 0
         while i < len(ids):
-            starts = (bool(before) and ids[i:i + len(before)] == before
-                      and i + len(before) < len(ids) and ids[i + len(before)] in pads)
+            starts = (
+                bool(before)
+                and ids[i : i + len(before)] == before
+                and i + len(before) < len(ids)
+                and ids[i + len(before)] in pads
+            )
             if ids[i] not in pads and not starts:
                 text.append(ids[i])
                 i += 1
@@ -123,7 +133,7 @@ class RowRenderer:
             else:
                 pieces.extend(self._image(k - j))
             image_tokens += k - j
-            i = k + len(after) if ids[k:k + len(after)] == after else k
+            i = k + len(after) if ids[k : k + len(after)] == after else k
         if text:
             pieces.append(self.encoder.decode(text))
         return pieces, image_tokens
@@ -135,7 +145,7 @@ def join(pieces: list[str | ImageRef | VideoRef], chars: int) -> str:
     for piece in pieces:
         text = str(piece)
         if chars and length + len(text) > chars:
-            out.append(text if not isinstance(piece, str) else text[:chars - length])
+            out.append(text if not isinstance(piece, str) else text[: chars - length])
             return "".join(out) + " …"
         out.append(text)
         length += len(text)
@@ -145,8 +155,10 @@ def join(pieces: list[str | ImageRef | VideoRef], chars: int) -> str:
 # -- images from pixel_values ---------------------------------------------------------------
 def _to_uint8(chw: np.ndarray, mean, std) -> np.ndarray:
     """(3, H, W) normalized floats -> (H, W, 3) uint8 (rescale 1/255 and normalize undone)."""
-    rgb = chw * np.asarray(std, np.float32)[:, None, None] + np.asarray(mean, np.float32)[
-        :, None, None]
+    rgb = (
+        chw * np.asarray(std, np.float32)[:, None, None]
+        + np.asarray(mean, np.float32)[:, None, None]
+    )
     return np.clip(np.rint(rgb * 255), 0, 255).astype(np.uint8).transpose(1, 2, 0)
 
 
@@ -165,18 +177,25 @@ def batch_images(batch: dict, layout: BatchLayout) -> list[np.ndarray]:
     if settings is None or "pixel_values" not in batch:
         return []
     pixels = batch["pixel_values"].float().numpy()
-    if "image_grid_thw" not in batch:   # llava: (n, 3, S, S)
+    if "image_grid_thw" not in batch:  # llava: (n, 3, S, S)
         return [_to_uint8(image, settings.image_mean, settings.image_std) for image in pixels]
     out, at = [], 0
     for grid in batch["image_grid_thw"].tolist():
         rows = int(np.prod(grid))
-        out.append(qwen2_vl_image(pixels[at:at + rows], tuple(grid), settings))
+        out.append(qwen2_vl_image(pixels[at : at + rows], tuple(grid), settings))
         at += rows
     return out
 
 
-def save_images(images: list[np.ndarray], refs: list[ImageRef], folder: Path, *, batch: int,
-                row: int, source: str) -> list[Path]:
+def save_images(
+    images: list[np.ndarray],
+    refs: list[ImageRef],
+    folder: Path,
+    *,
+    batch: int,
+    row: int,
+    source: str,
+) -> list[Path]:
     """Write a row's images as PNG: `batch{b}-row{r}-image{i}-{source}.png`, where i is the
     image's index in the batch (its row in `image_grid_thw`, its place in `pixel_values`)."""
     from PIL import Image

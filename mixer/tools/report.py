@@ -39,32 +39,48 @@ def inspect_recipe(recipe: Recipe, *, training_tokens: int = 10**9) -> dict[str,
         else:
             docs = sample["docs_per_byte"] * table.total_bytes
         tokens = docs * sample["tokens_per_doc"]
-        compressed = [s.end - s.start for s in table.splits
-                      if FORMATS[table.files[s.file].format].compression]
-        rows.append({
-            "name": src.name,
-            "files": len(table.files),
-            "splits": len(table.splits),
-            "bytes": table.total_bytes,
-            "est_documents": round(docs),
-            "est_tokens": round(tokens),
-            "weight": round(weight, 6),
-            "epochs_cap": src.epochs,
-            "repeats_per_training_tokens": (weight * training_tokens / tokens) if tokens else None,
-            "read_amplification": read_amplification(len(table.splits), recipe.lanes),
-            "lanes_without_documents": lanes_without_documents(recipe, table, samples),
-            "worst_resume_bytes": max(compressed, default=0),
-            "skipped_at_listing": len(table.skipped),
-        })
+        compressed = [
+            s.end - s.start for s in table.splits if FORMATS[table.files[s.file].format].compression
+        ]
+        rows.append(
+            {
+                "name": src.name,
+                "files": len(table.files),
+                "splits": len(table.splits),
+                "bytes": table.total_bytes,
+                "est_documents": round(docs),
+                "est_tokens": round(tokens),
+                "weight": round(weight, 6),
+                "epochs_cap": src.epochs,
+                "repeats_per_training_tokens": (weight * training_tokens / tokens)
+                if tokens
+                else None,
+                "read_amplification": read_amplification(len(table.splits), recipe.lanes),
+                "lanes_without_documents": lanes_without_documents(recipe, table, samples),
+                "worst_resume_bytes": max(compressed, default=0),
+                "skipped_at_listing": len(table.skipped),
+            }
+        )
         if recipe.images is not None:
             rows[-1].update(_image_columns(sample, docs))
         if recipe.images is not None and recipe.images.video is not None:
             rows[-1].update(_video_columns(sample, docs))
-    return {"training_tokens": training_tokens, "lanes": recipe.lanes, "seq_len": recipe.seq_len,
-            "tokenizer": {"path": info.path, "eos_id": info.eos_id, "bos_id": info.bos_id,
-                          "pad_id": info.pad_id, "vocab_size": info.vocab_size,
-                          "backend": info.backend, "backend_verdict": backend.describe()},
-            "layout": layout.name, "sources": rows}
+    return {
+        "training_tokens": training_tokens,
+        "lanes": recipe.lanes,
+        "seq_len": recipe.seq_len,
+        "tokenizer": {
+            "path": info.path,
+            "eos_id": info.eos_id,
+            "bos_id": info.bos_id,
+            "pad_id": info.pad_id,
+            "vocab_size": info.vocab_size,
+            "backend": info.backend,
+            "backend_verdict": backend.describe(),
+        },
+        "layout": layout.name,
+        "sources": rows,
+    }
 
 
 def _image_columns(sample: dict[str, float], docs: float) -> dict[str, Any]:
@@ -77,8 +93,9 @@ def _image_columns(sample: dict[str, float], docs: float) -> dict[str, Any]:
         "image_tokens_per_doc": tokens_per_doc,
         "est_images": round(docs * per_doc),
         "est_image_tokens": round(docs * tokens_per_doc),
-        "image_token_share": (tokens_per_doc / sample["tokens_per_doc"]
-                              if sample["tokens_per_doc"] else 0.0),
+        "image_token_share": (
+            tokens_per_doc / sample["tokens_per_doc"] if sample["tokens_per_doc"] else 0.0
+        ),
         "sampled_oversize": sample.get("oversize", 0),
         "sampled_rejected": sample.get("rejected", 0),
     }
@@ -90,11 +107,11 @@ def _video_columns(sample: dict[str, float], docs: float) -> dict[str, Any]:
     tokens_per_doc = sample.get("video_tokens_per_doc", 0.0)
     return {
         "videos_per_doc": per_doc,
-        "frames_per_video": (sample.get("video_frames_per_doc", 0.0) / per_doc
-                             if per_doc else 0.0),
+        "frames_per_video": (sample.get("video_frames_per_doc", 0.0) / per_doc if per_doc else 0.0),
         "video_tokens_per_doc": tokens_per_doc,
         "est_videos": round(docs * per_doc),
         "est_video_tokens": round(docs * tokens_per_doc),
-        "video_token_share": (tokens_per_doc / sample["tokens_per_doc"]
-                              if sample["tokens_per_doc"] else 0.0),
+        "video_token_share": (
+            tokens_per_doc / sample["tokens_per_doc"] if sample["tokens_per_doc"] else 0.0
+        ),
     }

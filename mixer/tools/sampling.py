@@ -23,8 +23,8 @@ from mixer.pipeline.slices import stripe
 from mixer.sources import FORMATS, SourceTable, Storage, read_split
 from mixer.tokenize import Encoder
 
-SAMPLE_DOCS = 256     # documents read of a source, shared out over its sampled splits
-SAMPLE_SPLITS = 8     # splits sampled of a source, spread over it
+SAMPLE_DOCS = 256  # documents read of a source, shared out over its sampled splits
+SAMPLE_SPLITS = 8  # splits sampled of a source, spread over it
 _CHUNK = 64
 
 
@@ -32,15 +32,15 @@ _CHUNK = 64
 class SplitSample:
     """The first documents of one split, and how many documents the whole split holds."""
 
-    split: int                       # index into the source table's splits
+    split: int  # index into the source table's splits
     texts: list[str] = field(default_factory=list)
     images: list = field(default_factory=list)
     files: list[str] = field(default_factory=list)
-    stored: list[int] = field(default_factory=list)   # lengths of pre-tokenized documents
-    documents: list[int] = field(default_factory=list)   # record indexes of those read
-    exhausted: bool = True           # read to its end
-    holds: float = 0.0               # documents in the whole split (count or estimate)
-    size: int = 0                    # stored bytes
+    stored: list[int] = field(default_factory=list)  # lengths of pre-tokenized documents
+    documents: list[int] = field(default_factory=list)  # record indexes of those read
+    exhausted: bool = True  # read to its end
+    holds: float = 0.0  # documents in the whole split (count or estimate)
+    size: int = 0  # stored bytes
 
     @property
     def count(self) -> int:
@@ -54,24 +54,32 @@ def sampled_splits(count: int, most: int = SAMPLE_SPLITS) -> list[int]:
     return sorted({round(i * (count - 1) / (most - 1)) for i in range(most)})
 
 
-def sample_source(recipe: Recipe, index: int, table: SourceTable,
-                  encoder: Encoder) -> list[SplitSample]:
+def sample_source(
+    recipe: Recipe, index: int, table: SourceTable, encoder: Encoder
+) -> list[SplitSample]:
     """The first documents of each sampled split of source `index`."""
     src = recipe.sources[index]
     storage = Storage(src.name, src.storage_options)
     chosen = sampled_splits(len(table.splits))
     per_split = -(-SAMPLE_DOCS // max(len(chosen), 1))
-    ratios: dict[str, float] = {}   # decompressed per stored byte, measured once a format
+    ratios: dict[str, float] = {}  # decompressed per stored byte, measured once a format
     samples = []
     for at in chosen:
         split = table.splits[at]
         entry = table.files[split.file]
         sample = SplitSample(at, size=split.end - split.start or entry.size)
         last_offset = 0
-        records = read_split(storage=storage, entry=entry, split=split, source=src.name,
-                             text_field=src.chosen_text_field,
-                             max_bytes=recipe.max_document_bytes, index=0, offset=0,
-                             tokenizer=encoder.info)
+        records = read_split(
+            storage=storage,
+            entry=entry,
+            split=split,
+            source=src.name,
+            text_field=src.chosen_text_field,
+            max_bytes=recipe.max_document_bytes,
+            index=0,
+            offset=0,
+            tokenizer=encoder.info,
+        )
         for record in itertools.islice(records, per_split + 1):
             if sample.count == per_split:
                 sample.exhausted, last_offset = False, record.offset
@@ -83,7 +91,7 @@ def sample_source(recipe: Recipe, index: int, table: SourceTable,
             elif record.tokens is not None:
                 sample.stored.append(len(record.tokens))
             else:
-                continue   # a bad record: not a document
+                continue  # a bad record: not a document
             sample.documents.append(record.index)
         if split.records >= 0:
             sample.holds = float(split.records)
@@ -94,21 +102,30 @@ def sample_source(recipe: Recipe, index: int, table: SourceTable,
                 if entry.format not in ratios:
                     ratios[entry.format] = fmt.compression_ratio(storage, entry)
                 ratio = ratios[entry.format]
-            per_byte = fmt.docs_per_byte(storage, entry, split, sample.count,
-                                         None if sample.exhausted else last_offset, ratio)
+            per_byte = fmt.docs_per_byte(
+                storage,
+                entry,
+                split,
+                sample.count,
+                None if sample.exhausted else last_offset,
+                ratio,
+            )
             sample.holds = per_byte * sample.size
         samples.append(sample)
     return samples
 
 
-def summarize(samples: list[SplitSample], layout: BatchLayout, encoder: Encoder,
-              source: str) -> dict[str, float]:
+def summarize(
+    samples: list[SplitSample], layout: BatchLayout, encoder: Encoder, source: str
+) -> dict[str, float]:
     """Per document: mean tokens (and images), each split's sample weighed by the documents
     the split holds; documents per stored byte over the sampled splits."""
     size = sum(s.size for s in samples)
-    out: dict[str, Any] = {"docs": sum(s.count for s in samples),
-                           "docs_per_byte": sum(s.holds for s in samples) / size if size else 0.0,
-                           "tokens_per_doc": 0.0}
+    out: dict[str, Any] = {
+        "docs": sum(s.count for s in samples),
+        "docs_per_byte": sum(s.holds for s in samples) / size if size else 0.0,
+        "tokens_per_doc": 0.0,
+    }
     read = [s for s in samples if s.count]
     if not read:
         return out
@@ -122,7 +139,7 @@ def summarize(samples: list[SplitSample], layout: BatchLayout, encoder: Encoder,
         else:
             sums.append(_build(builder, s.texts, s.images, s.files))
     weights = [s.holds / s.count for s in read]
-    if not any(weights):   # (nothing says how the splits compare: each document alike)
+    if not any(weights):  # (nothing says how the splits compare: each document alike)
         weights = [1.0] * len(read)
     documents = sum(w * s.count for w, s in zip(weights, read))
 
@@ -138,8 +155,7 @@ def summarize(samples: list[SplitSample], layout: BatchLayout, encoder: Encoder,
     return out
 
 
-def lanes_without_documents(recipe: Recipe, table: SourceTable,
-                            samples: list[SplitSample]) -> int:
+def lanes_without_documents(recipe: Recipe, table: SourceTable, samples: list[SplitSample]) -> int:
     """Lanes that get none of a striped source's documents in any epoch. With fewer splits
     than lanes, lane l reads the split dealt to position l mod n (a different split each
     epoch) and keeps its records whose index mod m is l div n (m: the lanes at that
@@ -158,8 +174,10 @@ def lanes_without_documents(recipe: Recipe, table: SourceTable,
         records = splits[split].records
         return records < 0 or phase < records
 
-    return sum(not any(gives(split, *stripe(lane, lanes, n)) for split in range(n))
-               for lane in range(lanes))
+    return sum(
+        not any(gives(split, *stripe(lane, lanes, n)) for split in range(n))
+        for lane in range(lanes)
+    )
 
 
 def _build(builder: Any, texts: list[str], images: list, files: list[str]) -> dict[str, float]:
@@ -167,8 +185,16 @@ def _build(builder: Any, texts: list[str], images: list, files: list[str]) -> di
     qwen2_vl's `<|vision_start|>`/`<|vision_end|>` count only as sequence tokens) of sampled
     records under an image layout's document `builder`, and how many became no document
     (oversize, or bad)."""
-    out = {"tokens": 0, "images": 0, "image_tokens": 0, "videos": 0, "video_frames": 0,
-           "video_tokens": 0, "oversize": 0, "rejected": 0}
+    out = {
+        "tokens": 0,
+        "images": 0,
+        "image_tokens": 0,
+        "videos": 0,
+        "video_frames": 0,
+        "video_tokens": 0,
+        "oversize": 0,
+        "rejected": 0,
+    }
     for at in range(0, len(texts), _CHUNK):
         stop = at + _CHUNK
         where = [f"{file} (sampled by inspect)" for file in files[at:stop]]

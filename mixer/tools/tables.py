@@ -11,8 +11,10 @@ def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> 
     for row in rows:
         cells.append([_fmt(row[key]) for key, _ in columns])
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in cells]
+    lines = [
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

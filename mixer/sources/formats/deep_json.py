@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 MAX_NESTING = 1024
-SHALLOW = 64   # at most this many '[' and '{': parsed where it is (any stack has that room)
+SHALLOW = 64  # at most this many '[' and '{': parsed where it is (any stack has that room)
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _BRACKET = re.compile(r"[\[\]{}]")
 
@@ -46,8 +46,11 @@ def problem(exc: ValueError, what: str) -> str:
 def loads(data: str | bytes) -> Any:
     """`json.loads(data)`, except that a record nested deeper than MAX_NESTING raises
     `TooDeep`, whatever the depth of the caller's stack."""
-    text = data.decode(json.detect_encoding(data), "surrogatepass") if isinstance(
-        data, bytes | bytearray) else data
+    text = (
+        data.decode(json.detect_encoding(data), "surrogatepass")
+        if isinstance(data, bytes | bytearray)
+        else data
+    )
     if text.count("[") + text.count("{") <= SHALLOW:
         return json.loads(text)
     if nesting(text) > MAX_NESTING:
@@ -83,7 +86,7 @@ def _on_fresh_thread(text: str) -> Any:
     def parse() -> None:
         try:
             out["value"] = json.loads(text)
-        except BaseException as exc:   # handed to the caller's thread
+        except BaseException as exc:  # handed to the caller's thread
             out["error"] = exc
 
     thread = threading.Thread(target=parse, name="mixer-deep-json")

@@ -36,21 +36,22 @@ _ENDED = "Compressed file ended before the end-of-stream marker was reached"
 class GzipStream(PieceReader):
     """The decompressed bytes of every member of a gzip file (see the module docstring)."""
 
-    def __init__(self, raw: IO[bytes], *, read_size: int = 16 << 10,
-                 max_output: int = 64 << 10) -> None:
+    def __init__(
+        self, raw: IO[bytes], *, read_size: int = 16 << 10, max_output: int = 64 << 10
+    ) -> None:
         if read_size < 1 or max_output < 1:
             raise ValueError("read_size and max_output must be positive")
         super().__init__()
         self._raw = raw
         self._read_size = read_size
         self._max_output = max_output
-        self._obj: zlib._Decompress | None = None   # the member's inflater; None between
+        self._obj: zlib._Decompress | None = None  # the member's inflater; None between
         self._crc = 0
-        self._size = 0        # the member's output so far
-        self._members = 0     # members begun
-        self._tail = b""      # input read and not used yet
-        self._eof = False     # the file has ended
-        self._error: BaseException | None = None   # raised again by every later read
+        self._size = 0  # the member's output so far
+        self._members = 0  # members begun
+        self._tail = b""  # input read and not used yet
+        self._eof = False  # the file has ended
+        self._error: BaseException | None = None  # raised again by every later read
 
     def _next_piece(self) -> bytes:
         if self._error is not None:
@@ -101,11 +102,11 @@ class GzipStream(PieceReader):
     def _start_member(self) -> bool:
         """Read the next member's header; False where the file ends (after zero padding)."""
         while True:
-            if self._members:   # zero padding after a member (gzip skips it)
+            if self._members:  # zero padding after a member (gzip skips it)
                 self._tail = self._tail.lstrip(b"\0")
             if len(self._tail) >= len(_MAGIC) or not self._read_more():
                 break
-        if not self._tail:   # (an empty file has no member and reads empty, as with gzip)
+        if not self._tail:  # (an empty file has no member and reads empty, as with gzip)
             return False
         if not self._tail.startswith(_MAGIC):
             raise gzip.BadGzipFile(f"Not a gzipped file ({self._tail[:2]!r})")
@@ -114,12 +115,12 @@ class GzipStream(PieceReader):
         if method != 8:
             raise gzip.BadGzipFile("Unknown compression method")
         self._tail = self._tail[10:]
-        if flags & _FEXTRA:   # (at most 64 KB)
+        if flags & _FEXTRA:  # (at most 64 KB)
             self._need(2)
             size = 2 + struct.unpack("<H", self._tail[:2])[0]
             self._need(size)
             self._tail = self._tail[size:]
-        for flag in (_FNAME, _FCOMMENT):   # zero-terminated, of any length
+        for flag in (_FNAME, _FCOMMENT):  # zero-terminated, of any length
             if flags & flag:
                 self._skip_past_nul()
         if flags & _FHCRC:
@@ -136,7 +137,7 @@ class GzipStream(PieceReader):
             self._tail = b""
             if not self._read_more():
                 raise EOFError(_ENDED)
-        self._tail = self._tail[end + 1:]
+        self._tail = self._tail[end + 1 :]
 
     def _end_member(self) -> None:
         """The member's output is all made: check its CRC-32 and length (gzip's trailer)."""

@@ -75,16 +75,18 @@ def _parse(line: bytes, text_field: str) -> str:
 def _parse_with_json(line: bytes, text_field: str) -> str:
     try:
         decoded = line.decode("utf-8")
-    except UnicodeDecodeError as exc:   # the record's own bytes: counted as bad text
-        raise _BadLine(f"line is not valid UTF-8 ({exc.reason} at byte {exc.start} of the "
-                       "line)", "bad_text") from None
-    if decoded.startswith("\ufeff"):   # a byte-order mark (json.loads of bytes allowed one)
+    except UnicodeDecodeError as exc:  # the record's own bytes: counted as bad text
+        raise _BadLine(
+            f"line is not valid UTF-8 ({exc.reason} at byte {exc.start} of the line)", "bad_text"
+        ) from None
+    if decoded.startswith("\ufeff"):  # a byte-order mark (json.loads of bytes allowed one)
         decoded = decoded[1:]
     try:
-        obj = deep_json.loads(decoded)   # (records nested over 1,024 levels: malformed)
+        obj = deep_json.loads(decoded)  # (records nested over 1,024 levels: malformed)
     except ValueError as exc:
-        raise _BadLine(f"malformed JSON: {deep_json.problem(exc, 'the record')}",
-                       "malformed") from None
+        raise _BadLine(
+            f"malformed JSON: {deep_json.problem(exc, 'the record')}", "malformed"
+        ) from None
     except RecursionError:
         raise _BadLine("malformed JSON: nested too deeply to parse", "malformed") from None
     if not isinstance(obj, dict):
@@ -93,18 +95,30 @@ def _parse_with_json(line: bytes, text_field: str) -> str:
     if not isinstance(text, str):
         if text_field not in obj:
             raise _BadLine(f"missing text field {text_field!r}", "bad_text")
-        raise _BadLine(f"text field {text_field!r} is {type(text).__name__}, not a string",
-                       "bad_text")
+        raise _BadLine(
+            f"text field {text_field!r} is {type(text).__name__}, not a string", "bad_text"
+        )
     return text
 
 
-def _records(stream: IO[bytes], *, entry: FileEntry, source: str, text_field: str,
-             max_bytes: int, index: int, offset: int, end: int | None,
-             compressed: bool, lines: bool = True,
-             consumed: Callable[[], int] | None = None) -> Iterator[Record]:
+def _records(
+    stream: IO[bytes],
+    *,
+    entry: FileEntry,
+    source: str,
+    text_field: str,
+    max_bytes: int,
+    index: int,
+    offset: int,
+    end: int | None,
+    compressed: bool,
+    lines: bool = True,
+    consumed: Callable[[], int] | None = None,
+) -> Iterator[Record]:
     """Records from `offset` while it is below `end`; `lines`: index counts the file's lines;
     `consumed`: the position of the compressed file under `stream`, which each record
     reports."""
+
     def where(line_offset: int) -> str:
         if compressed and lines:
             return f"line {index + 1} (decompressed byte offset {line_offset})"
@@ -116,35 +130,61 @@ def _records(stream: IO[bytes], *, entry: FileEntry, source: str, text_field: st
         try:
             line, size = _read_line(stream, max_bytes)
         except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
-            err = DataError(f"corrupt compressed data after decompressed byte offset {offset}: "
-                            f"{exc}", source=source, file=entry.url, location=where(offset),
-                            reason="corrupt")
+            err = DataError(
+                f"corrupt compressed data after decompressed byte offset {offset}: {exc}",
+                source=source,
+                file=entry.url,
+                location=where(offset),
+                reason="corrupt",
+            )
             yield Record(index, offset, None, err)
             return
         if size == 0:
             return
         stored = consumed() if consumed is not None else -1
         if line is None:
-            err = DataError(f"record longer than max_document_bytes ({max_bytes})",
-                            source=source, file=entry.url, location=where(offset),
-                            reason="too_long")
+            err = DataError(
+                f"record longer than max_document_bytes ({max_bytes})",
+                source=source,
+                file=entry.url,
+                location=where(offset),
+                reason="too_long",
+            )
             yield Record(index, offset, None, err, consumed=stored)
         elif line.strip():
             try:
                 yield Record(index, offset, _parse(line, text_field), consumed=stored)
             except _BadLine as exc:
-                yield Record(index, offset, None,
-                             DataError(str(exc), source=source, file=entry.url,
-                                       location=where(offset), reason=exc.reason),
-                             consumed=stored)
+                yield Record(
+                    index,
+                    offset,
+                    None,
+                    DataError(
+                        str(exc),
+                        source=source,
+                        file=entry.url,
+                        location=where(offset),
+                        reason=exc.reason,
+                    ),
+                    consumed=stored,
+                )
         else:
             index -= 1  # blank lines are not records
         index += 1
         offset += size
 
 
-def read_jsonl(*, storage, entry: FileEntry, split: Split, source: str, text_field: str,
-               max_bytes: int, index: int, offset: int) -> Iterator[Record]:
+def read_jsonl(
+    *,
+    storage,
+    entry: FileEntry,
+    split: Split,
+    source: str,
+    text_field: str,
+    max_bytes: int,
+    index: int,
+    offset: int,
+) -> Iterator[Record]:
     """Records of a plain jsonl split: the lines that *start* inside [split.start, split.end)."""
     end_hint = split.end if split.end < entry.size else None
     with storage.open(entry, end_hint=end_hint) as raw:
@@ -157,9 +197,17 @@ def read_jsonl(*, storage, entry: FileEntry, split: Split, source: str, text_fie
         else:
             offset = max(offset, split.start)
             stream.seek(offset)
-        yield from _records(stream, entry=entry, source=source, text_field=text_field,
-                            max_bytes=max_bytes, index=index, offset=offset, end=split.end,
-                            compressed=False)
+        yield from _records(
+            stream,
+            entry=entry,
+            source=source,
+            text_field=text_field,
+            max_bytes=max_bytes,
+            index=index,
+            offset=offset,
+            end=split.end,
+            compressed=False,
+        )
 
 
 def _skip_to(stream: IO[bytes], offset: int) -> None:
@@ -171,22 +219,43 @@ def _skip_to(stream: IO[bytes], offset: int) -> None:
         remaining -= len(chunk)
 
 
-def _read_compressed(decompressor, *, storage, entry: FileEntry, source: str,
-                     text_field: str, max_bytes: int, index: int,
-                     offset: int) -> Iterator[Record]:
+def _read_compressed(
+    decompressor,
+    *,
+    storage,
+    entry: FileEntry,
+    source: str,
+    text_field: str,
+    max_bytes: int,
+    index: int,
+    offset: int,
+) -> Iterator[Record]:
     whole = Reopenable(lambda: storage.open(entry), decompressor)
     with io.BufferedReader(whole, buffer_size=_BUFFER) as stream:
         try:
             _skip_to(stream, offset)  # no access points: resuming decompresses from the start
         except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
-            err = DataError(f"corrupt compressed data before decompressed byte offset {offset}: "
-                            f"{exc}", source=source, file=entry.url, location=f"line {index + 1}",
-                            reason="corrupt")
+            err = DataError(
+                f"corrupt compressed data before decompressed byte offset {offset}: {exc}",
+                source=source,
+                file=entry.url,
+                location=f"line {index + 1}",
+                reason="corrupt",
+            )
             yield Record(index, offset, None, err)
             return
-        yield from _records(stream, entry=entry, source=source, text_field=text_field,
-                            max_bytes=max_bytes, index=index, offset=offset, end=None,
-                            compressed=True, consumed=whole.file_position)
+        yield from _records(
+            stream,
+            entry=entry,
+            source=source,
+            text_field=text_field,
+            max_bytes=max_bytes,
+            index=index,
+            offset=offset,
+            end=None,
+            compressed=True,
+            consumed=whole.file_position,
+        )
 
 
 def _gzip(raw: IO[bytes]) -> IO[bytes]:
@@ -209,8 +278,17 @@ def read_jsonl_zst(*, split: Split, **kw) -> Iterator[Record]:
     return _read_frames(split=split, **kw)
 
 
-def _read_frames(*, storage, entry: FileEntry, split: Split, source: str, text_field: str,
-                 max_bytes: int, index: int, offset: int) -> Iterator[Record]:
+def _read_frames(
+    *,
+    storage,
+    entry: FileEntry,
+    split: Split,
+    source: str,
+    text_field: str,
+    max_bytes: int,
+    index: int,
+    offset: int,
+) -> Iterator[Record]:
     """A group of zstd frames owns the lines starting in (dstart, dend] (and 0 for the first):
     the line that contains `dstart` belongs to the group before, which reads past its end."""
     with storage.open(entry) as raw:
@@ -226,12 +304,24 @@ def _read_frames(*, storage, entry: FileEntry, split: Split, source: str, text_f
                 else:
                     position = 0
             except (OSError, EOFError, zstandard.ZstdError) as exc:
-                err = DataError(f"corrupt compressed data: {exc}", source=source,
-                                file=entry.url,
-                                location=f"decompressed byte offset {split.dstart}",
-                                reason="corrupt")
+                err = DataError(
+                    f"corrupt compressed data: {exc}",
+                    source=source,
+                    file=entry.url,
+                    location=f"decompressed byte offset {split.dstart}",
+                    reason="corrupt",
+                )
                 yield Record(index, split.dstart, None, err)
                 return
-            yield from _records(stream, entry=entry, source=source, text_field=text_field,
-                                max_bytes=max_bytes, index=index, offset=position,
-                                end=split.dend + 1, compressed=True, lines=False)
+            yield from _records(
+                stream,
+                entry=entry,
+                source=source,
+                text_field=text_field,
+                max_bytes=max_bytes,
+                index=index,
+                offset=position,
+                end=split.dend + 1,
+                compressed=True,
+                lines=False,
+            )

@@ -36,8 +36,10 @@ if TYPE_CHECKING:
 def index_url(url: str) -> str:
     """The `.idx` beside a `.bin`."""
     if not url.lower().endswith(".bin"):
-        raise ValueError("format megatron lists the .bin files of .bin/.idx pairs; this file "
-                         "does not end in .bin")
+        raise ValueError(
+            "format megatron lists the .bin files of .bin/.idx pairs; this file "
+            "does not end in .bin"
+        )
     return url[:-4] + ".idx"
 
 
@@ -58,8 +60,9 @@ def _check_sizes(index: Index, entry: FileEntry) -> None:
     if CODES[index.dtype] not in TOKEN_CODES:
         raise ValueError(f"the index's dtype {index.dtype} cannot hold token ids")
     if index.data_bytes() > entry.size:
-        raise ValueError(f"the .bin has {entry.size} bytes, its index describes "
-                         f"{index.data_bytes()}")
+        raise ValueError(
+            f"the .bin has {entry.size} bytes, its index describes {index.data_bytes()}"
+        )
 
 
 def megatron_splits(req: SplitRequest) -> list[Split]:
@@ -80,16 +83,26 @@ def megatron_splits(req: SplitRequest) -> list[Split]:
     return splits
 
 
-def read_megatron(*, storage, entry: FileEntry, split: Split, source: str, text_field: str,
-                  max_bytes: int, index: int, offset: int,
-                  tokenizer: TokenizerInfo | None = None) -> Iterator[Record]:
+def read_megatron(
+    *,
+    storage,
+    entry: FileEntry,
+    split: Split,
+    source: str,
+    text_field: str,
+    max_bytes: int,
+    index: int,
+    offset: int,
+    tokenizer: TokenizerInfo | None = None,
+) -> Iterator[Record]:
     """Records of documents [split.start, split.end), from document `offset` on resume."""
     info = require_tokenizer(tokenizer, "megatron")
     first = offset if index > 0 else split.start
     if first >= split.end:
         return
-    idx = read_index_slice(functools.partial(read_range, storage, _index_of(entry)), first,
-                           split.end)
+    idx = read_index_slice(
+        functools.partial(read_range, storage, _index_of(entry)), first, split.end
+    )
     _check_sizes(idx, entry)
     itemsize = idx.dtype.itemsize
     # Python ints: per-document numpy scalar access would cost more than the reading.
@@ -103,8 +116,12 @@ def read_megatron(*, storage, entry: FileEntry, split: Split, source: str, text_
             if count == 0:
                 continue
             if count * BYTES_PER_TOKEN > max_bytes:
-                yield Record(index, doc, None, too_long_error(count, max_bytes, source=source,
-                                                              file=entry.url, where=where))
+                yield Record(
+                    index,
+                    doc,
+                    None,
+                    too_long_error(count, max_bytes, source=source, file=entry.url, where=where),
+                )
                 index += 1
                 continue
             parts = []
@@ -113,18 +130,33 @@ def read_megatron(*, storage, entry: FileEntry, split: Split, source: str, text_
                 parts.append(np.frombuffer(f.read(lengths[seq] * itemsize), idx.dtype))
             raw = parts[0] if len(parts) == 1 else np.concatenate(parts)
             if len(raw) != count:
-                raise DataError(f"the .bin ends inside document {doc}", source=source,
-                                file=entry.url, location=where, reason="corrupt")
+                raise DataError(
+                    f"the .bin ends inside document {doc}",
+                    source=source,
+                    file=entry.url,
+                    location=where,
+                    reason="corrupt",
+                )
             bad = first_bad_id(raw, info.vocab_size)
             if bad is not None:
                 start = pointers[s0] // itemsize
-                yield Record(index, doc, None, bad_id_error(
-                    raw, bad, info, source=source, file=entry.url,
-                    where=f"{where}, token offset {start + bad} of the .bin"))
+                yield Record(
+                    index,
+                    doc,
+                    None,
+                    bad_id_error(
+                        raw,
+                        bad,
+                        info,
+                        source=source,
+                        file=entry.url,
+                        where=f"{where}, token offset {start + bad} of the .bin",
+                    ),
+                )
                 index += 1
                 continue
             tokens = finish_document(raw, info)
             if tokens is None:
-                continue   # only EOS/BOS: empty, skipped like a blank line
+                continue  # only EOS/BOS: empty, skipped like a blank line
             yield Record(index, doc, None, tokens=tokens, chars=BYTES_PER_TOKEN * len(tokens))
             index += 1

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 _MAGIC = b"\x93NUMPY"
 _CHUNK_TOKENS = 1 << 20
-_TAIL_TOKENS = 1 << 14   # past a split's end only the rest of one document is needed
+_TAIL_TOKENS = 1 << 14  # past a split's end only the rest of one document is needed
 
 
 @dataclass(frozen=True)
@@ -80,21 +80,28 @@ def layout(storage, entry: FileEntry) -> Layout:
         offset, dtype, count = _header(storage, entry, head)
         name = next((n for n, d in TOKEN_DTYPES.items() if d == dtype), None)
         if name is None:
-            raise ValueError(f"the array's dtype is {dtype.str}; token arrays are uint16 or "
-                             "uint32 (little-endian)")
+            raise ValueError(
+                f"the array's dtype is {dtype.str}; token arrays are uint16 or "
+                "uint32 (little-endian)"
+            )
         if entry.dtype and entry.dtype != name:
-            raise ValueError(f"the file's header says {name} but the source's token_dtype is "
-                             f"{entry.dtype}")
+            raise ValueError(
+                f"the file's header says {name} but the source's token_dtype is {entry.dtype}"
+            )
         if offset + count * dtype.itemsize > entry.size:
             raise ValueError(f"file is truncated: its header promises {count} tokens")
         return Layout(offset, dtype, count)
     if not entry.dtype:
-        raise ValueError("a headerless .npy (a raw token array, as OLMo writes them): set the "
-                         "source's token_dtype (uint16 or uint32)")
+        raise ValueError(
+            "a headerless .npy (a raw token array, as OLMo writes them): set the "
+            "source's token_dtype (uint16 or uint32)"
+        )
     dtype = TOKEN_DTYPES[entry.dtype]
     if entry.size % dtype.itemsize:
-        raise ValueError(f"file size {entry.size} is not a multiple of {dtype.itemsize} bytes "
-                         f"({entry.dtype} tokens)")
+        raise ValueError(
+            f"file size {entry.size} is not a multiple of {dtype.itemsize} bytes "
+            f"({entry.dtype} tokens)"
+        )
     return Layout(0, dtype, entry.size // dtype.itemsize)
 
 
@@ -103,31 +110,39 @@ def npy_splits(req: SplitRequest) -> list[Split]:
     lay = layout(req.storage, req.entry)
     size = lay.dtype.itemsize
     step = max(req.split_bytes // size, 1)
-    return [Split(req.index, lay.offset + t * size, lay.offset + min(t + step, lay.count) * size)
-            for t in range(0, lay.count, step)]
+    return [
+        Split(req.index, lay.offset + t * size, lay.offset + min(t + step, lay.count) * size)
+        for t in range(0, lay.count, step)
+    ]
 
 
-def _documents(f: IO[bytes], lay: Layout, start: int, soft_end: int, eos: int,
-               max_tokens: int) -> Iterator[tuple[int, np.ndarray | None, int]]:
+def _documents(
+    f: IO[bytes], lay: Layout, start: int, soft_end: int, eos: int, max_tokens: int
+) -> Iterator[tuple[int, np.ndarray | None, int]]:
     """(byte offset, ids or None when longer than `max_tokens`, token count) of each document
     from byte `start`: up to and including its EOS, or to the end of the array."""
     size = lay.dtype.itemsize
     f.seek(start)
     at, doc_start, pending, count = start, start, [], 0
     while at < lay.end:
-        want = (min(_CHUNK_TOKENS * size, soft_end - at) if at < soft_end
-                else _TAIL_TOKENS * size)
+        want = min(_CHUNK_TOKENS * size, soft_end - at) if at < soft_end else _TAIL_TOKENS * size
         data = f.read(min(want, lay.end - at))
         if not data:
-            raise DataError(f"file ends at byte {at}, before the {lay.count} tokens it holds",
-                            reason="corrupt")
+            raise DataError(
+                f"file ends at byte {at}, before the {lay.count} tokens it holds", reason="corrupt"
+            )
         chunk = np.frombuffer(data, lay.dtype)
         at += len(data)
         cut = 0
         for stop in np.flatnonzero(chunk == eos) + 1:
             count += int(stop) - cut
-            ids = None if count > max_tokens else (
-                chunk[cut:stop] if not pending else np.concatenate([*pending, chunk[cut:stop]]))
+            ids = (
+                None
+                if count > max_tokens
+                else (
+                    chunk[cut:stop] if not pending else np.concatenate([*pending, chunk[cut:stop]])
+                )
+            )
             yield doc_start, ids, count
             doc_start += count * size
             pending, count, cut = [], 0, int(stop)
@@ -137,9 +152,18 @@ def _documents(f: IO[bytes], lay: Layout, start: int, soft_end: int, eos: int,
         yield doc_start, (None if count > max_tokens else np.concatenate(pending)), count
 
 
-def read_npy(*, storage, entry: FileEntry, split: Split, source: str, text_field: str,
-             max_bytes: int, index: int, offset: int,
-             tokenizer: TokenizerInfo | None = None) -> Iterator[Record]:
+def read_npy(
+    *,
+    storage,
+    entry: FileEntry,
+    split: Split,
+    source: str,
+    text_field: str,
+    max_bytes: int,
+    index: int,
+    offset: int,
+    tokenizer: TokenizerInfo | None = None,
+) -> Iterator[Record]:
     """Records of the documents that start in [split.start, split.end)."""
     info = require_tokenizer(tokenizer, "npy")
     lay = layout(storage, entry)
@@ -147,11 +171,16 @@ def read_npy(*, storage, entry: FileEntry, split: Split, source: str, text_field
     resume = index > 0 or offset > split.start
     start = offset if resume else split.start
     # A document that starts before the split (no EOS just before it) is the previous one's.
-    skip_first = not resume and start > lay.offset and int(np.frombuffer(
-        read_range(storage, entry, start - size, size), lay.dtype)[0]) != info.eos_id
+    skip_first = (
+        not resume
+        and start > lay.offset
+        and int(np.frombuffer(read_range(storage, entry, start - size, size), lay.dtype)[0])
+        != info.eos_id
+    )
     with storage.open(entry, end_hint=split.end) as f:
-        docs = _documents(f, lay, start, split.end, info.eos_id,
-                          max(max_bytes // BYTES_PER_TOKEN, 1))
+        docs = _documents(
+            f, lay, start, split.end, info.eos_id, max(max_bytes // BYTES_PER_TOKEN, 1)
+        )
         for at, ids, count in docs:
             if skip_first:
                 skip_first = False
@@ -160,21 +189,30 @@ def read_npy(*, storage, entry: FileEntry, split: Split, source: str, text_field
                 return
             where = f"token offset {lay.token(at)} (byte offset {at})"
             if ids is None:
-                error = too_long_error(count, max_bytes, source=source, file=entry.url,
-                                       where=where)
+                error = too_long_error(count, max_bytes, source=source, file=entry.url, where=where)
                 yield Record(index, at, None, error)
                 index += 1
                 continue
             bad = first_bad_id(ids, info.vocab_size)
             if bad is not None:
-                yield Record(index, at, None, bad_id_error(
-                    ids, bad, info, source=source, file=entry.url,
-                    where=f"token offset {lay.token(at) + bad} (byte offset {at + bad * size})"))
+                yield Record(
+                    index,
+                    at,
+                    None,
+                    bad_id_error(
+                        ids,
+                        bad,
+                        info,
+                        source=source,
+                        file=entry.url,
+                        where=f"token offset {lay.token(at) + bad} (byte offset {at + bad * size})",
+                    ),
+                )
                 index += 1
                 continue
             # (A copy: a view would keep the whole read chunk alive while the document waits.)
             tokens = finish_document(ids.copy() if ids.base is not None else ids, info)
             if tokens is None:
-                continue   # two EOS in a row: an empty document, skipped like a blank line
+                continue  # two EOS in a row: an empty document, skipped like a blank line
             yield Record(index, at, None, tokens=tokens, chars=BYTES_PER_TOKEN * len(tokens))
             index += 1

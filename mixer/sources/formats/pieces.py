@@ -14,7 +14,7 @@ class PieceReader(io.RawIOBase):
     def __init__(self) -> None:
         super().__init__()
         self._out = b""
-        self._at = 0   # bytes of `_out` already handed out (no copy of the rest per read)
+        self._at = 0  # bytes of `_out` already handed out (no copy of the rest per read)
 
     def readable(self) -> bool:
         return True
@@ -27,7 +27,7 @@ class PieceReader(io.RawIOBase):
             if not self._out:
                 return 0
         size = min(len(buffer), len(self._out) - self._at)
-        buffer[:size] = memoryview(self._out)[self._at:self._at + size]
+        buffer[:size] = memoryview(self._out)[self._at : self._at + size]
         self._at += size
         return size
 

@@ -25,11 +25,11 @@ from mixer.sources.storage import Storage
 class SplitRequest:
     """What cutting one file into splits may use."""
 
-    index: int            # the file's index in its source's file list
+    index: int  # the file's index in its source's file list
     entry: FileEntry
     storage: Storage
-    split_bytes: int      # target size of byte-range splits
-    deep: bool            # `mixer index`: may read whole files (zstd frame scans)
+    split_bytes: int  # target size of byte-range splits
+    deep: bool  # `mixer index`: may read whole files (zstd frame scans)
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,10 @@ class Format:
     reader: Reader
     splits: Callable[[SplitRequest], list[Split]]
     default_text_field: str = "text"
-    compression: str | None = None   # "gzip" | "zstd": whole-file resume decompresses
+    compression: str | None = None  # "gzip" | "zstd": whole-file resume decompresses
     offset_unit: str = "byte offset"
-    pretokenized: bool = False   # records carry token ids; the reader takes `tokenizer`
-    companion: Callable[[str], str] | None = None   # URL of a file listed with each file
+    pretokenized: bool = False  # records carry token ids; the reader takes `tokenizer`
+    companion: Callable[[str], str] | None = None  # URL of a file listed with each file
 
     def text_field(self, chosen: str | None) -> str:
         """The field a source's texts are read from: the recipe's `text_field`, else this
@@ -59,8 +59,15 @@ class Format:
             return f"row group {split.start}, row {offset}"
         return f"{self.offset_unit} {offset}"
 
-    def docs_per_byte(self, storage: Storage, entry: FileEntry, split: Split, docs: int,
-                      end_offset: int | None, ratio: float | None = None) -> float:
+    def docs_per_byte(
+        self,
+        storage: Storage,
+        entry: FileEntry,
+        split: Split,
+        docs: int,
+        end_offset: int | None,
+        ratio: float | None = None,
+    ) -> float:
         """Documents per stored byte, estimated from `docs` documents read from the start of
         `split` up to `end_offset` (None: the whole split was read). A compressed file read
         in part is scaled by `ratio` (decompressed bytes per stored byte; measured on the
@@ -68,8 +75,8 @@ class Format:
         if self.compression is None:
             span = (split.end if end_offset is None else end_offset) - split.start
             return docs / max(span, 1)
-        frames = split.dend >= 0   # (offsets are decompressed bytes from the file's start)
-        if end_offset is None:   # the whole split was read
+        frames = split.dend >= 0  # (offsets are decompressed bytes from the file's start)
+        if end_offset is None:  # the whole split was read
             return docs / max(split.end - split.start if frames else entry.size, 1)
         if frames:
             ratio = (split.dend - split.dstart) / max(split.end - split.start, 1)
@@ -78,14 +85,13 @@ class Format:
             ratio = self.compression_ratio(storage, entry)
         return docs / max(end_offset, 1) * ratio
 
-    def compression_ratio(self, storage: Storage, entry: FileEntry,
-                          probe: int = 1 << 20) -> float:
+    def compression_ratio(self, storage: Storage, entry: FileEntry, probe: int = 1 << 20) -> float:
         """Decompressed bytes per stored byte, measured on the file's first `probe` bytes."""
         if self.compression is None:
             return 1.0
         with storage.open(entry) as f:
             head = f.read(probe)
-        cap = 64 * probe   # a bomb's probe must not decompress to gigabytes
+        cap = 64 * probe  # a bomb's probe must not decompress to gigabytes
         if self.compression == "gzip":
             inflate = zlib.decompressobj(wbits=47)
             out = len(inflate.decompress(head, cap))
@@ -93,19 +99,22 @@ class Format:
         else:
             source = io.BytesIO(head)
             reader = zstandard.ZstdDecompressor().stream_reader(
-                source, read_size=16 << 10, read_across_frames=True)
+                source, read_size=16 << 10, read_across_frames=True
+            )
             try:
                 out = len(reader.read(cap))
-            except zstandard.ZstdError:   # a damaged head: reading it reports the damage
+            except zstandard.ZstdError:  # a damaged head: reading it reports the damage
                 out = 0
-            used = source.tell() or len(head)   # (to within one read_size)
+            used = source.tell() or len(head)  # (to within one read_size)
         return out / max(used, 1)
 
 
 def byte_ranges(req: SplitRequest) -> list[Split]:
     step = req.split_bytes
-    return [Split(req.index, start, min(start + step, req.entry.size))
-            for start in range(0, req.entry.size, step)]
+    return [
+        Split(req.index, start, min(start + step, req.entry.size))
+        for start in range(0, req.entry.size, step)
+    ]
 
 
 def whole_file(req: SplitRequest) -> list[Split]:
@@ -117,12 +126,15 @@ def one_document(req: SplitRequest) -> list[Split]:
 
 
 def one_tar(req: SplitRequest) -> list[Split]:
-    return [Split(req.index, 0, req.entry.size)]   # sample count unknown; seekable by offset
+    return [Split(req.index, 0, req.entry.size)]  # sample count unknown; seekable by offset
 
 
 def row_group_splits(req: SplitRequest) -> list[Split]:
-    return [Split(req.index, g, g, rows)
-            for g, rows in enumerate(row_groups(req.storage, req.entry)) if rows]
+    return [
+        Split(req.index, g, g, rows)
+        for g, rows in enumerate(row_groups(req.storage, req.entry))
+        if rows
+    ]
 
 
 def zstd_frame_splits(req: SplitRequest) -> list[Split]:
@@ -133,8 +145,10 @@ def zstd_frame_splits(req: SplitRequest) -> list[Split]:
             frames = scan_frames(f, req.entry.size)
         groups = group_frames(frames, req.split_bytes) if frames else []
         if len(groups) > 1:
-            return [Split(req.index, start, end, -1, True, dstart, dend)
-                    for start, end, dstart, dend in groups]
+            return [
+                Split(req.index, start, end, -1, True, dstart, dend)
+                for start, end, dstart, dend in groups
+            ]
     return whole_file(req)
 
 

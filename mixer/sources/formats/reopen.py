@@ -51,12 +51,12 @@ class RebuildBudget:
         self.soft_share = soft_share
         self.cheap = cheap
         self._pid = os.getpid()
-        self.read = 0       # decompressed bytes handed out by this process's readers
-        self.reserved = 0   # positions of the readers suspended
-        self.refused = 0    # suspensions past the limit refused
+        self.read = 0  # decompressed bytes handed out by this process's readers
+        self.reserved = 0  # positions of the readers suspended
+        self.refused = 0  # suspensions past the limit refused
 
     def _own(self) -> None:
-        if self._pid != os.getpid():   # a forked worker: the parent's counts are not its own
+        if self._pid != os.getpid():  # a forked worker: the parent's counts are not its own
             self._pid, self.read, self.reserved, self.refused = os.getpid(), 0, 0, 0
 
     def add_read(self, size: int) -> None:
@@ -69,17 +69,22 @@ class RebuildBudget:
         `cheap_only`: a suspension past the soft limit only."""
         self._own()
         if cheap_only:
-            if (position > self.cheap
-                    or self.reserved + position > self.soft_share * self.ratio * self.read):
+            if (
+                position > self.cheap
+                or self.reserved + position > self.soft_share * self.ratio * self.read
+            ):
                 return False
         elif self.reserved + position > self.ratio * self.read:
             self.refused += 1
             if self.refused == 1:
-                log.warning("whole-file decompressors: keeping readers open past the limit "
-                            "of %d (~2.5 MB each for zstd): reopening them would decompress "
-                            "their files' start again more than %gx what is read. A token "
-                            "cache, or zstd written in frames and `mixer index`, avoids it",
-                            OPEN_DECOMPRESSORS.limit, self.ratio)
+                log.warning(
+                    "whole-file decompressors: keeping readers open past the limit "
+                    "of %d (~2.5 MB each for zstd): reopening them would decompress "
+                    "their files' start again more than %gx what is read. A token "
+                    "cache, or zstd written in frames and `mixer index`, avoids it",
+                    OPEN_DECOMPRESSORS.limit,
+                    self.ratio,
+                )
             return False
         self.reserved += position
         return True
@@ -93,10 +98,13 @@ class Reopenable(io.RawIOBase):
     """The decompressed bytes of a file, from `decompressor(open_file())`, that `limit` may
     suspend between reads, within `budget` (see the module's docstring)."""
 
-    def __init__(self, open_file: Callable[[], IO[bytes]],
-                 decompressor: Callable[[IO[bytes]], IO[bytes]],
-                 limit: OpenLimit = OPEN_DECOMPRESSORS,
-                 budget: RebuildBudget = REBUILD_BUDGET) -> None:
+    def __init__(
+        self,
+        open_file: Callable[[], IO[bytes]],
+        decompressor: Callable[[IO[bytes]], IO[bytes]],
+        limit: OpenLimit = OPEN_DECOMPRESSORS,
+        budget: RebuildBudget = REBUILD_BUDGET,
+    ) -> None:
         super().__init__()
         self._open_file = open_file
         self._decompressor = decompressor
@@ -104,11 +112,11 @@ class Reopenable(io.RawIOBase):
         self._budget = budget
         self._file: IO[bytes] | None = None
         self._inner: IO[bytes] | None = None
-        self._position = 0        # decompressed bytes handed out
-        self._file_position = 0   # the file's position when suspended
+        self._position = 0  # decompressed bytes handed out
+        self._file_position = 0  # the file's position when suspended
         self._busy = threading.Lock()
         self.reopened = 0
-        self._reopen()   # (a file that cannot be opened fails here, as a plain open would)
+        self._reopen()  # (a file that cannot be opened fails here, as a plain open would)
         limit.touch(self)
 
     def readable(self) -> bool:
@@ -117,7 +125,7 @@ class Reopenable(io.RawIOBase):
     def readinto(self, buffer) -> int:  # type: ignore[override]
         with self._busy:
             inner = self._inner if self._inner is not None else self._reopen()
-            self._limit.touch(self)   # the most recently read
+            self._limit.touch(self)  # the most recently read
             size = inner.readinto(buffer)
             self._position += size
             self._budget.add_read(size)
@@ -137,7 +145,7 @@ class Reopenable(io.RawIOBase):
 
     def file_position(self) -> int:
         """The compressed file's position: stored bytes consumed so far."""
-        with self._busy:   # (another thread's read may be suspending it meanwhile)
+        with self._busy:  # (another thread's read may be suspending it meanwhile)
             return self._file.tell() if self._file is not None else self._file_position
 
     def suspend(self, cheap_only: bool = False) -> bool:
@@ -175,8 +183,10 @@ def _discard(stream: IO[bytes], count: int) -> None:
     """Read and drop `count` bytes (the stream was read that far before)."""
     scratch = memoryview(bytearray(min(count, _DISCARD)))
     while count:
-        size = stream.readinto(scratch[:min(count, len(scratch))])
+        size = stream.readinto(scratch[: min(count, len(scratch))])
         if not size:
-            raise EOFError("the file ended before the position it was read to earlier "
-                           "(it changed while being read)")
+            raise EOFError(
+                "the file ended before the position it was read to earlier "
+                "(it changed while being read)"
+            )
         count -= size

@@ -9,24 +9,31 @@ from typing import IO
 
 _BLOCK = 512
 _ZERO = bytes(_BLOCK)
-_MAX_EXTENSION = 1 << 20          # a GNU long name or pax header larger than this is corrupt
+_MAX_EXTENSION = 1 << 20  # a GNU long name or pax header larger than this is corrupt
 _REGULAR = (b"0", b"\0", b"7")
-_EXTENSIONS = (b"L", b"K", b"x", b"X", b"g")        # GNU long names, pax, global pax
-_NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")     # links, devices, directories, fifos
+_EXTENSIONS = (b"L", b"K", b"x", b"X", b"g")  # GNU long names, pax, global pax
+_NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, directories, fifos
 
 
 class Broken(Exception):
     """The tar cannot be parsed past this point."""
 
-    def __init__(self, message: str, offset: int, name: str | None = None,
-                 guessed: bool = False, start: int | None = None, *,
-                 reason: str = "corrupt") -> None:
+    def __init__(
+        self,
+        message: str,
+        offset: int,
+        name: str | None = None,
+        guessed: bool = False,
+        start: int | None = None,
+        *,
+        reason: str = "corrupt",
+    ) -> None:
         super().__init__(message)
-        self.reason = reason     # DataError.reason of the break
-        self.offset = offset     # the header where it broke
-        self.start = offset if start is None else start   # its member's first header
-        self.name = name or None   # the member, when its header could be read
-        self.guessed = guessed   # `name` read from a header that failed its checks
+        self.reason = reason  # DataError.reason of the break
+        self.offset = offset  # the header where it broke
+        self.start = offset if start is None else start  # its member's first header
+        self.name = name or None  # the member, when its header could be read
+        self.guessed = guessed  # `name` read from a header that failed its checks
 
 
 def _padded(size: int) -> int:
@@ -55,7 +62,7 @@ def _check(buf: bytes) -> None:
     chksum = buf[148:156]
     if stored == sum(buf) - sum(chksum) + 256:
         return
-    signed = struct.unpack("148b8x356b", buf)   # some old tars sum signed bytes
+    signed = struct.unpack("148b8x356b", buf)  # some old tars sum signed bytes
     if stored != sum(signed) + 256:
         raise ValueError("bad checksum")
 
@@ -70,7 +77,7 @@ def _pax(data: bytes) -> dict[bytes, bytes]:
         end = pos + length
         if length < 5 or end > len(data) or data[end - 1] != 0x0A:
             raise ValueError("bad pax record")
-        key, eq, value = data[space + 1:end - 1].partition(b"=")
+        key, eq, value = data[space + 1 : end - 1].partition(b"=")
         if not eq:
             raise ValueError("bad pax record")
         out[key] = value
@@ -83,25 +90,40 @@ def members(f: IO[bytes], offset: int, file_size: int) -> Iterator[tuple[str, in
     caller may read the member's data right after it is yielded. Raises `Broken`."""
     f.seek(offset)
     while True:
-        start = offset   # the member's first header (extension headers included)
+        start = offset  # the member's first header (extension headers included)
         name: str | None = None
-        size: int | None = None   # from a pax header
+        size: int | None = None  # from a pax header
         while True:
             buf = f.read(_BLOCK)
             if not buf or buf == _ZERO:
                 if start == offset:
-                    return   # end of the archive (end blocks, or none at all)
-                raise Broken("tar ends inside a member's extension headers", offset, name,
-                              start=start, reason="corrupt")
+                    return  # end of the archive (end blocks, or none at all)
+                raise Broken(
+                    "tar ends inside a member's extension headers",
+                    offset,
+                    name,
+                    start=start,
+                    reason="corrupt",
+                )
             if len(buf) < _BLOCK:
-                raise Broken(f"truncated tar header ({len(buf)} of {_BLOCK} bytes)", offset,
-                              *_guess(name, buf), start=start, reason="corrupt")
+                raise Broken(
+                    f"truncated tar header ({len(buf)} of {_BLOCK} bytes)",
+                    offset,
+                    *_guess(name, buf),
+                    start=start,
+                    reason="corrupt",
+                )
             try:
                 _check(buf)
                 stored = _number(buf[124:136])
             except (ValueError, struct.error) as exc:
-                raise Broken(f"corrupt tar header ({exc})", offset, *_guess(name, buf),
-                              start=start, reason="malformed") from None
+                raise Broken(
+                    f"corrupt tar header ({exc})",
+                    offset,
+                    *_guess(name, buf),
+                    start=start,
+                    reason="malformed",
+                ) from None
             kind = buf[156:157]
             extension = kind in _EXTENSIONS
             if name is None and not extension:
@@ -110,19 +132,28 @@ def members(f: IO[bytes], offset: int, file_size: int) -> Iterator[tuple[str, in
                 size = stored
             data_at = offset + _BLOCK
             if kind not in _NO_DATA and (size < 0 or data_at + size > file_size):
-                raise Broken(f"member of {size} bytes runs past the end of the file "
-                              f"({file_size} bytes)", start, name, reason="corrupt")
+                raise Broken(
+                    f"member of {size} bytes runs past the end of the file ({file_size} bytes)",
+                    start,
+                    name,
+                    reason="corrupt",
+                )
             if not extension:
                 break
             if size > _MAX_EXTENSION:
-                raise Broken(f"tar extension header of {size} bytes", offset, name,
-                              start=start, reason="malformed")
+                raise Broken(
+                    f"tar extension header of {size} bytes",
+                    offset,
+                    name,
+                    start=start,
+                    reason="malformed",
+                )
             data = f.read(size)
             offset = data_at + _padded(size)
             f.seek(offset)
             name, size = _extension(kind, data, name, start)
             if kind == b"g" and start == data_at - _BLOCK:
-                start = offset   # a global header belongs to no member (and is ignored)
+                start = offset  # a global header belongs to no member (and is ignored)
         if kind == b"S":
             raise Broken("GNU sparse members are not supported", start, name, reason="other")
         offset = data_at + (0 if kind in _NO_DATA else _padded(size))
@@ -131,8 +162,9 @@ def members(f: IO[bytes], offset: int, file_size: int) -> Iterator[tuple[str, in
         f.seek(offset)
 
 
-def _extension(kind: bytes, data: bytes, name: str | None,
-               start: int) -> tuple[str | None, int | None]:
+def _extension(
+    kind: bytes, data: bytes, name: str | None, start: int
+) -> tuple[str | None, int | None]:
     """(name, size) of the member after an extension header: a GNU long name, or a pax
     header's `path` and `size` (X: Solaris' older spelling of x); others change neither."""
     if kind == b"L":

@@ -32,16 +32,22 @@ def read_range(storage: Any, entry: FileEntry, start: int, size: int) -> bytes:
         f.seek(start)
         data = f.read(size)
     if len(data) != size:
-        raise DataError(f"file is truncated: wanted bytes [{start}, {start + size}), it has "
-                        f"{entry.size}", source=storage.source, file=entry.url,
-                        location=f"byte offset {start}", reason="corrupt")
+        raise DataError(
+            f"file is truncated: wanted bytes [{start}, {start + size}), it has {entry.size}",
+            source=storage.source,
+            file=entry.url,
+            location=f"byte offset {start}",
+            reason="corrupt",
+        )
     return data
 
 
 def require_tokenizer(info: TokenizerInfo | None, fmt: str) -> TokenizerInfo:
     if info is None:
-        raise ValueError(f"format {fmt} needs the tokenizer's EOS id and vocabulary size "
-                         "(read_split(..., tokenizer=...))")
+        raise ValueError(
+            f"format {fmt} needs the tokenizer's EOS id and vocabulary size "
+            "(read_split(..., tokenizer=...))"
+        )
     return info
 
 
@@ -52,11 +58,17 @@ def first_bad_id(ids: np.ndarray, vocab_size: int) -> int | None:
     return int(np.flatnonzero((ids < 0) | (ids >= vocab_size))[0])
 
 
-def bad_id_error(ids: np.ndarray, at: int, info: TokenizerInfo, *, source: str, file: str,
-                 where: str) -> DataError:
-    return DataError(f"token id {int(ids[at])} is outside the tokenizer's vocabulary "
-                     f"(size {info.vocab_size}); was the file made with another tokenizer?",
-                     source=source, file=file, location=where, reason="bad_tokens")
+def bad_id_error(
+    ids: np.ndarray, at: int, info: TokenizerInfo, *, source: str, file: str, where: str
+) -> DataError:
+    return DataError(
+        f"token id {int(ids[at])} is outside the tokenizer's vocabulary "
+        f"(size {info.vocab_size}); was the file made with another tokenizer?",
+        source=source,
+        file=file,
+        location=where,
+        reason="bad_tokens",
+    )
 
 
 def finish_document(ids: np.ndarray, info: TokenizerInfo) -> np.ndarray | None:
@@ -73,7 +85,7 @@ def finish_document(ids: np.ndarray, info: TokenizerInfo) -> np.ndarray | None:
     if not head and not tail:
         return ids
     out = np.empty(len(ids) + head + tail, dtype=np.int64)
-    out[head:head + len(ids)] = ids
+    out[head : head + len(ids)] = ids
     if head:
         out[0] = bos
     if tail:
@@ -81,8 +93,12 @@ def finish_document(ids: np.ndarray, info: TokenizerInfo) -> np.ndarray | None:
     return out
 
 
-def too_long_error(tokens: int, max_bytes: int, *, source: str, file: str,
-                   where: str) -> DataError:
-    return DataError(f"document of {tokens} tokens is longer than max_document_bytes "
-                     f"({max_bytes}, at {BYTES_PER_TOKEN} bytes per token)", source=source,
-                     file=file, location=where, reason="too_long")
+def too_long_error(tokens: int, max_bytes: int, *, source: str, file: str, where: str) -> DataError:
+    return DataError(
+        f"document of {tokens} tokens is longer than max_document_bytes "
+        f"({max_bytes}, at {BYTES_PER_TOKEN} bytes per token)",
+        source=source,
+        file=file,
+        location=where,
+        reason="too_long",
+    )

@@ -60,8 +60,9 @@ def scan_frames(stream: IO[bytes], size: int) -> list[tuple[int, int, int, int]]
     return frames
 
 
-def group_frames(frames: list[tuple[int, int, int, int]],
-                 split_bytes: int) -> list[tuple[int, int, int, int]]:
+def group_frames(
+    frames: list[tuple[int, int, int, int]], split_bytes: int
+) -> list[tuple[int, int, int, int]]:
     """Consecutive frames joined into ranges of at least `split_bytes` compressed bytes."""
     groups: list[tuple[int, int, int, int]] = []
     for start, end, dstart, dend in frames:
@@ -75,12 +76,12 @@ def group_frames(frames: list[tuple[int, int, int, int]],
 
 # -- decompressing with bounded output ----------------------------------------------------------
 
-BLOCK_MAX = 128 << 10          # the most one zstd block decompresses to (the format's limit)
+BLOCK_MAX = 128 << 10  # the most one zstd block decompresses to (the format's limit)
 _SKIPPABLE_HEADER = 8
 _BLOCK_HEADER = 3
 _CHECKSUM = 4
-_FCS_BYTES = (0, 2, 4, 8)      # by Frame_Content_Size_flag (0: 1 byte in a single segment)
-_DID_BYTES = (0, 1, 2, 4)      # by Dictionary_ID_flag
+_FCS_BYTES = (0, 2, 4, 8)  # by Frame_Content_Size_flag (0: 1 byte in a single segment)
+_DID_BYTES = (0, 1, 2, 4)  # by Dictionary_ID_flag
 
 
 def _frame_header_size(descriptor: int) -> int:
@@ -96,10 +97,10 @@ class _Pieces:
     is bounded: a block makes at most its stored size (raw, RLE) or `BLOCK_MAX` bytes."""
 
     def __init__(self) -> None:
-        self._left = 0          # bytes left in the piece being fed
-        self._at_frame = True   # the next piece starts a frame (else a block)
+        self._left = 0  # bytes left in the piece being fed
+        self._at_frame = True  # the next piece starts a frame (else a block)
         self._checksum = False  # the current frame ends with a checksum
-        self._opaque = False    # not a structure we know: the decompressor will say why
+        self._opaque = False  # not a structure we know: the decompressor will say why
 
     def plan(self, data: memoryview, cap: int, final: bool) -> int:
         """How many bytes of `data` (input not fed yet) to feed now: whole pieces whose
@@ -113,7 +114,7 @@ class _Pieces:
                 self._left -= 0 if self._opaque else take
                 continue
             grown = self._start_piece(data[at:])
-            if grown is None:   # its header is not all here yet
+            if grown is None:  # its header is not all here yet
                 return len(data) if final else at
             if at and out + grown > cap:
                 break
@@ -140,7 +141,7 @@ class _Pieces:
             return None
         header = int.from_bytes(head[:3], "little")
         last, kind, size = header & 1, (header >> 1) & 3, header >> 3
-        if kind == 3:   # reserved: corrupt
+        if kind == 3:  # reserved: corrupt
             self._opaque = True
             return 0
         self._left = _BLOCK_HEADER + (1 if kind == 1 else size)
@@ -159,8 +160,9 @@ class ZstdStream(PieceReader):
     kilobytes of a file of one repeated byte are gigabytes. The input is therefore fed in
     pieces cut at block boundaries (`_Pieces`), whose output the block headers bound."""
 
-    def __init__(self, raw: IO[bytes], *, read_size: int = 64 << 10,
-                 max_output: int = 256 << 10) -> None:
+    def __init__(
+        self, raw: IO[bytes], *, read_size: int = 64 << 10, max_output: int = 256 << 10
+    ) -> None:
         super().__init__()
         self._raw = raw
         self._read_size = read_size
@@ -168,10 +170,10 @@ class ZstdStream(PieceReader):
         self._dctx = zstandard.ZstdDecompressor()
         self._obj = self._dctx.decompressobj()
         self._pieces = _Pieces()
-        self._in = b""            # compressed bytes read and not fed yet
-        self._eof = False         # the raw stream has ended
+        self._in = b""  # compressed bytes read and not fed yet
+        self._eof = False  # the raw stream has ended
         self._in_frame = False
-        self.consumed = 0         # compressed bytes fed (a compression ratio's divisor)
+        self.consumed = 0  # compressed bytes fed (a compression ratio's divisor)
 
     def _next_piece(self) -> bytes:
         while True:

@@ -26,14 +26,16 @@ from mixer.tools.cli import bench, cache, index, inspect, plan, preview, report,
 from mixer.tools.cli.args import Parser, UsageError
 from mixer.tools.tables import format_table
 
-COMMANDS = (validate, inspect, plan, index, cache, preview, bench, report)   # in --help order
+COMMANDS = (validate, inspect, plan, index, cache, preview, bench, report)  # in --help order
 
 
 def build_parser() -> Parser:
     """The `mixer` parser: one subcommand per module of COMMANDS."""
     parser = Parser(
-        prog="mixer", description="Deterministic, resumable data mixtures for language and "
-        "vision-language model training.")
+        prog="mixer",
+        description="Deterministic, resumable data mixtures for language and "
+        "vision-language model training.",
+    )
     parser.add_argument("--version", action="version", version=f"mixer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
@@ -50,7 +52,7 @@ class Stopped(BaseException):
 
 
 def _stop(signum: int, frame: object) -> NoReturn:
-    signal.signal(signum, signal.SIG_DFL)   # a second one ends the process at once
+    signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
     raise Stopped(signum)
 
 

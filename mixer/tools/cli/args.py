@@ -19,6 +19,7 @@ from mixer.runtime.topology import MAX_WORKERS, MAX_WORLD_SIZE
 def count(what: str, low: int, high: int | None = None) -> Callable[[str], int]:
     """An argparse type: a whole number from `low` to `high` ("1e9" is one; "1.5", "nan",
     "inf" and "1e999" are not); `what` names it in the error."""
+
     def parse(text: str) -> int:
         try:
             value: int | float = int(text)
@@ -26,15 +27,19 @@ def count(what: str, low: int, high: int | None = None) -> Callable[[str], int]:
             try:
                 value = float(text)
             except ValueError:
-                raise argparse.ArgumentTypeError(
-                    f"{what} must be a number, got {text!r}") from None
+                raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{what} must be a finite number, got {text!r}")
         if value != int(value):
             raise argparse.ArgumentTypeError(f"{what} must be a whole number, got {text!r}")
         if value < low or (high is not None and value > high):
-            span = (f"from {low:,} to {high:,}" if high is not None else
-                    "positive" if low == 1 else f"at least {low:,}")
+            span = (
+                f"from {low:,} to {high:,}"
+                if high is not None
+                else "positive"
+                if low == 1
+                else f"at least {low:,}"
+            )
             raise argparse.ArgumentTypeError(f"{what} must be {span}, got {text!r}")
         return int(value)
 

@@ -15,20 +15,35 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = load(args.recipe)
     rank, world = dist.launcher_rank_and_world()
-    counts = fill_cache(recipe, tables=list_sources(recipe), rank=rank, world=world,
-                        workers=args.workers, progress=not args.no_progress)
+    counts = fill_cache(
+        recipe,
+        tables=list_sources(recipe),
+        rank=rank,
+        world=world,
+        workers=args.workers,
+        progress=not args.no_progress,
+    )
     prefix = f"rank {rank}/{world}: " if world > 1 else ""
-    print(f"{prefix}{counts['written']} split(s) written, {counts['cached']} already cached, "
-          f"{counts['not cached']} not cacheable (ending in an error, or with images)")
+    print(
+        f"{prefix}{counts['written']} split(s) written, {counts['cached']} already cached, "
+        f"{counts['not cached']} not cacheable (ending in an error, or with images)"
+    )
     return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the command and its flags."""
-    p = sub.add_parser("cache", help="tokenize every split into the recipe's token_cache "
-                       "(under torchrun the ranks share the splits)")
+    p = sub.add_parser(
+        "cache",
+        help="tokenize every split into the recipe's token_cache "
+        "(under torchrun the ranks share the splits)",
+    )
     p.add_argument("recipe")
-    p.add_argument("--workers", type=WORKERS, default=0,
-                   help="worker processes per rank (default 0: in-process)")
+    p.add_argument(
+        "--workers",
+        type=WORKERS,
+        default=0,
+        help="worker processes per rank (default 0: in-process)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -28,7 +28,7 @@ def backend_line(recipe: Any, info: Any) -> tuple[str, list[Any]]:
         tables = list_sources(recipe)
     except DataError:
         tables = None
-        for src in recipe.sources:   # (each source's problem, not only the first)
+        for src in recipe.sources:  # (each source's problem, not only the first)
             try:
                 list_source(recipe, src)
             except DataError as exc:

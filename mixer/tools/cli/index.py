@@ -23,8 +23,18 @@ def run(args: argparse.Namespace) -> int:
         raise MixerError(f"manifest path: {problem}")
     summary = write_manifest(recipe, path)
     rows = [{"source": name, **info} for name, info in summary.items()]
-    print(format_table(rows, [("source", "source"), ("files", "files"), ("splits", "splits"),
-                              ("bytes", "bytes"), ("documents", "documents")]))
+    print(
+        format_table(
+            rows,
+            [
+                ("source", "source"),
+                ("files", "files"),
+                ("splits", "splits"),
+                ("bytes", "bytes"),
+                ("documents", "documents"),
+            ],
+        )
+    )
     print(f"wrote {path}")
     if recipe.manifest is None or Path(recipe.resolve(recipe.manifest)) != path.resolve():
         print(f"note: set `manifest: {path}` in the recipe so that start-up uses it")
@@ -35,6 +45,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the command and its flags."""
     p = sub.add_parser("index", help="list every source once and save a manifest for start-up")
     p.add_argument("recipe")
-    p.add_argument("-o", "--output", type=output_file, help="manifest path (default: the "
-                   "recipe's `manifest`, else RECIPE.manifest.json)")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=output_file,
+        help="manifest path (default: the recipe's `manifest`, else RECIPE.manifest.json)",
+    )
     p.set_defaults(func=run)

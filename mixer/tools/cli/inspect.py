@@ -22,24 +22,42 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"tokenizer backend: {report['tokenizer']['backend_verdict']}\n")
-    print(format_table(report["sources"], [
-        ("name", "source"), ("files", "files"), ("splits", "splits"), ("bytes", "bytes"),
-        ("est_documents", "~docs"), ("est_tokens", "~tokens"), ("weight", "weight"),
-        ("repeats_per_training_tokens", f"repeats/{args.tokens:.0e} tok"),
-        ("read_amplification", "read amp."), ("worst_resume_bytes", "worst resume B"),
-        ("skipped_at_listing", "skipped")]))
+    print(
+        format_table(
+            report["sources"],
+            [
+                ("name", "source"),
+                ("files", "files"),
+                ("splits", "splits"),
+                ("bytes", "bytes"),
+                ("est_documents", "~docs"),
+                ("est_tokens", "~tokens"),
+                ("weight", "weight"),
+                ("repeats_per_training_tokens", f"repeats/{args.tokens:.0e} tok"),
+                ("read_amplification", "read amp."),
+                ("worst_resume_bytes", "worst resume B"),
+                ("skipped_at_listing", "skipped"),
+            ],
+        )
+    )
     for row in report["sources"]:
         if row["read_amplification"] > 1:
-            print(f"note: source {row['name']!r} has fewer splits than lanes; each byte is read "
-                  f"{row['read_amplification']:.2g}x per epoch (re-shard it into more files)")
+            print(
+                f"note: source {row['name']!r} has fewer splits than lanes; each byte is read "
+                f"{row['read_amplification']:.2g}x per epoch (re-shard it into more files)"
+            )
         if row["lanes_without_documents"]:
-            print(f"warning: source {row['name']!r} has fewer documents per split than the "
-                  f"lanes sharing it: {row['lanes_without_documents']} of {report['lanes']} "
-                  "lanes get none of it, so it gets less than its weight (give it at least as "
-                  "many files as lanes)")
+            print(
+                f"warning: source {row['name']!r} has fewer documents per split than the "
+                f"lanes sharing it: {row['lanes_without_documents']} of {report['lanes']} "
+                "lanes get none of it, so it gets less than its weight (give it at least as "
+                "many files as lanes)"
+            )
         if row["worst_resume_bytes"]:
-            print(f"note: source {row['name']!r} has compressed splits; resuming "
-                  f"inside one decompresses up to {row['worst_resume_bytes']:,} stored bytes")
+            print(
+                f"note: source {row['name']!r} has compressed splits; resuming "
+                f"inside one decompresses up to {row['worst_resume_bytes']:,} stored bytes"
+            )
     if report["layout"] != "text":
         _print_images(report)
     if recipe.token_cache is not None:
@@ -65,47 +83,85 @@ def _print_cache(recipe: Any, rows: list[dict[str, Any]]) -> None:
     for row in rows:
         row.setdefault("fraction", f"{row['cached_splits']}/{row['splits']}")
     print(f"\ntoken cache {where}:")
-    print(format_table(rows, [("name", "source"), ("fraction", "cached splits"),
-                              ("cached_bytes", "cached bytes")]))
+    print(
+        format_table(
+            rows,
+            [("name", "source"), ("fraction", "cached splits"), ("cached_bytes", "cached bytes")],
+        )
+    )
 
 
 def _print_images(report: dict[str, Any]) -> None:
     """The image table of `inspect` under an image layout."""
-    print(f"\nimages under the {report['layout']} layout (sampled from up to 8 splits of each "
-          "source; sizes from image headers,\nnothing decoded; image tokens are placeholder "
-          "tokens; ~tokens above include them):")
-    print(format_table(report["sources"], [
-        ("name", "source"), ("sampled_documents", "sampled docs"),
-        ("images_per_doc", "images/doc"), ("image_tokens_per_doc", "image tok/doc"),
-        ("est_images", "~images"), ("est_image_tokens", "~image tokens"),
-        ("image_token_share", "image tok share"), ("sampled_oversize", "oversize"),
-        ("sampled_rejected", "rejected")]))
+    print(
+        f"\nimages under the {report['layout']} layout (sampled from up to 8 splits of each "
+        "source; sizes from image headers,\nnothing decoded; image tokens are placeholder "
+        "tokens; ~tokens above include them):"
+    )
+    print(
+        format_table(
+            report["sources"],
+            [
+                ("name", "source"),
+                ("sampled_documents", "sampled docs"),
+                ("images_per_doc", "images/doc"),
+                ("image_tokens_per_doc", "image tok/doc"),
+                ("est_images", "~images"),
+                ("est_image_tokens", "~image tokens"),
+                ("image_token_share", "image tok share"),
+                ("sampled_oversize", "oversize"),
+                ("sampled_rejected", "rejected"),
+            ],
+        )
+    )
     if "videos_per_doc" in report["sources"][0]:
-        print("\nvideos (frame counts and sizes from container headers, nothing decoded; "
-              "frames are the sampled ones):")
-        print(format_table(report["sources"], [
-            ("name", "source"), ("videos_per_doc", "videos/doc"),
-            ("frames_per_video", "frames/video"), ("video_tokens_per_doc", "video tok/doc"),
-            ("est_videos", "~videos"), ("est_video_tokens", "~video tokens"),
-            ("video_token_share", "video tok share")]))
+        print(
+            "\nvideos (frame counts and sizes from container headers, nothing decoded; "
+            "frames are the sampled ones):"
+        )
+        print(
+            format_table(
+                report["sources"],
+                [
+                    ("name", "source"),
+                    ("videos_per_doc", "videos/doc"),
+                    ("frames_per_video", "frames/video"),
+                    ("video_tokens_per_doc", "video tok/doc"),
+                    ("est_videos", "~videos"),
+                    ("est_video_tokens", "~video tokens"),
+                    ("video_token_share", "video tok share"),
+                ],
+            )
+        )
     for row in report["sources"]:
         if row["sampled_oversize"]:
-            print(f"note: source {row['name']!r}: {row['sampled_oversize']} of "
-                  f"{row['sampled_documents']} sampled documents do not fit seq_len "
-                  f"{report['seq_len']} even at the lowest resolution (or the per-batch image "
-                  "caps); they are skipped and counted in metrics()['oversize']")
+            print(
+                f"note: source {row['name']!r}: {row['sampled_oversize']} of "
+                f"{row['sampled_documents']} sampled documents do not fit seq_len "
+                f"{report['seq_len']} even at the lowest resolution (or the per-batch image "
+                "caps); they are skipped and counted in metrics()['oversize']"
+            )
         if row["sampled_rejected"]:
-            print(f"note: source {row['name']!r}: {row['sampled_rejected']} of "
-                  f"{row['sampled_documents']} sampled documents are bad input (errors, or "
-                  "skipped with on_error: skip)")
+            print(
+                f"note: source {row['name']!r}: {row['sampled_rejected']} of "
+                f"{row['sampled_documents']} sampled documents are bad input (errors, or "
+                "skipped with on_error: skip)"
+            )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the command and its flags."""
-    p = sub.add_parser("inspect", help="per-source files, splits, sizes, estimates, repeats; "
-                       "under an image layout also images and image tokens per document")
+    p = sub.add_parser(
+        "inspect",
+        help="per-source files, splits, sizes, estimates, repeats; "
+        "under an image layout also images and image tokens per document",
+    )
     p.add_argument("recipe")
-    p.add_argument("--tokens", type=TOKENS, default=10**9,
-                   help="training tokens for the repeats column (default 1e9)")
+    p.add_argument(
+        "--tokens",
+        type=TOKENS,
+        default=10**9,
+        help="training tokens for the repeats column (default 1e9)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)

@@ -24,8 +24,9 @@ def run(args: argparse.Namespace) -> int:
         for b, batch in enumerate(loader):
             renderer = RowRenderer(loader.layout, encoder, batch)
             images = batch_images(batch, loader.layout) if folder is not None else []
-            for r, (ids, sources) in enumerate(zip(batch["input_ids"].tolist(),
-                                                   batch["source_ids"].tolist())):
+            for r, (ids, sources) in enumerate(
+                zip(batch["input_ids"].tolist(), batch["source_ids"].tolist())
+            ):
                 if shown >= args.n:
                     break
                 real = [i for i, s in zip(ids, sources) if s >= 0]
@@ -34,13 +35,13 @@ def run(args: argparse.Namespace) -> int:
                 refs = [p for p in pieces if isinstance(p, ImageRef)]
                 videos = sum(isinstance(p, VideoRef) for p in pieces)
                 media = ([f"{len(refs)} image(s)"] if refs else []) + (
-                    [f"{videos} video(s)"] if videos else [])
-                extra = (f", {' and '.join(media)} of {image_tokens} tokens" if media else "")
+                    [f"{videos} video(s)"] if videos else []
+                )
+                extra = f", {' and '.join(media)} of {image_tokens} tokens" if media else ""
                 print(f"--- sequence {shown} [{label}] {len(real)} tokens{extra}")
                 print(join(pieces, args.chars))
                 if folder is not None and refs:
-                    saved += len(save_images(images, refs, folder, batch=b, row=r,
-                                             source=label))
+                    saved += len(save_images(images, refs, folder, batch=b, row=r, source=label))
                 shown += 1
             if shown >= args.n:
                 break
@@ -51,16 +52,25 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the command and its flags."""
-    p = sub.add_parser("preview", help="print the first sequences, decoded, with sources; "
-                       "images as <image WxH → N tokens>, videos as "
-                       "<video F×W×H @R fps → N tokens>")
+    p = sub.add_parser(
+        "preview",
+        help="print the first sequences, decoded, with sources; "
+        "images as <image WxH → N tokens>, videos as "
+        "<video F×W×H @R fps → N tokens>",
+    )
     p.add_argument("recipe")
-    p.add_argument("-n", type=count("sequences", 1), default=4,
-                   help="number of sequences (default 4)")
-    p.add_argument("--chars", type=count("chars", 0), default=400,
-                   help="cut each text here (0: no cut)")
-    p.add_argument("--save-images", metavar="DIR", type=output_folder,
-                   help="write the images of the shown sequences to DIR as PNG "
-                   "(batchB-rowR-imageI-SOURCE.png; I: index in the batch's pixel_values), "
-                   "rebuilt from pixel_values: what the model sees, after resizing")
+    p.add_argument(
+        "-n", type=count("sequences", 1), default=4, help="number of sequences (default 4)"
+    )
+    p.add_argument(
+        "--chars", type=count("chars", 0), default=400, help="cut each text here (0: no cut)"
+    )
+    p.add_argument(
+        "--save-images",
+        metavar="DIR",
+        type=output_folder,
+        help="write the images of the shown sequences to DIR as PNG "
+        "(batchB-rowR-imageI-SOURCE.png; I: index in the batch's pixel_values), "
+        "rebuilt from pixel_values: what the model sees, after resizing",
+    )
     p.set_defaults(func=run)

@@ -17,10 +17,18 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the command and its flags."""
-    p = sub.add_parser("report", help="draw a metrics log (cumulative and per-stretch realized "
-                       "share vs target, epochs, loss per source) to a PNG; needs the "
-                       "[report] extra")
+    p = sub.add_parser(
+        "report",
+        help="draw a metrics log (cumulative and per-stretch realized "
+        "share vs target, epochs, loss per source) to a PNG; needs the "
+        "[report] extra",
+    )
     p.add_argument("metrics", help="metrics log (JSONL)")
-    p.add_argument("-o", "--output", type=output_file, default="report.png",
-                   help="PNG path (default report.png)")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=output_file,
+        default="report.png",
+        help="PNG path (default report.png)",
+    )
     p.set_defaults(func=run)

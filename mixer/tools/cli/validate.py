@@ -18,23 +18,30 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = load(args.recipe)
     info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
-    layout_for(recipe, info)   # an image layout checks that the tokenizer has its tokens
+    layout_for(recipe, info)  # an image layout checks that the tokenizer has its tokens
     backend, problems = backend_line(recipe, info)
     for problem in problems:
         if problem.message != NO_FILES:
             raise problem
-    print(f"ok: {len(recipe.sources)} source(s), seq_len {recipe.seq_len}, "
-          f"batch_size {recipe.batch_size}, lanes {recipe.lanes}")
+    print(
+        f"ok: {len(recipe.sources)} source(s), seq_len {recipe.seq_len}, "
+        f"batch_size {recipe.batch_size}, lanes {recipe.lanes}"
+    )
     print(backend)
     for problem in problems:
-        print(f"warning: source {problem.source!r}: {problem.file!r} matches no files (not "
-              "there yet?); `mixer inspect` and the loader need them")
+        print(
+            f"warning: source {problem.source!r}: {problem.file!r} matches no files (not "
+            "there yet?); `mixer inspect` and the loader need them"
+        )
     return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the command and its flags."""
-    p = sub.add_parser("validate", help="check a recipe and its tokenizer; exit non-zero "
-                       "naming the bad field (files not there yet: a warning)")
+    p = sub.add_parser(
+        "validate",
+        help="check a recipe and its tokenizer; exit non-zero "
+        "naming the bad field (files not there yet: a warning)",
+    )
     p.add_argument("recipe")
     p.set_defaults(func=run)

@@ -1,4 +1,4 @@
-"""`python -m mixer.tools.cli`."""
+"""`python -m mixer`: the `mixer` command."""
 
 import sys
 
