@@ -368,7 +368,7 @@ def test_changing_an_image_setting_is_refused_naming_it(tmp_path, tokenizer):
 
 
 def test_inspect_counts_image_tokens(tmp_path, tokenizer):
-    from mixer.tools.report import inspect_recipe
+    from mixer.tools.inspect_report import inspect_recipe
 
     # 4 samples: 2 words + EOS + one 56x56 image (4 placeholders + start + end) = 9 tokens
     write_tar(tmp_path / "a.tar", [Sample(d, 2, [(56, 56)]) for d in range(4)])

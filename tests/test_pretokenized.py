@@ -35,7 +35,7 @@ from mixer.sources.formats.tokens import finish_document
 from mixer.sources.indexed import encode_index, parse_index, read_index_slice
 from mixer.sources.manifest import list_sources, write_manifest
 from mixer.tokenize import TokenizerInfo, resolve_tokenizer
-from mixer.tools.report import inspect_recipe
+from mixer.tools.inspect_report import inspect_recipe
 
 # -- oracle: Megatron-LM's indexed dataset layout, written from its documentation --------------
 

@@ -790,7 +790,7 @@ def test_forked_workers_encode_with_fastokens_after_the_parent_did(recipe):
 THREADS_SCRIPT = """
 import json, os, sys
 from torch.utils.data import DataLoader, IterableDataset
-from mixer.runtime import workers
+from mixer.runtime import worker_processes
 from mixer.tokenize.backends import load_fastokens
 
 TEXTS = ["the quick brown fox, number %d. " % i * 400 for i in range(64)]
@@ -806,7 +806,7 @@ class Worker(IterableDataset):
 
 os.environ["RAYON_NUM_THREADS"] = "4"
 got = list(DataLoader(Worker(), batch_size=None, num_workers=2, multiprocessing_context="fork",
-                      worker_init_fn=workers.init_fn()))
+                      worker_init_fn=worker_processes.init_fn()))
 os.environ["RAYON_NUM_THREADS"] = "1"
 load_fastokens(sys.argv[1], "d").encode_batch(TEXTS)
 print(json.dumps({"workers": got, "main": [os.environ["FASTOKENS_BPE_THREADS"], pool_threads()]}))

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import mixer
-from mixer.runtime import workers
+from mixer.runtime import worker_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent("""
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))   # (the crash below writes no core file)
     from torch.utils.data import DataLoader, IterableDataset
-    from mixer.runtime import workers
+    from mixer.runtime import worker_processes
 
     class Crashing(IterableDataset):
         def __iter__(self):
@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent("""
         sys.stderr = io.StringIO()   # (an application's own stderr, with no file descriptor)
     try:
         list(DataLoader(Crashing(), num_workers=1, multiprocessing_context="fork",
-                        worker_init_fn=workers.init_fn()))
+                        worker_init_fn=worker_processes.init_fn()))
     except RuntimeError as exc:
         print("parent saw:", exc)
 """)
@@ -92,13 +92,13 @@ def test_workers_never_finalize_garbage_their_parent_had_not_collected(
     Python's documentation advises) and garbage came after."""
     assert gc.get_freeze_count() == 0
     finalized = tmp_path / "finalized"
-    real_init = workers.worker_init
+    real_init = worker_processes.worker_init
 
     def init_then_collect(*args, **kwargs):
         real_init(*args, **kwargs)
         gc.collect()  # (the worker's collector would get there some time)
 
-    monkeypatch.setattr(workers, "worker_init", init_then_collect)
+    monkeypatch.setattr(worker_processes, "worker_init", init_then_collect)
     recipe = {
         **yaml.safe_load((ROOT / "recipes" / "demo.yaml").read_text()),
         "base_dir": str(ROOT / "recipes"),
@@ -130,7 +130,7 @@ def test_young_garbage_is_collected_not_promoted_by_the_freeze(tmp_path):
     gc.disable()
     try:
         _Witness(finalized)
-        with workers.inherit_no_garbage():
+        with worker_processes.inherit_no_garbage():
             pass
         assert finalized.read_text().split() == [str(os.getpid())]
     finally:
@@ -144,14 +144,14 @@ def test_loaders_forking_at_once_keep_the_freeze_until_the_last_has_forked():
     first_in, first_may_leave = threading.Event(), threading.Event()
 
     def first() -> None:
-        with workers.inherit_no_garbage():
+        with worker_processes.inherit_no_garbage():
             first_in.set()
             first_may_leave.wait(30)
 
     thread = threading.Thread(target=first)
     thread.start()
     first_in.wait(30)
-    with workers.inherit_no_garbage():
+    with worker_processes.inherit_no_garbage():
         assert gc.get_freeze_count() > 0
         first_may_leave.set()
         thread.join(30)

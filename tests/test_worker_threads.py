@@ -8,7 +8,7 @@ import os
 import pytest
 from torch.utils.data import DataLoader, IterableDataset
 
-from mixer.runtime import workers
+from mixer.runtime import worker_processes
 
 
 class _WorkerEnv(IterableDataset):
@@ -22,7 +22,7 @@ def _worker_pools(num_workers: int) -> list[str | None]:
         batch_size=None,
         num_workers=num_workers,
         multiprocessing_context="fork",
-        worker_init_fn=workers.init_fn(),
+        worker_init_fn=worker_processes.init_fn(),
     )
     return list(loader)
 

@@ -25,7 +25,7 @@ from mixer.core.token_info import TokenizerInfo
 from mixer.images.documents import ImageDocuments, VisionTokens
 from mixer.images.processing import processing_for
 from mixer.images.rope import mrope_positions
-from mixer.images.shared import new_pixels, shared_tensor
+from mixer.images.shared_pixels import new_pixels, shared_tensor
 from mixer.images.video import VideoPlan, VideoProcessing
 from mixer.pipeline.batch import FLOAT32, INT32, INT64, ArraySpec, Batch, BatchLayout, Wire
 from mixer.pipeline.packing import IGNORE_INDEX, Row
@@ -135,7 +135,7 @@ class _ImageLayout(BatchLayout):
 
     def to_wire(self, batch: Batch, into: np.ndarray | None = None) -> Wire:
         """The batch as it leaves a DataLoader worker: pixels made in shared memory
-        (`images.shared`) are sent as their shared tensor, which crosses without a copy."""
+        (`images.shared_pixels`) are sent as their shared tensor, which crosses without a copy."""
         wire = super().to_wire(batch, into)
         for key in wire.tensors:
             tensor = shared_tensor(batch.arrays[key])

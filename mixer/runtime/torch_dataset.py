@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mixer.config.recipe import Recipe
 from mixer.pipeline.batch import Batch, BatchLayout, Wire
-from mixer.runtime import workers
+from mixer.runtime import worker_processes
 from mixer.runtime.lane_dataset import LaneDataset
 from mixer.runtime.ring import BatchRing
 from mixer.tokenize.backends import finish_preloads
@@ -63,7 +63,7 @@ def worker_batches(dataset: TorchLaneDataset, layout: BatchLayout, num_workers: 
     dataset.ring = BatchRing.for_layout(
         layout, dataset.recipe.batch_size, num_workers, (PREFETCH + 2) * dataset.group
     )
-    with workers.inherit_no_garbage():
+    with worker_processes.inherit_no_garbage():
         items = iter(
             DataLoader(
                 dataset,
@@ -71,11 +71,11 @@ def worker_batches(dataset: TorchLaneDataset, layout: BatchLayout, num_workers: 
                 num_workers=num_workers,
                 prefetch_factor=PREFETCH,
                 multiprocessing_context="fork",
-                worker_init_fn=workers.init_fn(),
+                worker_init_fn=worker_processes.init_fn(),
                 collate_fn=sent_as_is,
             )
         )
-    workers.adopt(items._workers)  # stopped at exit even if never closed
+    worker_processes.adopt(items._workers)  # stopped at exit even if never closed
     if dataset.ring is not None:
         dataset.ring.keep_from_later_forks()
     return InOrder(items, num_workers)

@@ -266,7 +266,7 @@ def _source_warnings(
 
 def measure(recipe: Recipe) -> dict[str, SourceSize]:
     """Per-source sizes from `mixer inspect`'s listing and sampled estimates."""
-    from mixer.tools.report import inspect_recipe
+    from mixer.tools.inspect_report import inspect_recipe
 
     rows = inspect_recipe(recipe)["sources"]
     return {

@@ -12,7 +12,7 @@ from mixer.tools.tables import format_table
 
 
 def run(args: argparse.Namespace) -> int:
-    from mixer.tools.report import inspect_recipe
+    from mixer.tools.inspect_report import inspect_recipe
 
     recipe = load(args.recipe)
     report = inspect_recipe(recipe, training_tokens=args.tokens)

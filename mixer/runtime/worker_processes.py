@@ -36,7 +36,7 @@ from multiprocessing.process import BaseProcess
 from torch.utils.data import get_worker_info
 
 from mixer.core.resources import PerProcess
-from mixer.images.shared import make_in_shared_memory
+from mixer.images.shared_pixels import make_in_shared_memory
 from mixer.tokenize.encoding import tokenizer_thread_budget, use_worker_encoding_threads
 
 POLL_S = 0.2  # how often a worker's watchdog looks at its parent
@@ -149,7 +149,7 @@ def init_fn() -> Callable[[int], None]:
 def worker_init(worker_id: int, *, parent: int, deathsig: bool, tokenizer_threads: int) -> None:
     """Inside a worker: die with the process `parent`; take this worker's share of the
     parent's `tokenizer_threads`; make batch pixels where they cross to the parent without a
-    copy (`images.shared`)."""
+    copy (`images.shared_pixels`)."""
     del worker_id
     _restore_faulthandler()
     # Ctrl-C reaches the whole process group; the owner decides when its workers stop.

@@ -1,4 +1,4 @@
-"""Batch pixels made in shared memory in DataLoader workers (`mixer.images.shared`): they
+"""Batch pixels made in shared memory in DataLoader workers (`mixer.images.shared_pixels`): they
 cross to the loader's process without the copy torch's queue makes of other tensors."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from multiprocessing.reduction import ForkingPickler
 import numpy as np
 import torch
 
-from mixer.images import shared
+from mixer.images import shared_pixels
 from mixer.pipeline.batch import SHARED_BYTES
 
 
@@ -22,20 +22,22 @@ def _crosses_without_a_copy(tensor: torch.Tensor) -> bool:
 
 
 def test_a_workers_batch_pixels_are_made_where_they_cross_without_a_copy(monkeypatch):
-    monkeypatch.setattr(shared, "_pid", [0])
+    monkeypatch.setattr(shared_pixels, "_pid", [0])
     rows = SHARED_BYTES // (1176 * 4) + 1
-    assert shared.shared_tensor(shared.new_pixels((rows, 1176))) is None  # not asked for
+    assert (
+        shared_pixels.shared_tensor(shared_pixels.new_pixels((rows, 1176))) is None
+    )  # not asked for
     plain = torch.from_numpy(np.zeros((rows, 1176), dtype=np.float32))
     assert not _crosses_without_a_copy(plain)  # what the queue does to an ordinary array
 
-    shared.make_in_shared_memory()
-    pixels = shared.new_pixels((rows, 1176))
-    tensor = shared.shared_tensor(pixels)
+    shared_pixels.make_in_shared_memory()
+    pixels = shared_pixels.new_pixels((rows, 1176))
+    tensor = shared_pixels.shared_tensor(pixels)
     assert tensor is not None and tensor.is_shared() and pixels.dtype == np.float32
     pixels[:] = 7.0  # written once, where the receiver maps it
     assert tensor.data_ptr() == pixels.ctypes.data and tuple(tensor.shape) == pixels.shape
     assert _crosses_without_a_copy(tensor)
     assert float(tensor.sum()) == 7.0 * pixels.size
     # Small pixels travel in the batch's buffer; views are not the whole tensor.
-    assert shared.shared_tensor(shared.new_pixels((1, 1176))) is None
-    assert shared.shared_tensor(pixels[1:]) is None
+    assert shared_pixels.shared_tensor(shared_pixels.new_pixels((1, 1176))) is None
+    assert shared_pixels.shared_tensor(pixels[1:]) is None
