@@ -18,6 +18,7 @@ from typing import Any
 
 from mixer.config.recipe import Recipe
 from mixer.core.document import Document
+from mixer.images.video import VideoPlan
 from mixer.pipeline.batch import BatchLayout
 from mixer.pipeline.slices import stripe
 from mixer.sources import FORMATS, SourceTable, Storage, read_split
@@ -180,7 +181,7 @@ def lanes_without_documents(recipe: Recipe, table: SourceTable, samples: list[Sp
     )
 
 
-def _build(builder: Any, texts: list[str], images: list, files: list[str]) -> dict[str, float]:
+def _build(builder: Any, texts: list[str], images: list, files: list[str]) -> dict[str, int]:
     """Sequence tokens, images and image tokens (the placeholders, as `preview` shows them:
     qwen2_vl's `<|vision_start|>`/`<|vision_end|>` count only as sequence tokens) of sampled
     records under an image layout's document `builder`, and how many became no document
@@ -205,9 +206,8 @@ def _build(builder: Any, texts: list[str], images: list, files: list[str]) -> di
             out["tokens"] += doc.cost
             for placement in doc.images:
                 handle = placement.image
-                kind = getattr(handle, "kind", "image")
-                out[f"{kind}s"] += 1
-                out[f"{kind}_tokens"] += handle.plan.tokens
-                if kind == "video":
+                out[f"{handle.kind}s"] += 1
+                out[f"{handle.kind}_tokens"] += handle.plan.tokens
+                if isinstance(handle.plan, VideoPlan):
                     out["video_frames"] += handle.plan.frames
     return out
