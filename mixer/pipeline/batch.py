@@ -215,10 +215,10 @@ class BatchLayout:
 
         return {spec.key: torch.from_numpy(batch.arrays[spec.key]) for spec in self.specs}
 
-    @staticmethod
-    def is_padding(batch: dict) -> bool:
-        """True when a batch carries no token to learn from (an exhausted rank's placeholder)."""
-        return bool((batch["labels"] == IGNORE_INDEX).all())
+
+def is_padding_batch(batch: dict) -> bool:
+    """True when a batch carries no token to learn from (an exhausted rank's placeholder)."""
+    return bool((batch["labels"] == IGNORE_INDEX).all())
 
 
 def _filled(shape: tuple[int, ...], value: int) -> np.ndarray:
