@@ -68,7 +68,7 @@ class Split:
 
     @classmethod
     def from_list(cls, values: list[int]) -> Split:
-        return cls(*values[:4], bool(values[4]), *values[5:])
+        return cls(values[0], values[1], values[2], values[3], bool(values[4]), *values[5:])
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ class Suspendable(Protocol):
     def suspend(self, cheap_only: bool = False) -> bool:
         """Give up the held resources; False if it is in use now, or (`cheap_only`) if
         taking them up again would cost much (then it stays open)."""
+        ...
 
 
 class OpenLimit:
