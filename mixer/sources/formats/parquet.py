@@ -50,7 +50,7 @@ def read_parquet(
         )
     finally:
         # pyarrow's default pool (mimalloc) keeps the pages a closed reader freed: 27 MB of
-        # a num_workers 0 process on the benchmark corpus (docs/benchmarks.md); ~10 µs.
+        # a num_workers 0 process on the benchmark corpus (benchmarks/memory.py); ~10 µs.
         pa.default_memory_pool().release_unused()
 
 
