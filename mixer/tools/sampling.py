@@ -18,9 +18,11 @@ from typing import Any
 
 from mixer.config.recipe import Recipe
 from mixer.core.document import Document
+from mixer.core.errors import DataError
 from mixer.pipeline.batch import BatchLayout
 from mixer.pipeline.slices import stripe
 from mixer.sources import FORMATS, SourceTable, Storage, read_split
+from mixer.sources.boundary import probe_ratio
 from mixer.tokenize import Encoder
 
 SAMPLE_DOCS = 256  # documents read of a source, shared out over its sampled splits
@@ -41,6 +43,7 @@ class SplitSample:
     exhausted: bool = True  # read to its end
     holds: float = 0.0  # documents in the whole split (count or estimate)
     size: int = 0  # stored bytes
+    errors: list[DataError] = field(default_factory=list)  # bad input skipped (on_error: skip)
 
     @property
     def count(self) -> int:
@@ -57,12 +60,22 @@ def sampled_splits(count: int, most: int = SAMPLE_SPLITS) -> list[int]:
 def sample_source(
     recipe: Recipe, index: int, table: SourceTable, encoder: Encoder
 ) -> list[SplitSample]:
-    """The first documents of each sampled split of source `index`."""
+    """The first documents of each sampled split of source `index`.
+
+    Bad input met while sampling (a record, or a compressed file whose head does not
+    decode) raises its `DataError`, as reading would; under `on_error: skip` it is kept in
+    the sample's `errors` instead."""
     src = recipe.sources[index]
     storage = Storage(src.name, src.storage_options)
     chosen = sampled_splits(len(table.splits))
     per_split = -(-SAMPLE_DOCS // max(len(chosen), 1))
     ratios: dict[str, float] = {}  # decompressed per stored byte, measured once a format
+
+    def bad(sample: SplitSample, error: DataError) -> None:
+        if src.on_error == "raise":
+            raise error
+        sample.errors.append(error)
+
     samples = []
     for at in chosen:
         split = table.splits[at]
@@ -90,8 +103,10 @@ def sample_source(
                 sample.files.append(entry.url)
             elif record.tokens is not None:
                 sample.stored.append(len(record.tokens))
-            else:
-                continue  # a bad record: not a document
+            else:  # a bad record: not a document
+                if record.error is not None:
+                    bad(sample, record.error)
+                continue
             sample.documents.append(record.index)
         if split.records >= 0:
             sample.holds = float(split.records)
@@ -100,7 +115,10 @@ def sample_source(
             ratio = None
             if fmt.compression and not sample.exhausted and split.dend < 0:
                 if entry.format not in ratios:
-                    ratios[entry.format] = fmt.compression_ratio(storage, entry)
+                    ratio, damage = probe_ratio(fmt, storage=storage, entry=entry, source=src.name)
+                    if damage is not None:
+                        bad(sample, damage)
+                    ratios[entry.format] = ratio
                 ratio = ratios[entry.format]
             per_byte = fmt.docs_per_byte(
                 storage,
