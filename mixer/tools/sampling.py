@@ -18,7 +18,7 @@ from typing import Any
 
 from mixer.config.recipe import Recipe
 from mixer.core.document import Document
-from mixer.core.errors import DataError
+from mixer.core.errors import MISSING_TEXT_FIELD, DataError
 from mixer.pipeline.batch import BatchLayout
 from mixer.pipeline.slices import stripe
 from mixer.sources import FORMATS, SourceTable, Storage, read_split
@@ -72,7 +72,7 @@ def sample_source(
     ratios: dict[str, float] = {}  # decompressed per stored byte, measured once a format
 
     def bad(sample: SplitSample, error: DataError) -> None:
-        if src.on_error == "raise":
+        if src.on_error == "raise" and not _missing_field(error):
             raise error
         sample.errors.append(error)
 
@@ -130,7 +130,68 @@ def sample_source(
             )
             sample.holds = per_byte * sample.size
         samples.append(sample)
+    check_text_field(recipe, index, samples)
     return samples
+
+
+def first_records(
+    recipe: Recipe, index: int, table: SourceTable, encoder: Encoder, most: int = 8
+) -> list[SplitSample]:
+    """The first `most` records of source `index`'s first split (cheap to read), checked as
+    `sample_source` checks its sample: a text field that none of them has is refused."""
+    src = recipe.sources[index]
+    if not table.splits:
+        return []
+    split, entry = table.splits[0], table.files[table.splits[0].file]
+    sample = SplitSample(0, size=split.end - split.start or entry.size)
+    records = read_split(
+        storage=Storage(src.name, src.storage_options),
+        entry=entry,
+        split=split,
+        source=src.name,
+        text_field=src.chosen_text_field,
+        max_bytes=recipe.max_document_bytes,
+        index=0,
+        offset=0,
+        tokenizer=encoder.info,
+    )
+    try:
+        for record in itertools.islice(records, most):
+            if record.error is not None:
+                sample.errors.append(record.error)
+            elif record.text is not None or record.tokens is not None:
+                sample.documents.append(record.index)
+    finally:
+        records.close()
+    check_text_field(recipe, index, [sample])
+    return [sample]
+
+
+def _missing_field(error: DataError) -> bool:
+    return error.reason == "bad_text" and error.message.startswith(MISSING_TEXT_FIELD)
+
+
+def check_text_field(recipe: Recipe, index: int, samples: list[SplitSample]) -> None:
+    """Raise a `DataError` when the records read of source `index` are there but none has
+    its text field (whatever `on_error` says: skipping every record is no data); it names
+    the field and the keys or columns the records have. A record without it among others
+    that have it is bad input like any other (raised, or skipped and counted)."""
+    errors = [e for s in samples for e in s.errors]
+    if any(s.count for s in samples) or not errors or not all(map(_missing_field, errors)):
+        src = recipe.sources[index]
+        if src.on_error == "raise":
+            missing = next((e for e in errors if _missing_field(e)), None)
+            if missing is not None:
+                raise missing
+        return
+    first = errors[0]
+    raise DataError(
+        f"no record read has the text field (sources[{index}].text_field): {first.message}",
+        source=first.source,
+        file=first.file,
+        location=first.location,
+        reason="bad_text",
+    )
 
 
 def summarize(
