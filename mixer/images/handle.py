@@ -32,6 +32,7 @@ import numpy as np
 from mixer.core.errors import DataError
 from mixer.core.records import EncodedImage
 from mixer.core.resources import PerProcess
+from mixer.core.stages import MEDIA, idle, timed
 from mixer.images.decode import decode_rgb, probe, where
 from mixer.images.pool import PriorityPool
 from mixer.images.processing import ImagePlan, Processing
@@ -271,13 +272,14 @@ class LazyImage:
         return self.plan.rows * math.prod(self.processing.row_shape) * 4
 
     def _compute(self) -> np.ndarray:
-        image = decode_rgb(
-            self.encoded,
-            source=self.source,
-            file=self.file,
-            max_source_pixels=self.max_source_pixels,
-        )
-        return self.processing.pixels(image, self.plan)
+        with timed(MEDIA):
+            image = decode_rgb(
+                self.encoded,
+                source=self.source,
+                file=self.file,
+                max_source_pixels=self.max_source_pixels,
+            )
+            return self.processing.pixels(image, self.plan)
 
     def _reserve(self, *, ahead: bool = False) -> bool:
         """Count the pixels against the process's budget (True: within it)."""
@@ -324,7 +326,8 @@ class LazyImage:
     def _made(self) -> np.ndarray:
         pending, self._future, self._ticket = self._future, None, None
         if pending is not None and pending[0] == os.getpid() and not pending[1].cancel():
-            return pending[1].result()  # running or done: wait for it
+            with idle():  # running or done: wait for it (its thread counts `media`)
+                return pending[1].result()
         # Not prefetched, still queued behind work needed later (taken back and made here
         # rather than waited for), or prefetched by a parent before fork.
         return self._compute()

@@ -35,6 +35,7 @@ from mixer.config.images import ImageSettings
 from mixer.config.video import VideoSettings
 from mixer.core.errors import DataError
 from mixer.core.records import EncodedImage
+from mixer.core.stages import MEDIA, timed
 from mixer.images.handle import LazyImage, stopping
 from mixer.images.processing import ImagePlan, Qwen2VLProcessing
 from mixer.images.video_decode import VideoInfo, decode_frames, video_error
@@ -271,6 +272,10 @@ class LazyVideo(LazyImage):
         )
 
     def _compute(self) -> np.ndarray:
+        with timed(MEDIA):
+            return self._frames()
+
+    def _frames(self) -> np.ndarray:
         plan: VideoPlan = self.plan  # type: ignore[assignment]
         processing: VideoProcessing = self.processing  # type: ignore[assignment]
         out = processing.new_pixels(plan)
