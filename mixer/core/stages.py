@@ -84,6 +84,7 @@ class StageClock:
 
 
 CLOCK = StageClock()
+_UNSTARTED = (_Thread(), _NONE)  # a `timed` not entered yet
 
 
 class timed:
@@ -93,6 +94,7 @@ class timed:
 
     def __init__(self, stage: int) -> None:
         self.stage = stage
+        self.token = _UNSTARTED
 
     def __enter__(self) -> None:
         self.token = CLOCK.enter(self.stage)

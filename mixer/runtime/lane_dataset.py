@@ -111,6 +111,7 @@ class LaneDataset:
             # Across a process boundary: for DataLoader workers one buffer in compact dtypes
             # through the pipe is cheaper than int64 tensors in shared memory (measured: about
             # half the time); Ray actors send arrays through the object store.
+            sent: Any = batch
             if send is not None:
                 with timed(TRANSFER):
                     sent = send(layout, batch)
@@ -123,7 +124,7 @@ class LaneDataset:
                 "io": IO_STATS.as_dict(),
                 "stages": since(clock),
             }
-            yield (batch if send is None else sent), meta
+            yield sent, meta
             step += workers
 
 
