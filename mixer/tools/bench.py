@@ -75,6 +75,7 @@ def run_bench(
     elapsed = time.perf_counter() - start
     total = sum(counts.values())
     backend = loader.backend.describe() if loader.backend is not None else None
+    cpu_s = cpu_s_per_batch(metrics)
     result = {
         "batches": got,
         "num_workers": num_workers,
@@ -90,12 +91,12 @@ def run_bench(
         "stages": metrics["stages"],
         "wait": metrics["wait"],
         "bottleneck": metrics["bottleneck"],
-        "cpu_s_per_batch": cpu_s_per_batch(metrics),
+        "cpu_s_per_batch": cpu_s,
     }
     if step_time is not None:
         result.update(
             step_time_s=step_time,
-            workers_needed=workers_needed(result["cpu_s_per_batch"], step_time, recipe.lanes),
+            workers_needed=workers_needed(cpu_s, step_time, recipe.lanes),
         )
     if recipe.images is not None:
         result.update(
