@@ -25,6 +25,7 @@ import numpy as np
 from mixer.config.images import ImageSettings
 from mixer.core.document import Document, Placement, Rejected
 from mixer.core.errors import DataError
+from mixer.core.stages import MEDIA, timed
 from mixer.images.decode import probe
 from mixer.images.handle import LazyImage
 from mixer.images.processing import ImagePlan
@@ -95,6 +96,16 @@ class ImageDocuments:
         """Documents of records (texts, stored images and videos, files, where each text
         lies); a record that cannot be one is `Rejected` with a `DataError` naming its text's
         place (errors about the text) or its image or video member (errors about a medium)."""
+        with timed(MEDIA):  # (headers probed and planned; the tokenizer's calls: `encode`)
+            return self._build(texts, images, files, locations)
+
+    def _build(
+        self,
+        texts: list[str],
+        images: list[tuple[EncodedImage, ...]],
+        files: list[str],
+        locations: list[str],
+    ) -> list[Document | Rejected]:
         parts: list[tuple[list[str], tuple[EncodedImage, ...]] | Rejected] = []
         for text, media, file, where in zip(texts, images, files, locations):
             videos = [m for m in media if isinstance(m, EncodedVideo)]

@@ -33,6 +33,7 @@ import numpy as np
 from mixer.core.errors import DataError
 from mixer.core.records import EncodedImage
 from mixer.core.resources import PerProcess
+from mixer.core.stages import MEDIA, idle, timed
 from mixer.images.decode import decode_rgb, probe, where
 from mixer.images.pool import PriorityPool
 from mixer.images.processing import ImagePlan, Processing
@@ -190,7 +191,7 @@ ProcessingT = TypeVar("ProcessingT", bound=_Processing)
 
 class LazyMedia(Generic[PlanT, ProcessingT]):
     """An image or video of a document (implements `mixer.core.document.MediaHandle`): the
-    budgeted, prefetching machinery; subclasses make the pixels (`_compute`)."""
+    budgeted, prefetching machinery; subclasses make the pixels (`_make`)."""
 
     kind: Literal["image", "video"]
 
@@ -239,6 +240,10 @@ class LazyMedia(Generic[PlanT, ProcessingT]):
         return self.plan.rows * math.prod(self.processing.row_shape) * 4
 
     def _compute(self) -> np.ndarray:
+        with timed(MEDIA):
+            return self._make()
+
+    def _make(self) -> np.ndarray:
         raise NotImplementedError
 
     def _reserve(self, *, ahead: bool = False) -> bool:
@@ -286,7 +291,8 @@ class LazyMedia(Generic[PlanT, ProcessingT]):
     def _made(self) -> np.ndarray:
         pending, self._future, self._ticket = self._future, None, None
         if pending is not None and pending[0] == os.getpid() and not pending[1].cancel():
-            return pending[1].result()  # running or done: wait for it
+            with idle():  # running or done: wait for it (its thread counts `media`)
+                return pending[1].result()
         # Not prefetched, still queued behind work needed later (taken back and made here
         # rather than waited for), or prefetched by a parent before fork.
         return self._compute()
@@ -380,7 +386,7 @@ class LazyImage(LazyMedia[ImagePlan, Processing]):
             max_source_pixels=self.max_source_pixels,
         )
 
-    def _compute(self) -> np.ndarray:
+    def _make(self) -> np.ndarray:
         image = decode_rgb(
             self.encoded,
             source=self.source,

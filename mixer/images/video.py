@@ -271,7 +271,7 @@ class LazyVideo(LazyMedia[VideoPlan, VideoProcessing]):
             file=self.file,
         )
 
-    def _compute(self) -> np.ndarray:
+    def _make(self) -> np.ndarray:
         plan, processing = self.plan, self.processing
         out = processing.new_pixels(plan)
 

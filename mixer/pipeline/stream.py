@@ -13,6 +13,7 @@ import numpy as np
 
 from mixer.cache.store import TokenCache
 from mixer.core.document import Document, DocumentBuilder
+from mixer.core.stages import DECODE, timed
 from mixer.pipeline.cursor import STATE_KEYS, Cursor
 from mixer.pipeline.emptiness import Emptiness, source_has_documents
 from mixer.pipeline.encode_ahead import EncodeAhead
@@ -137,7 +138,8 @@ class SourceStream:
         cursor = self.cursor
         while not cursor.done:
             if self._win is None:
-                self._win = self.windows.read(cursor.epoch, cursor.window_index, cursor.start)
+                with timed(DECODE):  # (its reads count as `read`)
+                    self._win = self.windows.read(cursor.epoch, cursor.window_index, cursor.start)
                 self._saved = None
             win = self._win
             if cursor.pos >= len(win.items):

@@ -12,6 +12,7 @@ import logging
 import traceback
 import weakref
 from collections.abc import Iterator
+from time import perf_counter
 from typing import Any
 
 import numpy.random  # noqa: F401  (imported before forking: workers seed it on start)
@@ -32,6 +33,13 @@ from mixer.pipeline.schedule import (
 from mixer.runtime import dist
 from mixer.runtime.lane_dataset import as_batch
 from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics, warn_left_over
+from mixer.runtime.profile import (
+    StageTotals,
+    WaitClock,
+    profile_metrics,
+    profile_raw,
+    sum_profiles,
+)
 from mixer.runtime.ray_workers import ActorPool, RayWorkers
 from mixer.runtime.ring import BatchRing, InRing
 from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
@@ -88,6 +96,8 @@ class Loader:
         # handed-out (or loaded) lane states.
         self._plan_version = 0
         self.backend: BackendChoice | None = None  # which encodes, and why (build_loader)
+        self._stages = StageTotals()  # this iteration's profile (metrics()["stages"], ...)
+        self._wait = WaitClock()
 
     # -- ownership ---------------------------------------------------------------------------
     def own_lanes(self) -> list[int]:
@@ -217,15 +227,20 @@ class Loader:
         """What this rank's lanes delivered so far, per source (docs/metrics.md): `tokens`,
         `documents`, `target_share` (now), `realized_share` (cumulative), `epochs`
         (fractional passes), `skipped`, `skipped_by_reason`, `oversize`; plus `io` (remote
-        reads of the current iteration), `next_global_batch` and `global_tokens`.
+        reads of the current iteration), `next_global_batch` and `global_tokens`; and the
+        current iteration's profile (docs/profile.md): `stages` (busy seconds per stage),
+        `wait` (the caller's waits inside `next()`) and `bottleneck`.
 
         `all_ranks=True` inside a torch.distributed job is a collective that sums the ranks'
         figures (every rank must call it)."""
         snapshot = self._metrics_snapshot()
         mine = loader_metrics(snapshot)
+        profile = profile_raw(self._stages, self._wait)
         if all_ranks and self._distributed and self.world_size > 1:
-            return sum_metrics(dist.all_gather_objects(mine), snapshot)
-        return mine
+            gathered = dist.all_gather_objects((mine, profile))
+            summed = sum_metrics([m for m, _ in gathered], snapshot)
+            return {**summed, **profile_metrics(sum_profiles([p for _, p in gathered]))}
+        return {**mine, **profile_metrics(profile)}
 
     def _metrics_snapshot(self) -> MetricsSnapshot:
         next_global = self.next_global_batch
@@ -290,6 +305,8 @@ class Loader:
     def _generate(self) -> Iterator[dict[str, torch.Tensor]]:
         # A set_weights or load_state_dict call while iterating discards what the workers
         # prefetched and starts them again from the handed-out (or loaded) lane states.
+        self._stages, self._wait = StageTotals(), WaitClock()  # counters of this iteration
+        self._wait.called()
         if self.workers is not None:  # Ray actors live as long as the iteration
             self._pool = ActorPool(self.workers, self.layout)
         try:
@@ -317,6 +334,7 @@ class Loader:
     def _run(self) -> Iterator[dict[str, torch.Tensor]]:
         """Batches until the stream ends (returns False) or the weights change (True)."""
         version = self._plan_version
+        self._stages.restart()
         dataset = TorchLaneDataset(
             self.recipe,
             self.tables,
@@ -341,7 +359,10 @@ class Loader:
                     return False
                 if "error" in meta:
                     raise meta["error"]
+                self._stages.worker(meta["worker"], meta.get("stages"))
+                took = perf_counter()
                 data = self._receive(dataset.ring, data, meta["padding"])
+                self._stages.own_transfer += perf_counter() - took
                 expected = self._next_global + len(held) * self.world_size + self.rank
                 if meta["g"] != expected:
                     raise RuntimeError(
@@ -358,12 +379,14 @@ class Loader:
                     continue
                 for held_data, held_meta in held:
                     self._hand(held_meta)
-                    yield as_batch(self.layout, held_data, held_meta)
+                    yield self._handed(held_data, held_meta)
+                    self._wait.called()
                     if self._plan_version != version:
                         return True  # the rest was made with the old weights
                 held.clear()
                 self._hand(meta)
-                yield as_batch(self.layout, data, meta)
+                yield self._handed(data, meta)
+                self._wait.called()
         except BaseException as exc:
             # The traceback's DataLoader frames hold its iterator; clear their locals so the
             # workers stop now, not when the caller drops the exception.
@@ -373,6 +396,15 @@ class Loader:
             if self.num_workers == 0:  # in-process lanes, or the Ray stream
                 source.close()  # closes the lanes' readers and unfinished cache entries
             del source  # shuts DataLoader workers down
+
+    def _handed(self, data: Any, meta: dict) -> dict[str, torch.Tensor]:
+        """The user's batch, made now: its time is the transfer stage's, and the caller's
+        wait ends."""
+        took = perf_counter()
+        batch = as_batch(self.layout, data, meta)
+        self._stages.own_transfer += perf_counter() - took
+        self._wait.handed()
+        return batch
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         self.close()
