@@ -35,7 +35,7 @@ from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics, 
 from mixer.runtime.ray_workers import ActorPool, RayWorkers
 from mixer.runtime.ring import BatchRing, InRing
 from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
-from mixer.runtime.topology import check_workers
+from mixer.runtime.topology import check_workers, global_batch, lanes_served
 from mixer.runtime.torch_dataset import TorchLaneDataset, worker_batches
 from mixer.sources import SourceTable
 from mixer.sources.manifest import list_sources
@@ -95,13 +95,12 @@ class Loader:
         return self._lanes_from(self._next_global)
 
     def _lanes_from(self, next_global: int) -> list[int]:
-        first = (next_global + self.rank) % self.world_size
-        return list(range(first, self.recipe.lanes, self.world_size))
+        return lanes_served(self.recipe.lanes, next_global, self.rank, self.world_size)
 
     @property
     def next_global_batch(self) -> int:
         """Global index of the batch this rank receives next (rank r gets g0 + s·W + r)."""
-        return self._next_global + self.rank
+        return global_batch(self._next_global, 0, self.rank, self.world_size)
 
     @property
     def global_tokens(self) -> int:
@@ -342,7 +341,7 @@ class Loader:
                 if "error" in meta:
                     raise meta["error"]
                 data = self._receive(dataset.ring, data, meta["padding"])
-                expected = self._next_global + len(held) * self.world_size + self.rank
+                expected = global_batch(self._next_global, len(held), self.rank, self.world_size)
                 if meta["g"] != expected:
                     raise RuntimeError(
                         f"internal error: got global batch {meta['g']}, expected {expected}"

@@ -36,6 +36,7 @@ import numpy as np
 from mixer.core.errors import MixerError, TopologyError
 from mixer.pipeline.batch import Batch, BatchLayout
 from mixer.runtime.lane_dataset import LaneDataset
+from mixer.runtime.topology import lanes_served
 from mixer.tokenize.encoding import use_worker_encoding_threads
 
 log = logging.getLogger("mixer.loader")
@@ -227,12 +228,13 @@ class ActorPool:
                 queue.clear()
 
     def lanes_of(self, w: int, dataset: LaneDataset) -> list[int]:
-        count, world, lanes = len(self.actors), dataset.world_size, dataset.recipe.lanes
-        return sorted(
-            {
-                (dataset.start + (w + k * count) * world + dataset.rank) % lanes
-                for k in range(lanes // (count * world))
-            }
+        return lanes_served(
+            dataset.recipe.lanes,
+            dataset.start,
+            dataset.rank,
+            dataset.world_size,
+            w,
+            len(self.actors),
         )
 
     def _replace(
