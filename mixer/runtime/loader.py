@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import traceback
 import weakref
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import numpy.random  # noqa: F401  (imported before forking: workers seed it on start)
@@ -19,7 +19,7 @@ import torch
 
 from mixer.cache.store import tokenizer_info_dir
 from mixer.config.recipe import Recipe, load_recipe
-from mixer.core.errors import DataError, StateError
+from mixer.core.errors import DataError, MixerError, StateError, TopologyError
 from mixer.images.select import layout_for
 from mixer.pipeline.batch import TEXT_KEYS
 from mixer.pipeline.schedule import (
@@ -30,12 +30,19 @@ from mixer.pipeline.schedule import (
     schedule_snapshot,
 )
 from mixer.runtime import dist
+from mixer.runtime.autoscale import Autoscaler, Change
 from mixer.runtime.lane_dataset import as_batch
 from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics, warn_left_over
 from mixer.runtime.ray_workers import ActorPool, RayWorkers
 from mixer.runtime.ring import BatchRing, InRing
 from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
-from mixer.runtime.topology import check_workers, global_batch, lanes_served
+from mixer.runtime.topology import (
+    check_topology,
+    check_workers,
+    global_batch,
+    lanes_served,
+    valid_workers,
+)
 from mixer.runtime.torch_dataset import TorchLaneDataset, worker_batches
 from mixer.sources import SourceTable
 from mixer.sources.manifest import list_sources
@@ -69,6 +76,8 @@ class Loader:
         check_workers(recipe.lanes, rank, world_size, num_workers, workers)
         self.workers = workers
         self._pool: ActorPool | None = None
+        self._actors = workers.actors if workers is not None else 0  # Ray actors to run
+        self._resizes = 0
         self.recipe = recipe
         self.tables = tables
         self.tokenizer = tokenizer
@@ -84,8 +93,8 @@ class Loader:
         self._gen: weakref.ref | None = None
         self._closing = False  # set by `close` from another thread while iterating
         self._plan = WeightPlan(recipe)
-        # Bumped by set_weights and load_state_dict: a running iteration restarts from the
-        # handed-out (or loaded) lane states.
+        # Bumped by set_weights, load_state_dict and resize_workers: a running iteration
+        # restarts from the handed-out (or loaded) lane states.
         self._plan_version = 0
         self.backend: BackendChoice | None = None  # which encodes, and why (build_loader)
 
@@ -212,18 +221,94 @@ class Loader:
         )
         self._plan_version += 1
 
+    # -- the data tier -----------------------------------------------------------------------
+    def resize_workers(self, actors: int) -> None:
+        """Run the lanes on `actors` Ray actors from the next batch on (also for the next
+        iteration). The batches are unchanged, and so is the state: the lanes restart on
+        the new actors from the states of the batches handed out. A count the lanes rule
+        refuses raises `TopologyError` listing the valid ones."""
+        if self.workers is None:
+            raise MixerError(
+                "resize_workers needs a loader built with workers=mixer.RayWorkers(...): "
+                f"DataLoader workers (num_workers={self.num_workers}) are fixed for an "
+                "iteration; to change their count, build a loader with another num_workers "
+                "and load this one's state_dict() into it"
+            )
+        if isinstance(actors, bool) or not isinstance(actors, int) or actors < 1:
+            raise TopologyError(
+                f"resize_workers: actors must be an integer >= 1, got {actors!r}; valid "
+                f"actors for world_size {self.world_size}: "
+                f"{valid_workers(self.recipe.lanes, self.world_size)}"
+            )
+        check_topology(self.recipe.lanes, self.world_size, actors, what="actors")
+        self._resize(actors, "resize_workers")
+
+    def _resize(self, actors: int, why: str) -> None:
+        if actors == self._actors:
+            return
+        log.info("Ray actors %d → %d (%s)", self._actors, actors, why)
+        self._actors = actors
+        self._resizes += 1
+        if self._pool is not None:  # iterating: the lanes restart on the new count
+            self._plan_version += 1
+
+    def _autoscaler(self) -> Autoscaler | None:
+        spec = self.workers
+        if spec is None or spec.max_actors is None or spec.max_actors <= spec.actors:
+            return None
+        counts = valid_workers(self.recipe.lanes, self.world_size)
+        return Autoscaler(
+            [c for c in counts if spec.actors <= c <= spec.max_actors], spec.in_flight
+        )
+
+    def _scaled(
+        self, batches: Generator[dict[str, torch.Tensor], None, bool], scaler: Autoscaler
+    ) -> Generator[dict[str, torch.Tensor], None, bool]:
+        """`batches`, with the consumer's wait inside `next()` measured and the actors
+        resized by `scaler` between batches; returns what `batches` returns."""
+        try:
+            while True:
+                scaler.wait.asked()
+                try:
+                    batch = next(batches)
+                except StopIteration as end:
+                    return end.value
+                scaler.wait.got()
+                assert self._pool is not None
+                change = scaler.decide(self._actors, self._pool.busy_s)
+                if change is not None:
+                    self._resize(change.to, _why(change))
+                yield batch
+        finally:
+            batches.close()
+
+    def _workers_metrics(self) -> dict[str, Any]:
+        if self.workers is not None:
+            return {"kind": "ray", "count": self._actors, "resizes": self._resizes}
+        if self.num_workers:
+            return {"kind": "dataloader", "count": self.num_workers, "resizes": 0}
+        return {"kind": "none", "count": 0, "resizes": 0}
+
     def metrics(self, all_ranks: bool = False) -> dict[str, Any]:
         """What this rank's lanes delivered so far, per source (docs/metrics.md): `tokens`,
         `documents`, `target_share` (now), `realized_share` (cumulative), `epochs`
         (fractional passes), `skipped`, `skipped_by_reason`, `oversize`; plus `io` (remote
-        reads of the current iteration), `next_global_batch` and `global_tokens`.
+        reads of the current iteration), `next_global_batch`, `global_tokens` and
+        `workers` (`kind` "ray", "dataloader" or "none", the `count` running, `resizes`).
 
         `all_ranks=True` inside a torch.distributed job is a collective that sums the ranks'
         figures (every rank must call it)."""
         snapshot = self._metrics_snapshot()
-        mine = loader_metrics(snapshot)
+        mine = {**loader_metrics(snapshot), "workers": self._workers_metrics()}
         if all_ranks and self._distributed and self.world_size > 1:
-            return sum_metrics(dist.all_gather_objects(mine), snapshot)
+            per_rank = dist.all_gather_objects(mine)
+            summed = sum_metrics(per_rank, snapshot)
+            summed["workers"] = {
+                "kind": mine["workers"]["kind"],
+                "count": sum(m["workers"]["count"] for m in per_rank),
+                "resizes": sum(m["workers"]["resizes"] for m in per_rank),
+            }
+            return summed
         return mine
 
     def _metrics_snapshot(self) -> MetricsSnapshot:
@@ -289,11 +374,19 @@ class Loader:
     def _generate(self) -> Iterator[dict[str, torch.Tensor]]:
         # A set_weights or load_state_dict call while iterating discards what the workers
         # prefetched and starts them again from the handed-out (or loaded) lane states.
+        scaler = None
         if self.workers is not None:  # Ray actors live as long as the iteration
             self._pool = ActorPool(self.workers, self.layout)
+            scaler = self._autoscaler()
         try:
-            while (yield from self._run()):
-                pass
+            while True:
+                if scaler is None:
+                    more = yield from self._run()
+                else:
+                    scaler.restart(self._actors)  # the lanes' restart is not the steady wait
+                    more = yield from self._scaled(self._run(), scaler)
+                if not more:
+                    break
         finally:
             if self._pool is not None:
                 self._pool.close()
@@ -302,7 +395,7 @@ class Loader:
     def _open(self, dataset: TorchLaneDataset) -> Any:
         """What yields (batch, meta): the dataset itself, DataLoader workers, or Ray actors."""
         if self._pool is not None:
-            return self._pool.stream(dataset)
+            return self._pool.stream(dataset, self._actors)
         if self.num_workers == 0:
             return iter(dataset)
         return worker_batches(dataset, self.layout, self.num_workers)
@@ -313,7 +406,7 @@ class Loader:
             return ring.take(data, lambda wire: self.layout.from_wire(wire, padding))
         return data
 
-    def _run(self) -> Iterator[dict[str, torch.Tensor]]:
+    def _run(self) -> Generator[dict[str, torch.Tensor], None, bool]:
         """Batches until the stream ends (returns False) or the weights change (True)."""
         version = self._plan_version
         dataset = TorchLaneDataset(
@@ -405,6 +498,13 @@ class Loader:
             self.close()
         except Exception:
             pass
+
+
+def _why(change: Change) -> str:
+    return (
+        f"the consumer waited {change.wait_share:.1%} of the last {change.window_s:.1f} s, "
+        f"the actors idled {change.idle_share:.0%}"
+    )
 
 
 def build_loader(
