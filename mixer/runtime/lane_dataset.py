@@ -17,6 +17,7 @@ from mixer.images.select import layout_for
 from mixer.pipeline.batch import Batch, BatchLayout, Wire
 from mixer.pipeline.lanes import Lane
 from mixer.pipeline.schedule import WeightPlan
+from mixer.runtime.topology import global_batch, lane_of
 from mixer.sources import IO_STATS, SourceTable
 from mixer.tokenize import Encoder
 
@@ -82,8 +83,8 @@ class LaneDataset:
         step = worker
         clock = CLOCK.snapshot()  # this iteration's stage seconds: those since here
         while True:  # never stop: the main process decides the end
-            g = self.start + step * self.world_size + self.rank
-            index = g % self.recipe.lanes
+            g = global_batch(self.start, step, self.rank, self.world_size)
+            index = lane_of(g, self.recipe.lanes)
             lane = lanes.get(index)
             if lane is None:
                 lane = Lane(
