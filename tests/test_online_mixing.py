@@ -419,3 +419,28 @@ def test_ado_state_resumes_exactly(base):
     resumed = mixer.build_loader(recipe)
     resumed.load_state_dict(roundtrip(first.state_dict()))
     assert train(resumed, steps - cut) == (digests[cut:], mixes[cut:])
+
+
+@pytest.mark.distributed
+def test_two_rank_torchrun_job_mixes_as_one_rank_and_resumes_on_one(base, tmp_path):
+    """Under torchrun the ranks' sums are combined at each update: the 2-rank job's global
+    stream and weights are the 1-rank run's; its state, taken between updates with both
+    ranks' sums pending, resumes on 1 rank exactly."""
+    from test_torchrun import ROOT, torchrun
+
+    steps, cut = 2 * EVERY, EVERY + 1  # per rank; the state is taken at global batch 2·cut
+    (tmp_path / "recipe.json").write_text(json.dumps(base))
+    prefix = tmp_path / "log"
+    driver = ROOT / "tests" / "dist_online_mixing.py"
+    torchrun(2, str(driver), str(tmp_path / "recipe.json"), str(prefix), str(steps), str(cut))
+    job = {e["g"]: e for r in range(2) for e in json.loads((tmp_path / f"log.rank{r}").read_text())}
+    digests, mixes = train(mixer.build_loader(base), 2 * steps)
+    assert [job[g]["digest"] for g in range(2 * steps)] == digests
+    # (a rank's metrics after its step: the weights of its next batch, as on one rank)
+    assert [job[g]["mixing"]["weights"] for g in range(1, 2 * steps, 2)] == [
+        m["weights"] for m in mixes[1::2]
+    ]
+    assert mixes[-1]["updates"] == 2 * steps // EVERY - 1  # (the next is at the next next())
+    resumed = mixer.build_loader(base)
+    resumed.load_state_dict(json.loads((tmp_path / "log.state").read_text()))
+    assert train(resumed, 2 * (steps - cut)) == (digests[2 * cut :], mixes[2 * cut :])
