@@ -4,6 +4,7 @@ The data path, by layer (each imports only those above it in this list; docs/arc
 
     core/        errors, counter-based rng, atomic files, shared types (records, documents,
                  TokenizerInfo), the registries a recipe names (formats, packers)
+    mixing/      online mixing algorithms (ODM, ADO) and their registry; torch-free
     config/      YAML/dict -> validated, frozen Recipe (recipe_input.py: bounded reading)
     sources/     storage, listing once -> splits, manifests, the reader boundary;
                  formats/: one reader per format (jsonl, parquet, text, webdataset,
@@ -51,9 +52,11 @@ _LAZY = {
     "RayWorkers": "mixer.runtime.ray_workers",
     "merge_states": "mixer.runtime.state",
     "is_padding_batch": "mixer.pipeline.batch",
+    "loss_by_source": "mixer.runtime.loss_sums",
 }
 _LAYERS = (
     "core",
+    "mixing",
     "config",
     "sources",
     "tokenize",
@@ -93,5 +96,6 @@ __all__ = [
     "build_loader",
     "is_padding_batch",
     "load_recipe",
+    "loss_by_source",
     "merge_states",
 ]

@@ -16,6 +16,7 @@ from pydantic import (
 
 from mixer.config.fields import Float, Int, _Frozen, normalize
 from mixer.config.images import ImageSettings
+from mixer.config.online_mixing import OnlineMixing
 from mixer.config.recipe_input import check_plain, read_yaml
 from mixer.config.schedule import Schedule
 from mixer.core.errors import RecipeError
@@ -188,6 +189,11 @@ class Recipe(_Frozen):
         default=None,
         description="Target weights over global tokens; absent: the sources' `weight`.",
     )
+    online_mixing: OnlineMixing | None = Field(
+        default=None,
+        description="Weights set from the reported training loss (absent: off); the "
+        "sources' `weight`s are the start and the prior.",
+    )
     base_dir: str = Field(default=".", description="Relative paths resolve against this folder.")
 
     @field_validator("packing")
@@ -269,6 +275,15 @@ class Recipe(_Frozen):
         return self
 
     @model_validator(mode="after")
+    def _online_mixing_alone(self) -> Recipe:
+        if self.online_mixing is not None and self.schedule is not None:
+            raise ValueError(
+                "online_mixing: cannot be combined with `schedule` (the algorithm sets the "
+                "weights; give the sources `weight`s to start from)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _weights_have_shares(self) -> Recipe:
         if self.schedule is not None:
             return self
@@ -333,7 +348,7 @@ def _format_error(err: ValidationError) -> str:
         msg = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             msg = "unknown key"
-        if item["type"] == "value_error" and path == "<recipe>":
+        if item["type"] == "value_error" and (path == "<recipe>" or msg.startswith(path + ".")):
             lines.append(msg)  # a model check: the message names its field
             continue
         lines.append(f"{path}: {msg}")

@@ -20,7 +20,7 @@ import torch
 
 from mixer.cache.store import tokenizer_info_dir
 from mixer.config.recipe import Recipe, load_recipe
-from mixer.core.errors import DataError, MixerError, StateError, TopologyError
+from mixer.core.errors import DataError, MixerError, RecipeError, StateError, TopologyError
 from mixer.images.select import layout_for
 from mixer.pipeline.batch import TEXT_KEYS
 from mixer.pipeline.schedule import (
@@ -33,7 +33,9 @@ from mixer.pipeline.schedule import (
 from mixer.runtime import dist
 from mixer.runtime.autoscale import Autoscaler, Change
 from mixer.runtime.lane_dataset import as_batch
+from mixer.runtime.loss_sums import source_sums
 from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics, warn_left_over
+from mixer.runtime.mixing_state import MixingLoop, to_fixed
 from mixer.runtime.profile import (
     StageTotals,
     WaitClock,
@@ -107,6 +109,12 @@ class Loader:
         self.backend: BackendChoice | None = None  # which encodes, and why (build_loader)
         self._stages = StageTotals()  # this iteration's profile (metrics()["stages"], ...)
         self._wait = WaitClock()
+        self._mixing = MixingLoop(recipe) if recipe.online_mixing is not None else None
+        if self._mixing is not None and self._mixing.every % world_size:
+            raise TopologyError(
+                f"online_mixing.every ({self._mixing.every}) must be a multiple of the world "
+                f"size ({world_size}): every rank updates the weights at the same step"
+            )
 
     # -- ownership ---------------------------------------------------------------------------
     def own_lanes(self) -> list[int]:
@@ -130,7 +138,7 @@ class Loader:
     def _rank_payload(self) -> dict:
         tokens = self._plan.tokens_at(self._next_global)
         override = self._plan.override
-        return {
+        payload = {
             "kind": "global" if self.world_size == 1 else "rank",
             "fingerprint": self._fingerprint,
             "next_global": self._next_global,
@@ -142,6 +150,9 @@ class Loader:
             "schedule": schedule_snapshot(self.recipe, tokens),
             "override": override.to_dict(self._plan.names) if override else None,
         }
+        if self._mixing is not None:  # (absent otherwise: the states of other recipes keep
+            payload["mixing"] = self._mixing.payload()  # their shape)
+        return payload
 
     def state_dict(self) -> dict[str, Any]:
         """Fixed-shape, JSON-serialisable state (kilobytes).
@@ -190,6 +201,9 @@ class Loader:
         check_schedule(payload.get("schedule"), self.recipe, tokens)
         saved = payload.get("override")
         override = Override.from_dict(saved, self.recipe.names) if saved else None
+        if self._mixing is not None:
+            own = payload["kind"] == "rank" or self.rank == 0  # a merged state's sums: rank 0
+            self._mixing.load(payload.get("mixing"), keep_pending=own)
         self._next_global = payload["next_global"]
         self._lane_states = lanes
         self._plan = WeightPlan(self.recipe, payload["next_global"], tokens, override)
@@ -209,6 +223,11 @@ class Loader:
         recipe raises `DataError`, and a finite one ends (as a schedule's point would) with a
         warning naming the sources whose documents are left undelivered.
         """
+        if self._mixing is not None:
+            raise RecipeError(
+                "set_weights: the recipe's online_mixing sets the weights; remove "
+                "online_mixing to set them by hand"
+            )
         normalized = override_weights(weights, self.recipe.names)
         if self._distributed and self.world_size > 1:
             mine = (self._next_global, normalized)
@@ -299,6 +318,45 @@ class Loader:
             return {"kind": "dataloader", "count": self.num_workers, "resizes": 0}
         return {"kind": "none", "count": 0, "resizes": 0}
 
+    # -- online mixing -----------------------------------------------------------------------
+    def report_loss(self, token_loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
+        """Add this batch's per-source loss to the sums of the next online mixing update.
+
+        `token_loss`: the loss of each position of `batch`, `[batch_size, seq_len]` aligned
+        with `labels` or `[batch_size, seq_len - 1]` shifted (the loss of predicting
+        `labels[:, 1:]`); positions labelled -100 are ignored. Call it once per batch, on
+        every rank, before the `next()` that follows (docs/online-mixing.md)."""
+        if self._mixing is None:
+            raise RecipeError("report_loss: the recipe has no online_mixing block")
+        sums = source_sums(token_loss, batch, len(self.recipe.names))
+        self._mixing.add([(to_fixed(loss), tokens) for loss, tokens in sums])
+
+    def _mix(self) -> bool:
+        """At an update point: the new weights from all ranks' sums (a collective inside a
+        torch.distributed job), in force from this step on. True when it updated."""
+        mixing = self._mixing
+        if mixing is None or not mixing.due(self._next_global):
+            return False
+        combined = mixing.pending
+        if self._distributed and self.world_size > 1:
+            gathered = dist.all_gather_objects((self._next_global, mixing.pending))
+            if any(g[0] != self._next_global for g in gathered):
+                steps = [g[0] // self.world_size for g in gathered]
+                raise StateError(f"online mixing update out of step: ranks at steps {steps}")
+            combined = [
+                [sum(g[1][i][0] for g in gathered), sum(g[1][i][1] for g in gathered)]
+                for i in range(len(mixing.names))
+            ]
+        weights = mixing.update(combined, self._next_global)
+        self._plan = WeightPlan(
+            self.recipe,
+            self._next_global,
+            self._plan.tokens_at(self._next_global),
+            Override(self._next_global, override_weights(weights, self.recipe.names)),
+        )
+        self._plan_version += 1
+        return True
+
     def metrics(self, all_ranks: bool = False) -> dict[str, Any]:
         """What this rank's lanes delivered so far, per source (docs/metrics.md): `tokens`,
         `documents`, `target_share` (now), `realized_share` (cumulative), `epochs`
@@ -322,8 +380,17 @@ class Loader:
                 "count": sum(m["workers"]["count"] for m in per_rank),
                 "resizes": sum(m["workers"]["resizes"] for m in per_rank),
             }
-            return {**summed, **profile_metrics(sum_profiles([p for _, p in gathered]))}
-        return {**mine, **profile_metrics(profile)}
+            mine = {**summed, **profile_metrics(sum_profiles([p for _, p in gathered]))}
+        else:
+            mine = {**mine, **profile_metrics(profile)}
+        if self._mixing is not None:  # the same on every rank
+            mine["mixing"] = {
+                "algorithm": self._mixing.algorithm_name,
+                "updates": self._mixing.updates,
+                "weights": dict(zip(self.recipe.names, snapshot.target_share)),
+                "losses": dict(self._mixing.losses),
+            }
+        return mine
 
     def _metrics_snapshot(self) -> MetricsSnapshot:
         next_global = self.next_global_batch
@@ -396,6 +463,7 @@ class Loader:
             scaler = self._autoscaler()
         try:
             while True:
+                self._mix()
                 if scaler is None:
                     more = yield from self._run()
                 else:
@@ -442,7 +510,7 @@ class Loader:
             while True:
                 if self._closing:  # closed from another thread (see `close`)
                     return False
-                if self._plan_version != version:
+                if self._plan_version != version or self._mix():
                     return True
                 try:
                     data, meta = next(source)
@@ -469,12 +537,16 @@ class Loader:
                     held.append((data, meta))  # padding: yield only if real data follows
                     continue
                 for held_data, held_meta in held:
+                    if self._mix():
+                        return True  # the held batches were made with the old weights
                     self._hand(held_meta)
                     yield self._handed(held_data, held_meta)
                     self._wait.called()
                     if self._plan_version != version:
                         return True  # the rest was made with the old weights
                 held.clear()
+                if self._mix():
+                    return True
                 self._hand(meta)
                 yield self._handed(data, meta)
                 self._wait.called()

@@ -17,6 +17,7 @@ from typing import Any
 from mixer.config.recipe import Recipe
 from mixer.core.errors import StateError
 from mixer.core.token_info import TokenizerInfo
+from mixer.runtime.mixing_state import merge_mixing
 from mixer.runtime.state_codec import decode_lanes, encodable, encode_lanes
 from mixer.runtime.state_schema import check_payload
 from mixer.sources import SourceTable
@@ -211,7 +212,7 @@ def merge_payloads(payloads: list[dict]) -> dict:
         skipped = p["listing_skipped"]
     if len(lanes) != first["fingerprint"]["stream"]["lanes"]:
         raise StateError("the ranks' states do not cover every lane")
-    return {
+    merged = {
         "kind": "global",
         "fingerprint": first["fingerprint"],
         "next_global": first["next_global"],
@@ -223,3 +224,7 @@ def merge_payloads(payloads: list[dict]) -> dict:
         "schedule": first.get("schedule"),
         "override": first.get("override"),
     }
+    mixing = merge_mixing([p.get("mixing") for p in payloads])
+    if mixing is not None:
+        merged["mixing"] = mixing
+    return merged
