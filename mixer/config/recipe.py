@@ -166,6 +166,11 @@ class Recipe(_Frozen):
         description="Manifest file written by `mixer index`; used at start-up when it exists.",
     )
     mask_document_boundaries: bool = Field(default=False)
+    flatten: bool = Field(
+        default=False,
+        description="Each batch as one row [1, batch_size·seq_len] with cu_seq_lens_q/k and "
+        "max_length_q/k (varlen attention); the stream and state are the unflattened recipe's.",
+    )
     token_cache: str | None = Field(
         default=None,
         min_length=1,

@@ -61,7 +61,7 @@ class _ImageLayout(BatchLayout):
     video_vision: VisionTokens | None = None
 
     def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:
-        super().__init__(seq_len=recipe.seq_len, pad_id=tokenizer.pad_id)
+        super().__init__(seq_len=recipe.seq_len, pad_id=tokenizer.pad_id, flatten=recipe.flatten)
         assert recipe.images is not None
         self.settings = recipe.images
         self.processing = processing_for(recipe.images)

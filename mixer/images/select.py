@@ -15,7 +15,11 @@ def layout_for(recipe: Recipe, tokenizer: TokenizerInfo) -> BatchLayout:
     """The layout a recipe's batches have: text, or the image layout its `images` block names."""
     images = getattr(recipe, "images", None)
     if images is None:
-        return BatchLayout(seq_len=recipe.seq_len, pad_id=tokenizer.pad_id)
+        return BatchLayout(
+            seq_len=recipe.seq_len,
+            pad_id=tokenizer.pad_id,
+            flatten=getattr(recipe, "flatten", False),
+        )
     from mixer.images.layouts import image_layout  # (imports PIL only when needed)
 
     return image_layout(recipe, tokenizer)
