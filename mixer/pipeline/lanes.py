@@ -136,7 +136,7 @@ class Lane:
                 "deficit": self.target[i] - TARGET_SCALE * self.mix[i],
                 "documents": self.documents[i],
                 "skipped": stream.skipped,
-                "epochs": round(stream.progress(), 4),
+                "epochs": round(packer.progress(), 4),
                 "packer": packer.state_dict(),
             }
             reasons = stream.skipped_reasons
