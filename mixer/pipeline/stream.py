@@ -100,10 +100,9 @@ class SourceStream:
             return dict(self._saved[2])
         return self.cursor.skipped_reasons(self._win)
 
-    def progress(self, saved: bool = True) -> float:
-        """Completed passes over the lane's slice behind the reading position (an estimate
-        for metrics); `saved=False`: from the cursor, never the figure a loaded state holds."""
-        if saved and self._saved is not None:
+    def progress(self) -> float:
+        """Completed passes over the lane's slice (an estimate for metrics)."""
+        if self._saved is not None:
             return self._saved[0]
         items = () if self.cursor.done else self.reader.items(self.cursor.epoch)
         return self.cursor.progress(items, self.reader.splits, self._win)

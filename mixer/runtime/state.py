@@ -52,6 +52,9 @@ def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTab
             if images[key] == type(recipe.images).model_fields[key].default:
                 del images[key]
         stream["images"] = images
+    audio = getattr(recipe, "audio", None)
+    if audio is not None:
+        stream["audio"] = audio.model_dump(mode="json")
     sources = {}
     for src, table in zip(recipe.sources, tables):
         files = hashlib.sha256(json.dumps(table.fingerprint()).encode()).hexdigest()[:16]
