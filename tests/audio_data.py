@@ -148,8 +148,11 @@ class Sample:
     length: int  # words of caption
     clips: list[Clip] = field(default_factory=list)
     marker: bool = False  # "<audio>" markers in the caption, one per clip, between words
+    text: str | None = None  # the caption as given
 
     def caption(self) -> str:
+        if self.text is not None:
+            return self.text
         words = doc_text(self.doc, self.length).split()
         if not self.marker:
             return " ".join(words)
