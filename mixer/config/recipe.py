@@ -14,6 +14,7 @@ from pydantic import (
     model_validator,
 )
 
+from mixer.config.audio import AudioSettings
 from mixer.config.fields import Float, Int, _Frozen, normalize
 from mixer.config.images import ImageSettings
 from mixer.config.online_mixing import OnlineMixing
@@ -189,6 +190,9 @@ class Recipe(_Frozen):
     images: ImageSettings | None = Field(
         default=None, description="Image+text batches (absent: text batches)."
     )
+    audio: AudioSettings | None = Field(
+        default=None, description="Audio+text batches (absent: text batches)."
+    )
     sources: list[SourceConfig] = Field(min_length=1)
     schedule: Schedule | None = Field(
         default=None,
@@ -218,6 +222,15 @@ class Recipe(_Frozen):
                     f"(also sources[{seen[src.name]}].name)"
                 )
             seen[src.name] = i
+        return self
+
+    @model_validator(mode="after")
+    def _one_media_layout(self) -> Recipe:
+        if self.images is not None and self.audio is not None:
+            raise ValueError(
+                "audio: a recipe has one batch layout; `images:` and `audio:` cannot be "
+                "combined (qwen2_audio batches carry no pixels)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -299,6 +312,12 @@ class Recipe(_Frozen):
                     "next to the other weights: its share rounds to 0"
                 )
         return self
+
+    @property
+    def has_media(self) -> bool:
+        """Whether documents are built from records with media (an `images:` or `audio:`
+        block): no token cache, one batch per DataLoader item, a layout of its own."""
+        return self.images is not None or self.audio is not None
 
     @property
     def names(self) -> list[str]:

@@ -19,6 +19,7 @@ REASONS = (
     "bad_text",
     "bad_image",
     "bad_video",
+    "bad_audio",
     "bad_tokens",
     "corrupt",
     "unreadable",

@@ -31,7 +31,7 @@ from mixer.images.handle import LazyImage
 from mixer.images.processing import ImagePlan
 from mixer.images.video import LazyVideo, VideoPlan, VideoProcessing, probe_error
 from mixer.images.video_decode import VideoInfo, probe_video, video_error
-from mixer.sources import EncodedImage, EncodedVideo
+from mixer.sources import EncodedAudio, EncodedImage, EncodedVideo
 from mixer.tokenize import Encoder
 
 
@@ -108,6 +108,19 @@ class ImageDocuments:
     ) -> list[Document | Rejected]:
         parts: list[tuple[list[str], tuple[EncodedImage, ...]] | Rejected] = []
         for text, media, file, where in zip(texts, images, files, locations):
+            clips = [m for m in media if isinstance(m, EncodedAudio)]
+            if clips:  # (an image layout has no audio; the `audio:` block's layout has)
+                first = clips[0]
+                parts.append(
+                    self._error(
+                        f"the sample has {len(clips)} audio clip(s) but the recipe has no "
+                        "`audio:` block (an image layout carries no audio)",
+                        file,
+                        f"member {first.member} at byte offset {first.offset}",
+                        "bad_audio",
+                    )
+                )
+                continue
             videos = [m for m in media if isinstance(m, EncodedVideo)]
             if videos and self.videos is None:
                 parts.append(

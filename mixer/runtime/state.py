@@ -46,6 +46,8 @@ def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTab
     stream["eos_id"] = tokenizer.eos_id
     if recipe.images is not None:
         stream["images"] = recipe.images.model_dump(mode="json")
+    if recipe.audio is not None:
+        stream["audio"] = recipe.audio.model_dump(mode="json")
     sources = {}
     for src, table in zip(recipe.sources, tables):
         files = hashlib.sha256(json.dumps(table.fingerprint()).encode()).hexdigest()[:16]
