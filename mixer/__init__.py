@@ -40,6 +40,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from mixer.pipeline.batch import is_padding_batch
     from mixer.runtime.loader import BATCH_KEYS, Loader, build_loader
+    from mixer.runtime.loss_sums import loss_by_source
     from mixer.runtime.ray_workers import RayWorkers
     from mixer.runtime.state import merge_states
 

@@ -340,7 +340,11 @@ class TokenCache:
         writer = SplitWriter(self, key, file)
 
         def texts_of(chunk: list[Record]) -> list[str]:
-            return [r.text for r in chunk if r.error is None and r.tokens is None and not r.images]
+            return [
+                r.text_to_encode()
+                for r in chunk
+                if r.error is None and r.tokens is None and not r.images
+            ]
 
         # Pipelined: the next chunk is read and encoded in the background while the caller
         # consumes this one, so caching costs one tokenization, overlapped as without it.

@@ -328,7 +328,7 @@ class Recipe(_Frozen):
         """Each source's share at the start (token 0), summing to 1."""
         return self.weights_at(0)
 
-    def weights_at(self, tokens: int) -> list[float]:
+    def weights_at(self, tokens: float) -> list[float]:
         """Each source's target share at global position `tokens` (schedule, else weights)."""
         if self.schedule is not None:
             return self.schedule.weights_at(self.names, tokens)

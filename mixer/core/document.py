@@ -131,7 +131,11 @@ class DocumentSource(Protocol):
 
     name: str  # the source's name (errors name it)
     lane: int
-    done: bool  # True once `next_document` has returned None for good
+
+    @property
+    def done(self) -> bool:
+        """True once `next_document` has returned None for good."""
+        ...
 
     def next_document(self) -> Document | None: ...
 

@@ -123,6 +123,12 @@ class Record:
     chars: int = 0
     consumed: int = -1
 
+    def text_to_encode(self) -> str:
+        """The text of a record read as text (no error, not pre-tokenized)."""
+        if self.text is None:
+            raise ValueError(f"internal error: record {self.index} has no text to encode")
+        return self.text
+
     @property
     def size(self) -> int:
         """What the record counts against the shuffle window's byte budget."""

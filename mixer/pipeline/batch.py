@@ -195,7 +195,7 @@ class BatchLayout:
             end = at + array.size * wire.itemsize
             np.copyto(into[at:end].view(wire).reshape(array.shape), array, casting="unsafe")
             at = end
-        return Wire(memoryview(into[:size]), shapes, tensors)
+        return Wire(into[:size].data, shapes, tensors)
 
     def from_wire(self, wire: Wire, padding: bool) -> Batch:
         arrays, at = {}, 0

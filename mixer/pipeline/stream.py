@@ -157,6 +157,7 @@ class SourceStream:
             elif entry.encoded is None:
                 self.encoder.tokenize_from(win, cursor.pos)
             if self.documents is None:
+                assert entry.encoded is not None  # (token ids: read, cached or encoded above)
                 document: Document | None = Document(entry.encoded)
             else:
                 document = self.images.built(win, cursor)

@@ -161,7 +161,7 @@ class WindowReader:
                 return True
             if record.error is None and record.images and not self.building:
                 record = self._images_without_layout(record, item)
-                if raise_errors:
+                if raise_errors and record.error is not None:
                     raise record.error
             self._add(fill, epoch, item, record)
         return False

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from mixer.config.recipe import Recipe
 from mixer.pipeline.batch import Batch, BatchLayout, Wire
@@ -75,6 +76,7 @@ def worker_batches(dataset: TorchLaneDataset, layout: BatchLayout, num_workers: 
                 collate_fn=sent_as_is,
             )
         )
+    assert isinstance(items, _MultiProcessingDataLoaderIter)  # (num_workers > 0)
     worker_processes.adopt(items._workers)  # stopped at exit even if never closed
     if dataset.ring is not None:
         dataset.ring.keep_from_later_forks()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 from mixer.core.records import (
@@ -22,7 +22,9 @@ from mixer.sources.storage import IO_STATS, Storage, filesystem
 READERS: dict[str, Reader] = {name: fmt.reader for name, fmt in FORMATS.items()}
 
 
-def read_split(*, entry: FileEntry, text_field: str | None, **kwargs: Any) -> Iterator[Record]:
+def read_split(
+    *, entry: FileEntry, text_field: str | None, **kwargs: Any
+) -> Generator[Record, None, None]:
     """Records of one split through the reader of its format; every failure is a record
     carrying a `DataError` (see `boundary.py`). `text_field` None: the format's default.
     Pre-tokenized formats need `tokenizer=` (a `TokenizerInfo`); the others ignore it."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow
@@ -64,7 +64,7 @@ def read_records(
     index: int,
     offset: int,
     tokenizer: TokenizerInfo | None = None,
-) -> Iterator[Record]:
+) -> Generator[Record, None, None]:
     """The reader's records of `split` from a cursor; failures become error records.
 
     `tokenizer` reaches only the readers of pre-tokenized formats (EOS, BOS, vocabulary).

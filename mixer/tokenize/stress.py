@@ -15,6 +15,7 @@ inside running text and beside the added tokens that take or give whitespace.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Sequence
 
 STRESS_VERSION = 3
 STRESS_ID = f"{STRESS_VERSION}/unicode-{unicodedata.unidata_version}"
@@ -242,7 +243,7 @@ def _added(added: list[str]) -> str:
     return "".join(parts)
 
 
-def _pairs(added: list[str], partners: list[str]) -> str:
+def _pairs(added: list[str], partners: Sequence[str]) -> str:
     """Each added token next to each partner (tokens that take or give whitespace: lstrip,
     rstrip, an edge of spaces, not special), both ways round, glued, one or two spaces or a
     newline apart: where one token strips the whitespace that begins the next, the libraries
@@ -255,7 +256,7 @@ def _pairs(added: list[str], partners: list[str]) -> str:
     return "".join(parts)
 
 
-def stress_sections(added: list[str], partners: list[str] = ()) -> list[tuple[str, str]]:
+def stress_sections(added: list[str], partners: Sequence[str] = ()) -> list[tuple[str, str]]:
     """(name, text) of each section of the stress text, `added` (the tokenizer's added and
     special tokens) included, each also beside each of `partners` (see `_pairs`); the last
     section is all the others but the pairs joined by newlines."""

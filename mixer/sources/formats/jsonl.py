@@ -14,6 +14,7 @@ from mixer.core.errors import DataError, missing_text_field
 from mixer.core.records import FileEntry, Record, Split
 from mixer.sources.formats import deep_json
 from mixer.sources.formats.gzip_stream import GzipStream
+from mixer.sources.formats.pieces import PieceReader
 from mixer.sources.formats.reopen import Reopenable
 from mixer.sources.formats.zstd_frames import ZstdStream
 
@@ -258,11 +259,11 @@ def _read_compressed(
         )
 
 
-def _gzip(raw: IO[bytes]) -> IO[bytes]:
+def _gzip(raw: IO[bytes]) -> PieceReader:
     return GzipStream(raw)
 
 
-def _zstd(raw: IO[bytes]) -> IO[bytes]:
+def _zstd(raw: IO[bytes]) -> PieceReader:
     return ZstdStream(raw)
 
 

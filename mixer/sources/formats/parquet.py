@@ -136,7 +136,10 @@ def _values(column: pa.Array, max_bytes: int) -> list:
         column = column.dictionary_decode()
     if not any(test(column.type) for test in _TEXTUAL):
         return column.to_pylist()  # not text: each row is its own error
-    long = [n is not None and n > max_bytes for n in pc.binary_length(column).to_pylist()]
+    long = [
+        n is not None and n > max_bytes
+        for n in pc.call_function("binary_length", [column]).to_pylist()
+    ]
     if not any(long):
         return _texts(column)
     # Too long: left out before conversion (never copied into Python), by converting the

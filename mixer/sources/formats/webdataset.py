@@ -152,7 +152,7 @@ def _text(sample: _Sample, text_field: str, max_bytes: int) -> str | None:
                 continue  # no such key: the next choice
         else:
             text = _decode(sample, suffix, max_bytes)
-        if sample.error is not None:
+        if sample.error is not None or text is None:
             return None
         if len(text) > max_bytes and len(text.encode("utf-8", "surrogatepass")) > max_bytes:
             member, offset, _ = sample.texts[suffix]
