@@ -38,7 +38,13 @@ _STREAM_FIELDS = (
 )
 # `images` keys added after the image block first entered the fingerprint (videos): in it only
 # when set, so a state saved before them still resumes an image recipe.
-_LATER_IMAGE_KEYS = ("video", "video_marker", "max_videos_per_batch", "tokens_per_second")
+_LATER_IMAGE_KEYS = (
+    "video",
+    "video_marker",
+    "max_videos_per_batch",
+    "tokens_per_second",
+    "resize",
+)
 
 
 def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTable]) -> dict:

@@ -1,0 +1,49 @@
+"""`images.resize: torchvision`: the resampling and normalisation of transformers' torchvision
+image processors (`Qwen2VLImageProcessor`, `CLIPImageProcessor`; what `AutoImageProcessor`
+picks where torchvision is installed), without importing torchvision.
+
+On CPU those processors hand a uint8 image (contiguous, channels first) to torchvision's
+`resize`, which calls torch's own `interpolate(mode="bicubic", antialias=True,
+align_corners=False)` on the uint8 tensor; then they rescale and normalize in one step,
+(x - 255·mean) / (255·std) in float32. Both are done here the same way, the second as a
+256-entry table per channel, so the values are bit for bit the processor's.
+(`images.resize: pil`, the default, is `processing`'s PIL resampling, that of the `...Pil`
+processors.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+from mixer.config.images import ImageSettings
+from mixer.images.decode import to_rgb
+
+
+def fused_tables(settings: ImageSettings) -> np.ndarray:
+    """(3, 256) float32: per channel, the normalized value of each uint8 level, computed as
+    the torchvision processors' fused rescale and normalize."""
+    levels = np.arange(256, dtype=np.float32)
+    mean = np.array(settings.image_mean, dtype=np.float32) * np.float32(255.0)
+    std = np.array(settings.image_std, dtype=np.float32) * np.float32(255.0)
+    return (levels[None, :] - mean[:, None]) / std[:, None]
+
+
+def torch_resized(image: Image.Image, width: int, height: int) -> np.ndarray:
+    """The image (any mode, converted as `decode.to_rgb` does) at width×height, (3, height,
+    width) uint8, as torchvision's bicubic antialiased resize makes it on CPU."""
+    import torch  # (only where pixels are made)
+
+    rgb = np.array(to_rgb(image))  # (writable: torch warns on read-only arrays)
+    tensor = torch.from_numpy(rgb).permute(2, 0, 1).contiguous()
+    if tensor.shape[-2:] != (height, width):
+        tensor = torch.nn.functional.interpolate(
+            tensor[None], size=(height, width), mode="bicubic", align_corners=False, antialias=True
+        )[0]
+    return tensor.numpy()
+
+
+def torch_planes(image: Image.Image, width: int, height: int, tables: np.ndarray) -> np.ndarray:
+    """(3, height, width) float32: the image resized (`torch_resized`) and normalized."""
+    resized = torch_resized(image, width, height)
+    return np.stack([tables[c][resized[c]] for c in range(3)])
