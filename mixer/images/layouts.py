@@ -114,7 +114,7 @@ class _ImageLayout(BatchLayout):
             if row is not None
             for piece in row.pieces
             for placement in piece.document.images
-            if getattr(placement.image, "kind", "image") == kind
+            if placement.image.kind == kind
         ]
         for image in handles:  # those not made yet are made now, side by side on the pool
             image.prefetch(needed=True)

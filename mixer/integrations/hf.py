@@ -26,7 +26,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from mixer.config.recipe import Recipe, load_recipe
 from mixer.integrations.common import flat_metrics, read_state, write_state
-from mixer.pipeline.batch import BatchLayout
+from mixer.pipeline.batch import is_padding_batch
 from mixer.pipeline.flatten import FLASH_KEYS
 from mixer.runtime.loader import Loader, build_loader
 
@@ -85,7 +85,7 @@ class MixerTrainer(Trainer):
     def compute_loss(
         self, model: Any, inputs: dict, return_outputs: bool = False, num_items_in_batch: Any = None
     ) -> Any:
-        padding = BatchLayout.is_padding(inputs)
+        padding = is_padding_batch(inputs)
         inputs = {k: v for k, v in inputs.items() if k in self._forward_keys}
         if not padding:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)

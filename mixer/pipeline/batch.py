@@ -226,10 +226,10 @@ class BatchLayout:
             for key, value in flat.items()
         }
 
-    @staticmethod
-    def is_padding(batch: dict) -> bool:
-        """True when a batch carries no token to learn from (an exhausted rank's placeholder)."""
-        return bool((batch["labels"] == IGNORE_INDEX).all())
+
+def is_padding_batch(batch: dict) -> bool:
+    """True when a batch carries no token to learn from (an exhausted rank's placeholder)."""
+    return bool((batch["labels"] == IGNORE_INDEX).all())
 
 
 def _filled(shape: tuple[int, ...], value: int) -> np.ndarray:
