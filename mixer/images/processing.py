@@ -13,10 +13,10 @@ resampled only where the crop lies (the processor would allocate the whole resiz
 
 Rescale and normalize are a 256-entry table per channel computed with the processor's
 own arithmetic (uint8 · (1/255) in float64, to float32, minus mean, over std in float32), so the
-values are bit for bit the processor's; only PIL and numpy run.
-
-With `images.resize: torchvision` both layouts resample and normalize as the torchvision
-processors (`Qwen2VLImageProcessor`, `CLIPImageProcessor`) do instead, with torch (`resize`).
+values are bit for bit the processor's; only PIL and numpy run. That is `images.resize: pil`,
+the default. With `images.resize: torchvision` both layouts resample and normalize as the
+torchvision processors (`Qwen2VLImageProcessor`, `CLIPImageProcessor`) do instead, with torch
+(`resize.py`); llava then resizes the whole image before its crop, as that processor does.
 """
 
 from __future__ import annotations

@@ -29,18 +29,23 @@ def fused_tables(settings: ImageSettings) -> np.ndarray:
     return (levels[None, :] - mean[:, None]) / std[:, None]
 
 
-def torch_resized(image: Image.Image, width: int, height: int) -> np.ndarray:
-    """The image (any mode, converted as `decode.to_rgb` does) at width×height, (3, height,
-    width) uint8, as torchvision's bicubic antialiased resize makes it on CPU."""
+def resized_array(rgb: np.ndarray, width: int, height: int) -> np.ndarray:
+    """An (H, W, 3) uint8 array at width×height, (3, height, width) uint8, as torchvision's
+    bicubic antialiased resize makes it on CPU (unchanged where the size already is that)."""
     import torch  # (only where pixels are made)
 
-    rgb = np.array(to_rgb(image))  # (writable: torch warns on read-only arrays)
-    tensor = torch.from_numpy(rgb).permute(2, 0, 1).contiguous()
+    tensor = torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1)[None]
     if tensor.shape[-2:] != (height, width):
         tensor = torch.nn.functional.interpolate(
-            tensor[None], size=(height, width), mode="bicubic", align_corners=False, antialias=True
-        )[0]
-    return tensor.numpy()
+            tensor, size=(height, width), mode="bicubic", align_corners=False, antialias=True
+        )
+    return tensor[0].numpy()
+
+
+def torch_resized(image: Image.Image, width: int, height: int) -> np.ndarray:
+    """The image (any mode, converted as `decode.to_rgb` does) at width×height, (3, height,
+    width) uint8 (`resized_array`)."""
+    return resized_array(np.array(to_rgb(image)), width, height)  # (writable: torch warns)
 
 
 def torch_planes(image: Image.Image, width: int, height: int, tables: np.ndarray) -> np.ndarray:
