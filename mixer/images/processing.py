@@ -31,7 +31,7 @@ from PIL import Image
 
 from mixer.config.images import ImageSettings
 from mixer.images.decode import to_rgb
-from mixer.images.resize import fused_tables, torch_planes, torch_resized
+from mixer.images.resize import fused_tables, qwen_patches, torch_resized
 
 MAX_ASPECT_RATIO = 200  # qwen2_vl's smart_resize refuses longer/shorter sides past this
 
@@ -140,7 +140,7 @@ class Qwen2VLProcessing:
         self.factor = self.patch * self.merge
         self.row_shape: tuple[int, ...] = (3 * self.frames * self.patch**2,)
         self._tables = _tables(settings)
-        self._torch_tables = fused_tables(settings) if settings.resize == "torchvision" else None
+        self._torchvision = settings.resize == "torchvision"
 
     def plan(self, width: int, height: int, max_pixels: int | None = None) -> ImagePlan:
         """The plan of a `width`×`height` image. `max_pixels` lowers the recipe's bound (to fit
@@ -210,10 +210,17 @@ class Qwen2VLProcessing:
     def pixels(self, image: Image.Image, plan: ImagePlan) -> np.ndarray:
         """(plan.rows, 3 · temporal_patch_size · patch_size²) float32; `image` in any mode
         (converted as `decode.to_rgb` does), its size need not be the planned one."""
-        if self._torch_tables is None:
-            planes = _planes(_resized(image, plan.width, plan.height), self._tables)
-        else:
-            planes = torch_planes(image, plan.width, plan.height, self._torch_tables)
+        if self._torchvision:
+            return qwen_patches(
+                image,
+                plan.width,
+                plan.height,
+                patch=self.patch,
+                merge=self.merge,
+                temporal=self.frames,
+                settings=self.settings,
+            )
+        planes = _planes(_resized(image, plan.width, plan.height), self._tables)
         p, m, frames = self.patch, self.merge, self.frames
         _, gh, gw = plan.grid_thw
         # Move whole patch rows (p float32 values, contiguous on both sides) as single items:

@@ -48,7 +48,29 @@ def torch_resized(image: Image.Image, width: int, height: int) -> np.ndarray:
     return resized_array(np.array(to_rgb(image)), width, height)  # (writable: torch warns)
 
 
-def torch_planes(image: Image.Image, width: int, height: int, tables: np.ndarray) -> np.ndarray:
-    """(3, height, width) float32: the image resized (`torch_resized`) and normalized."""
-    resized = torch_resized(image, width, height)
-    return np.stack([tables[c][resized[c]] for c in range(3)])
+def qwen_patches(
+    image: Image.Image,
+    width: int,
+    height: int,
+    *,
+    patch: int,
+    merge: int,
+    temporal: int,
+    settings: ImageSettings,
+) -> np.ndarray:
+    """(grid_h · grid_w, 3 · temporal · patch²) float32: the image resized (`torch_resized`),
+    normalized as `fused_tables` computes it, and cut into patches in `Qwen2VLImageProcessor`'s
+    order (merge windows row by row; in a patch, channel, temporal copy, row, column)."""
+    import torch
+
+    resized = torch.from_numpy(torch_resized(image, width, height))
+    gh, gw = height // patch, width // patch
+    # uint8 into patch order first (a quarter of the bytes a float copy moves), then normalize
+    # with the fused step's float32 operations, then repeat along the temporal axis
+    windows = resized.reshape(3, gh // merge, merge, patch, gw // merge, merge, patch)
+    ordered = windows.permute(1, 4, 2, 5, 0, 3, 6).contiguous()  # (gh/m, gw/m, m, m, 3, p, p)
+    mean = torch.tensor(settings.image_mean, dtype=torch.float32).mul(255.0).view(3, 1, 1)
+    std = torch.tensor(settings.image_std, dtype=torch.float32).mul(255.0).view(3, 1, 1)
+    normalized = (ordered.float() - mean) / std
+    shape = (gh // merge, gw // merge, merge, merge, 3, temporal, patch, patch)
+    return normalized.unsqueeze(5).expand(shape).reshape(gh * gw, -1).numpy()
