@@ -278,6 +278,44 @@ def test_flattened_batch_trains_like_its_documents_alone(text_recipe, packing, a
     assert documents >= rows and (packing == "pad" or documents > rows)  # pad: one a row
 
 
+@pytest.mark.parametrize("layout", [pytest.param("qwen2_vl", marks=pytest.mark.slow), "llava"])
+def test_flattened_image_batch_gives_the_unflattened_logits(image_corpus, layout):  # noqa: F811
+    """A tiny random Qwen2-VL / LLaVA gives every real token of a flattened batch the logits it
+    has in the unflattened batch, whose documents test_images_loader proves equal to each
+    document alone: under SDPA and under the varlen stand-in for the language model."""
+    from image_data import vision_ids
+    from vlm_models import tiny_llava, tiny_qwen2_vl
+
+    ids = vision_ids(image_corpus[1])
+    vocab = max(ids.values()) + 1
+    if layout == "qwen2_vl":
+        model = tiny_qwen2_vl(
+            vocab, ids["<|image_pad|>"], ids["<|vision_start|>"], ids["<|vision_end|>"]
+        )
+        recipe = image_recipe_of(image_corpus)
+        keys = ("input_ids", "position_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw")
+    else:
+        model = tiny_llava(vocab, ids["<image>"], image_size=28, patch_size=14)
+        recipe = image_recipe_of(image_corpus, layout="llava", image_size=28)
+        keys = ("input_ids", "position_ids", "pixel_values")
+    plain = take(mixer.build_loader(recipe), 1)
+    flat = take(mixer.build_loader({**recipe, "flatten": True}), 1)
+    language = model.model.language_model.config
+    for p, f in zip(plain, flat):
+        real = p["source_ids"] >= 0
+        language._attn_implementation = "sdpa"
+        with torch.no_grad():
+            want = model(**{k: p[k] for k in keys}, use_cache=False).logits
+            for attention in ("sdpa", register_varlen()):
+                language._attn_implementation = attention
+                VARLEN_CALLS.clear()
+                flat_inputs = {k: f[k] for k in (*keys, *FLASH_KEYS)}
+                got = model(**flat_inputs, use_cache=False).logits.reshape(want.shape)
+                torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+                assert bool(VARLEN_CALLS) == (attention != "sdpa")
+        assert len(f["cu_seq_lens_q"]) - 1 > p["input_ids"].shape[0]
+
+
 def test_flatten_is_not_in_the_fingerprint(text_recipe):
     plain = mixer.build_loader(text_recipe)
     take(plain, 3)
