@@ -34,6 +34,7 @@ import mixer
 from mixer.config.images import ImageSettings
 from mixer.images.processing import processing_for
 from mixer.images.resize import torch_resized
+from mixer.runtime.state import unpack
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torchvision")
@@ -292,5 +293,15 @@ def test_torchvision_resize_resumes_exactly_and_elastically(corpus, layout):  # 
     single.load_state_dict(mixer.merge_states(states))
     for got, want in zip(take(single, 4), full[4:]):
         assert all(got[k].equal(want[k]) for k in want)
-    with pytest.raises(mixer.StateError, match="resize"):
+    with pytest.raises(mixer.StateError, match="images.resize"):
         mixer.build_loader(recipe_of(corpus, layout=layout)).load_state_dict(first.state_dict())
+    # the default is not in the fingerprint: states written before the key existed resume
+    default = mixer.build_loader(recipe_of(corpus, layout=layout))
+    take(default, 2)
+    saved = default.state_dict()
+    assert "resize" not in unpack(saved)["fingerprint"]["stream"]["images"]
+    assert unpack(first.state_dict())["fingerprint"]["stream"]["images"]["resize"] == "torchvision"
+    explicit = mixer.build_loader(recipe_of(corpus, layout=layout, resize="pil"))
+    explicit.load_state_dict(saved)
+    for got, want in zip(take(explicit, 2), take(default, 2)):
+        assert all(got[k].equal(want[k]) for k in want)
