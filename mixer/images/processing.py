@@ -211,15 +211,7 @@ class Qwen2VLProcessing:
         """(plan.rows, 3 · temporal_patch_size · patch_size²) float32; `image` in any mode
         (converted as `decode.to_rgb` does), its size need not be the planned one."""
         if self._torchvision:
-            return qwen_patches(
-                image,
-                plan.width,
-                plan.height,
-                patch=self.patch,
-                merge=self.merge,
-                temporal=self.frames,
-                settings=self.settings,
-            )
+            return qwen_patches(image, plan.width, plan.height, self.settings)
         planes = _planes(_resized(image, plan.width, plan.height), self._tables)
         p, m, frames = self.patch, self.merge, self.frames
         _, gh, gw = plan.grid_thw

@@ -5,8 +5,9 @@ picks where torchvision is installed), without importing torchvision.
 On CPU those processors hand a uint8 image (contiguous, channels first) to torchvision's
 `resize`, which calls torch's own `interpolate(mode="bicubic", antialias=True,
 align_corners=False)` on the uint8 tensor; then they rescale and normalize in one step,
-(x - 255·mean) / (255·std) in float32. Both are done here the same way, the second as a
-256-entry table per channel, so the values are bit for bit the processor's.
+(x - 255·mean) / (255·std) in float32. Both are done here with the same operations (the
+second as a 256-entry table per channel, or in torch for qwen patches), so the values are bit
+for bit the processor's.
 (`images.resize: pil`, the default, is `processing`'s PIL resampling, that of the `...Pil`
 processors.)
 """
@@ -49,20 +50,15 @@ def torch_resized(image: Image.Image, width: int, height: int) -> np.ndarray:
 
 
 def qwen_patches(
-    image: Image.Image,
-    width: int,
-    height: int,
-    *,
-    patch: int,
-    merge: int,
-    temporal: int,
-    settings: ImageSettings,
+    image: Image.Image, width: int, height: int, settings: ImageSettings
 ) -> np.ndarray:
     """(grid_h · grid_w, 3 · temporal · patch²) float32: the image resized (`torch_resized`),
     normalized as `fused_tables` computes it, and cut into patches in `Qwen2VLImageProcessor`'s
     order (merge windows row by row; in a patch, channel, temporal copy, row, column)."""
     import torch
 
+    patch, merge = settings.patch_size, settings.merge_size
+    temporal = settings.temporal_patch_size
     resized = torch.from_numpy(torch_resized(image, width, height))
     gh, gw = height // patch, width // patch
     # uint8 into patch order first (a quarter of the bytes a float copy moves), then normalize
