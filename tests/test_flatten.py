@@ -316,6 +316,36 @@ def test_flattened_image_batch_gives_the_unflattened_logits(image_corpus, layout
         assert len(f["cu_seq_lens_q"]) - 1 > p["input_ids"].shape[0]
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "varlen"])
+def test_hf_trainer_computes_the_flattened_loss_documents_alone_give(
+    text_recipe, attention, tmp_path
+):
+    """MixerTrainer hands a flattened batch's varlen keys to the model (a forward taking
+    **kwargs) and, the Trainer turning the model's cache off (TrainingArguments.use_cache),
+    its loss is the one test_flattened_batch_trains_like_its_documents_alone equals to the
+    documents alone."""
+    from transformers import TrainingArguments
+
+    from mixer.integrations.hf import MixerTrainer
+
+    recipe = {**text_recipe, "packing": "best_fit", "seq_len": 64, "flatten": True}
+    model = tiny_llama(
+        int(take(mixer.build_loader(recipe), 1)[0]["input_ids"].max()) + 1, attention
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=1, use_cpu=True, report_to=[], save_strategy="no"
+    )
+    trainer = MixerTrainer(model=model, args=args, recipe=recipe)
+    (batch,) = take(trainer.mixer_loader, 1)
+    VARLEN_CALLS.clear()
+    loss = trainer.compute_loss(model, dict(batch))
+    if attention == "varlen":
+        assert len(VARLEN_CALLS) == 2
+        assert all(torch.equal(c["cu_seq_lens_q"], batch["cu_seq_lens_q"]) for c in VARLEN_CALLS)
+    inputs = {k: v for k, v in batch.items() if k != "source_ids"}
+    torch.testing.assert_close(loss, model(**inputs, use_cache=False).loss)
+
+
 def test_flatten_is_not_in_the_fingerprint(text_recipe):
     plain = mixer.build_loader(text_recipe)
     take(plain, 3)
