@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from helpers import EOS_ID, word_id, write_docs
 from image_data import Sample, make_vlm_tokenizer, vision_ids, write_tar
 from test_images_loader import assert_elastic_resume, digests, take
@@ -306,3 +307,25 @@ def test_a_state_resumes_only_under_the_same_video_settings(corpus):
         with pytest.raises(mixer.StateError):
             mixer.build_loader(recipe_of(corpus, **change)).load_state_dict(state)
     mixer.build_loader(recipe_of(corpus)).load_state_dict(state)
+
+
+@pytest.mark.parametrize("layout", ["qwen2_vl", "qwen2_5_vl"])
+def test_flattened_video_batches_keep_their_videos(corpus, layout):
+    """`flatten: true` with videos: the collator's keys over the rows end to end, the video
+    arrays (and qwen2_5_vl's second_per_grid_ts) unchanged, M-RoPE rows those of the batch."""
+    from test_flatten import assert_collator_equal
+    from test_flatten import take as take_flat  # (max_length_q/k are ints)
+
+    recipe = {**recipe_of(corpus, layout=layout), "mask_document_boundaries": True}
+    plain = take(mixer.build_loader(recipe), 3)
+    flat = take_flat(mixer.build_loader({**recipe, "flatten": True}), 3)
+    videos = 0
+    for p, f in zip(plain, flat):
+        total = p["input_ids"].numel()
+        for key in ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts"):
+            if key in p:
+                assert torch.equal(f[key], p[key]), key
+        assert torch.equal(f["position_ids"][1:], p["position_ids"][1:].reshape(3, 1, total))
+        assert_collator_equal(f, p)
+        videos += p["video_grid_thw"].shape[0]
+    assert videos > 0

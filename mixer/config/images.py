@@ -42,6 +42,11 @@ class ImageSettings(_Frozen):
     image_size: Int = Field(
         default=336, ge=1, le=MAX_IMAGE_SIDE, description="llava: side of the square centre crop."
     )
+    resize: Literal["pil", "torchvision"] = Field(
+        default="pil",
+        description="Resampling of images: pil (the ...Pil processors') or torchvision (the "
+        "torchvision processors', what AutoImageProcessor picks where torchvision is installed).",
+    )
     image_mean: tuple[Float, Float, Float] = Field(default=CLIP_MEAN)
     image_std: tuple[Float, Float, Float] = Field(default=CLIP_STD)
     marker: str = Field(

@@ -3,7 +3,10 @@
 decode.py      header probe (size, bomb check) and decoding to RGB the way transformers
                does (transparency composited on white; no draft mode, no EXIF rotation)
 processing.py  per layout: the plan of an image (resized size, patch grid, tokens) from
-               its header alone, and its pixels (PIL bicubic on uint8, then normalize)
+               its header alone, and its pixels (PIL bicubic on uint8, then normalize;
+               or resize.py's under `images.resize: torchvision`)
+resize.py      torch's bicubic antialiased resize and the fused rescale/normalize tables
+               of transformers' torchvision processors (images there, videos always)
 handle.py      LazyImage: a document's image, its cost known before decoding; pixels
                decoded ahead of need on a small per-process thread pool
 documents.py   records -> documents: markers, placeholder spans, fitting a row (oversize)

@@ -13,7 +13,10 @@ resampled only where the crop lies (the processor would allocate the whole resiz
 
 Rescale and normalize are a 256-entry table per channel computed with the processor's
 own arithmetic (uint8 · (1/255) in float64, to float32, minus mean, over std in float32), so the
-values are bit for bit the processor's; only PIL and numpy run.
+values are bit for bit the processor's; only PIL and numpy run. That is `images.resize: pil`,
+the default. With `images.resize: torchvision` both layouts resample and normalize as the
+torchvision processors (`Qwen2VLImageProcessor`, `CLIPImageProcessor`) do instead, with torch
+(`resize.py`); llava then resizes the whole image before its crop, as that processor does.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from PIL import Image
 
 from mixer.config.images import ImageSettings
 from mixer.images.decode import to_rgb
+from mixer.images.resize import fused_tables, qwen_patches, torch_resized
 
 MAX_ASPECT_RATIO = 200  # qwen2_vl's smart_resize refuses longer/shorter sides past this
 
@@ -136,6 +140,7 @@ class Qwen2VLProcessing:
         self.factor = self.patch * self.merge
         self.row_shape: tuple[int, ...] = (3 * self.frames * self.patch**2,)
         self._tables = _tables(settings)
+        self._torchvision = settings.resize == "torchvision"
 
     def plan(self, width: int, height: int, max_pixels: int | None = None) -> ImagePlan:
         """The plan of a `width`×`height` image. `max_pixels` lowers the recipe's bound (to fit
@@ -205,14 +210,16 @@ class Qwen2VLProcessing:
     def pixels(self, image: Image.Image, plan: ImagePlan) -> np.ndarray:
         """(plan.rows, 3 · temporal_patch_size · patch_size²) float32; `image` in any mode
         (converted as `decode.to_rgb` does), its size need not be the planned one."""
-        image = _resized(image, plan.width, plan.height)
+        if self._torchvision:
+            return qwen_patches(image, plan.width, plan.height, self.settings)
+        planes = _planes(_resized(image, plan.width, plan.height), self._tables)
         p, m, frames = self.patch, self.merge, self.frames
         _, gh, gw = plan.grid_thw
         # Move whole patch rows (p float32 values, contiguous on both sides) as single items:
         # numpy then copies 56-byte items instead of looping over 14-value runs.
         run = np.dtype((np.void, 4 * p))
         out = np.empty((gh // m, gw // m, m, m, 3, frames, p), dtype=run)
-        for c, plane in enumerate(_planes(image, self._tables)):
+        for c, plane in enumerate(planes):
             # plane (y, x) = (gh/m, m, p, gw/m, m, p) -> (gh/m, gw/m, m, m, p) of runs
             src = plane.view(run).reshape(gh // m, m, p, gw // m, m).transpose(0, 3, 1, 4, 2)
             for frame in range(frames):
@@ -232,10 +239,21 @@ class LlavaProcessing:
         )
         self.row_shape: tuple[int, ...] = (3, self.size, self.size)
         self._tables = _tables(settings)
+        self._torch_tables = fused_tables(settings) if settings.resize == "torchvision" else None
 
     def plan(self, width: int, height: int, max_pixels: int | None = None) -> ImagePlan:
         """The fixed plan: (image_size / patch_size)² tokens whatever the image (max_pixels
-        is ignored; the layout has one resolution)."""
+        is ignored; the layout has one resolution). Under `resize: torchvision` the whole
+        image is resized before its crop, as the processor does: ValueError when that would
+        be over `max_source_pixels` (an elongated image)."""
+        if self._torch_tables is not None:
+            w, h = self.resized_size(width, height)
+            if w * h > self.settings.max_source_pixels:
+                raise ValueError(
+                    f"its shortest-edge resize to {w}x{h} is over images.max_source_pixels "
+                    f"({self.settings.max_source_pixels}); images.resize: torchvision resizes "
+                    "the whole image before the crop"
+                )
         return self._plan
 
     def lower_plans(self, width: int, height: int) -> list[ImagePlan]:
@@ -261,12 +279,17 @@ class LlavaProcessing:
         `_FULL_RESIZE_PIXELS` crops (or the stored size, when larger) only the crop is
         resampled (`_resized_crop`)."""
         width, height = self.resized_size(*image.size)
+        left, top = (width - self.size) // 2, (height - self.size) // 2  # rounds down
+        if self._torch_tables is not None:
+            crop = torch_resized(image, width, height)[
+                :, top : top + self.size, left : left + self.size
+            ]
+            return np.stack([self._torch_tables[c][crop[c]] for c in range(3)])
         if width * height > max(image.width * image.height, _FULL_RESIZE_PIXELS * self.size**2):
             return np.stack(
                 list(_planes(_resized_crop(image, width, height, self.size), self._tables))
             )
         image = _resized(image, width, height)
-        left, top = (width - self.size) // 2, (height - self.size) // 2  # rounds down
         image = image.crop((left, top, left + self.size, top + self.size))
         return np.stack(list(_planes(image, self._tables)))
 

@@ -38,6 +38,7 @@ from mixer.core.errors import DataError
 from mixer.core.records import EncodedImage
 from mixer.images.handle import LazyMedia, stopping
 from mixer.images.processing import ImagePlan, Qwen2VLProcessing
+from mixer.images.resize import fused_tables, resized_array
 from mixer.images.video_decode import VideoInfo, decode_frames, video_error
 
 
@@ -100,10 +101,7 @@ class VideoProcessing:
         self.patch, self.merge = settings.patch_size, settings.merge_size
         self.factor = self.patch * self.merge
         self.row_shape: tuple[int, ...] = (3 * self.temporal * self.patch**2,)
-        levels = np.arange(256, dtype=np.float32)
-        mean = np.array(settings.image_mean, dtype=np.float32) * np.float32(255.0)
-        std = np.array(settings.image_std, dtype=np.float32) * np.float32(255.0)
-        self._tables = (levels[None, :] - mean[:, None]) / std[:, None]  # (3, 256) float32
+        self._tables = fused_tables(settings)  # (3, 256) float32
         self._frames: dict[int, Qwen2VLProcessing] = {}
 
     def max_pixels(self, frames: int) -> int:
@@ -199,18 +197,7 @@ class VideoProcessing:
 
     def resized(self, rgb: np.ndarray, plan: VideoPlan) -> np.ndarray:
         """One decoded (H, W, 3) uint8 frame at the plan's size, (3, h, w) uint8."""
-        import torch  # (only where video pixels are made)
-
-        frame = torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1)[None]
-        if frame.shape[-2:] != (plan.height, plan.width):
-            frame = torch.nn.functional.interpolate(
-                frame,
-                size=(plan.height, plan.width),
-                mode="bicubic",
-                align_corners=False,
-                antialias=True,
-            )
-        return frame[0].numpy()
+        return resized_array(rgb, plan.width, plan.height)
 
     def new_pixels(self, plan: VideoPlan) -> np.ndarray:
         """The video's pixels to fill frame by frame (`put_frame`), in the processor's patch
