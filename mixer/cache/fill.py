@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -101,7 +101,7 @@ def fill_cache(
         raise RecipeError("token_cache: image recipes bypass the token cache; nothing to fill")
     jobs = _jobs(recipe, cache, tables, rank, world)
     counts: Counter = Counter()
-    results: Iterator[str]
+    results: Iterable[str]
     if workers > 0:
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
         results = pool.map(_job, jobs)

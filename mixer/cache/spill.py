@@ -84,7 +84,7 @@ class TokenSpill:
         if len(ids) and (int(ids.min()) < 0 or int(ids.max()) > self._limit):
             return False
         data = np.ascontiguousarray(ids, dtype=self.dtype)
-        self._buffer += memoryview(data).cast("B")
+        self._buffer += data.data.cast("B")
         self.lengths.append(len(data))
         self.nbytes += data.nbytes
         if len(self._buffer) >= SPILL_BUFFER:
@@ -135,9 +135,11 @@ class TokenSpill:
     def _flush(self) -> None:
         if self._fd is None:
             self._open()
+        fd = self._fd
+        assert fd is not None  # (opened just above)
         view = memoryview(self._buffer)
         while view:
-            done = os.pwrite(self._fd, view, self._written)
+            done = os.pwrite(fd, view, self._written)
             self._written += done
             view = view[done:]
         self._buffer = bytearray()

@@ -14,6 +14,7 @@ from pydantic import (
     model_validator,
 )
 
+from mixer.config.audio import AudioSettings
 from mixer.config.fields import Float, Int, _Frozen, normalize
 from mixer.config.images import ImageSettings
 from mixer.config.online_mixing import OnlineMixing
@@ -166,6 +167,11 @@ class Recipe(_Frozen):
         description="Manifest file written by `mixer index`; used at start-up when it exists.",
     )
     mask_document_boundaries: bool = Field(default=False)
+    flatten: bool = Field(
+        default=False,
+        description="Each batch as one row [1, batch_size·seq_len] with cu_seq_lens_q/k and "
+        "max_length_q/k (varlen attention); the stream and state are the unflattened recipe's.",
+    )
     token_cache: str | None = Field(
         default=None,
         min_length=1,
@@ -183,6 +189,9 @@ class Recipe(_Frozen):
     )
     images: ImageSettings | None = Field(
         default=None, description="Image+text batches (absent: text batches)."
+    )
+    audio: AudioSettings | None = Field(
+        default=None, description="Audio+text batches (absent: text batches)."
     )
     sources: list[SourceConfig] = Field(min_length=1)
     schedule: Schedule | None = Field(
@@ -213,6 +222,15 @@ class Recipe(_Frozen):
                     f"(also sources[{seen[src.name]}].name)"
                 )
             seen[src.name] = i
+        return self
+
+    @model_validator(mode="after")
+    def _one_media_layout(self) -> Recipe:
+        if self.images is not None and self.audio is not None:
+            raise ValueError(
+                "audio: a recipe has one batch layout; `images:` and `audio:` cannot be "
+                "combined (qwen2_audio batches carry no pixels)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -296,6 +314,12 @@ class Recipe(_Frozen):
         return self
 
     @property
+    def has_media(self) -> bool:
+        """Whether documents are built from records with media (an `images:` or `audio:`
+        block): no token cache, one batch per DataLoader item, a layout of its own."""
+        return self.images is not None or self.audio is not None
+
+    @property
     def names(self) -> list[str]:
         return [s.name for s in self.sources]
 
@@ -304,7 +328,7 @@ class Recipe(_Frozen):
         """Each source's share at the start (token 0), summing to 1."""
         return self.weights_at(0)
 
-    def weights_at(self, tokens: int) -> list[float]:
+    def weights_at(self, tokens: float) -> list[float]:
         """Each source's target share at global position `tokens` (schedule, else weights)."""
         if self.schedule is not None:
             return self.schedule.weights_at(self.names, tokens)

@@ -35,7 +35,7 @@ class Schedule(_Frozen):
     )
     points: list[SchedulePoint] = Field(min_length=1, max_length=MAX_SCHEDULE_POINTS)
 
-    def weights_at(self, names: list[str], tokens: int) -> list[float]:
+    def weights_at(self, names: list[str], tokens: float) -> list[float]:
         """Normalized target weights of `names` at global position `tokens`."""
         points = self.points
         i = self.point_index(tokens)
@@ -49,7 +49,7 @@ class Schedule(_Frozen):
             raw = [w0 * (1 - t) + w1 * t for w0, w1 in zip(start, end)]
         return normalize(raw)
 
-    def point_index(self, tokens: int) -> int:
+    def point_index(self, tokens: float) -> int:
         """Index of the last point at or before `tokens`."""
         lo, hi = 0, len(self.points) - 1
         while lo < hi:

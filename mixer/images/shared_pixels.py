@@ -37,16 +37,20 @@ def new_pixels(shape: tuple[int, ...]) -> np.ndarray:
     import torch  # (only in DataLoader workers, which have it loaded)
 
     storage = torch.UntypedStorage._new_shared(count * 4)
-    return torch.empty(0, dtype=torch.float32).set_(storage, 0, shape).numpy()
+    stride = [1] * len(shape)  # (contiguous)
+    for i in range(len(shape) - 2, -1, -1):
+        stride[i] = stride[i + 1] * shape[i + 1]
+    return torch.empty(0, dtype=torch.float32).set_(storage, 0, shape, stride).numpy()
 
 
 def shared_tensor(array: np.ndarray) -> Any:
     """The shared torch tensor `array` views (made by `new_pixels`), or None."""
     torch = sys.modules.get("torch")
-    base = array.base
+    if torch is None:
+        return None
+    base: Any = array.base
     if (
-        torch is None
-        or not isinstance(base, torch.Tensor)
+        not isinstance(base, torch.Tensor)
         or not base.is_shared()
         or base.data_ptr() != array.ctypes.data
         or tuple(base.shape) != array.shape

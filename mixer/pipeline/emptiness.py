@@ -91,7 +91,7 @@ def _builds_a_document(
     entry = reader.table.files[split.file]
     where = FORMATS[entry.format].describe_offset
     built = documents.build(
-        [r.text for r in records],
+        [r.text_to_encode() for r in records],
         [r.images for r in records],
         [entry.url] * len(records),
         [r.location or where(split, r.offset) for r in records],

@@ -208,6 +208,12 @@ class Packer:
         self._pending: tuple[Document, int, dict, int] | None = None
         self.exhausted = False
 
+    def progress(self) -> float:
+        """Passes over the lane's slice behind the stream's position (an estimate for
+        metrics; the one pending document read ahead counts)."""
+        progress = getattr(self.stream, "progress", None)
+        return progress() if progress is not None else 0.0
+
     def state_dict(self) -> dict:
         if self._pending is not None:
             _, offset, before, cut = self._pending
@@ -255,10 +261,10 @@ class Packer:
         filled = images = patches = videos = 0
         continued = False  # the row's first piece goes on with a document begun before
         while filled < length:
-            document = self.peek()
-            if document is None:
+            document, pending = self.peek(), self._pending
+            if document is None or pending is None:  # (peek: a document iff one is pending)
                 break
-            _, offset, before, cut = self._pending
+            _, offset, before, cut = pending
             if document.images:
                 i, p, v = document.counts
                 if budget is not None and not budget.allows(images + i, patches + p, videos + v):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import traceback
 import weakref
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from time import perf_counter
 from typing import Any
 
 import numpy.random  # noqa: F401  (imported before forking: workers seed it on start)
@@ -19,7 +20,7 @@ import torch
 
 from mixer.cache.store import tokenizer_info_dir
 from mixer.config.recipe import Recipe, load_recipe
-from mixer.core.errors import DataError, RecipeError, StateError, TopologyError
+from mixer.core.errors import DataError, MixerError, RecipeError, StateError, TopologyError
 from mixer.images.select import layout_for
 from mixer.pipeline.batch import TEXT_KEYS
 from mixer.pipeline.schedule import (
@@ -30,14 +31,28 @@ from mixer.pipeline.schedule import (
     schedule_snapshot,
 )
 from mixer.runtime import dist
+from mixer.runtime.autoscale import Autoscaler, Change
 from mixer.runtime.lane_dataset import as_batch
 from mixer.runtime.loss_sums import source_sums
 from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics, warn_left_over
 from mixer.runtime.mixing_state import MixingLoop, to_fixed
+from mixer.runtime.profile import (
+    StageTotals,
+    WaitClock,
+    profile_metrics,
+    profile_raw,
+    sum_profiles,
+)
 from mixer.runtime.ray_workers import ActorPool, RayWorkers
 from mixer.runtime.ring import BatchRing, InRing
 from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
-from mixer.runtime.topology import check_workers
+from mixer.runtime.topology import (
+    check_topology,
+    check_workers,
+    global_batch,
+    lanes_served,
+    valid_workers,
+)
 from mixer.runtime.torch_dataset import TorchLaneDataset, worker_batches
 from mixer.sources import SourceTable
 from mixer.sources.manifest import list_sources
@@ -71,6 +86,8 @@ class Loader:
         check_workers(recipe.lanes, rank, world_size, num_workers, workers)
         self.workers = workers
         self._pool: ActorPool | None = None
+        self._actors = workers.actors if workers is not None else 0  # Ray actors to run
+        self._resizes = 0
         self.recipe = recipe
         self.tables = tables
         self.tokenizer = tokenizer
@@ -86,10 +103,12 @@ class Loader:
         self._gen: weakref.ref | None = None
         self._closing = False  # set by `close` from another thread while iterating
         self._plan = WeightPlan(recipe)
-        # Bumped by set_weights and load_state_dict: a running iteration restarts from the
-        # handed-out (or loaded) lane states.
+        # Bumped by set_weights, load_state_dict and resize_workers: a running iteration
+        # restarts from the handed-out (or loaded) lane states.
         self._plan_version = 0
         self.backend: BackendChoice | None = None  # which encodes, and why (build_loader)
+        self._stages = StageTotals()  # this iteration's profile (metrics()["stages"], ...)
+        self._wait = WaitClock()
         self._mixing = MixingLoop(recipe) if recipe.online_mixing is not None else None
         if self._mixing is not None and self._mixing.every % world_size:
             raise TopologyError(
@@ -103,13 +122,12 @@ class Loader:
         return self._lanes_from(self._next_global)
 
     def _lanes_from(self, next_global: int) -> list[int]:
-        first = (next_global + self.rank) % self.world_size
-        return list(range(first, self.recipe.lanes, self.world_size))
+        return lanes_served(self.recipe.lanes, next_global, self.rank, self.world_size)
 
     @property
     def next_global_batch(self) -> int:
         """Global index of the batch this rank receives next (rank r gets g0 + s·W + r)."""
-        return self._next_global + self.rank
+        return global_batch(self._next_global, 0, self.rank, self.world_size)
 
     @property
     def global_tokens(self) -> int:
@@ -232,6 +250,74 @@ class Loader:
         )
         self._plan_version += 1
 
+    # -- the data tier -----------------------------------------------------------------------
+    def resize_workers(self, actors: int) -> None:
+        """Run the lanes on `actors` Ray actors from the next batch on (also for the next
+        iteration). The batches are unchanged, and so is the state: the lanes restart on
+        the new actors from the states of the batches handed out. A count the lanes rule
+        refuses raises `TopologyError` listing the valid ones."""
+        if self.workers is None:
+            raise MixerError(
+                "resize_workers needs a loader built with workers=mixer.RayWorkers(...): "
+                f"DataLoader workers (num_workers={self.num_workers}) are fixed for an "
+                "iteration; to change their count, build a loader with another num_workers "
+                "and load this one's state_dict() into it"
+            )
+        if isinstance(actors, bool) or not isinstance(actors, int) or actors < 1:
+            raise TopologyError(
+                f"resize_workers: actors must be an integer >= 1, got {actors!r}; valid "
+                f"actors for world_size {self.world_size}: "
+                f"{valid_workers(self.recipe.lanes, self.world_size)}"
+            )
+        check_topology(self.recipe.lanes, self.world_size, actors, what="actors")
+        self._resize(actors, "resize_workers")
+
+    def _resize(self, actors: int, why: str) -> None:
+        if actors == self._actors:
+            return
+        log.info("Ray actors %d → %d (%s)", self._actors, actors, why)
+        self._actors = actors
+        self._resizes += 1
+        if self._pool is not None:  # iterating: the lanes restart on the new count
+            self._plan_version += 1
+
+    def _autoscaler(self) -> Autoscaler | None:
+        spec = self.workers
+        if spec is None or spec.max_actors is None or spec.max_actors <= spec.actors:
+            return None
+        counts = valid_workers(self.recipe.lanes, self.world_size)
+        return Autoscaler(
+            [c for c in counts if spec.actors <= c <= spec.max_actors], spec.in_flight
+        )
+
+    def _scaled(
+        self, batches: Generator[dict[str, torch.Tensor], None, bool], scaler: Autoscaler
+    ) -> Generator[dict[str, torch.Tensor], None, bool]:
+        """`batches`, with the consumer's wait inside `next()` measured and the actors
+        resized by `scaler` between batches; returns what `batches` returns."""
+        try:
+            while True:
+                scaler.wait.asked()
+                try:
+                    batch = next(batches)
+                except StopIteration as end:
+                    return end.value
+                scaler.wait.got()
+                assert self._pool is not None
+                change = scaler.decide(self._actors, self._pool.busy_s)
+                if change is not None:
+                    self._resize(change.to, _why(change))
+                yield batch
+        finally:
+            batches.close()
+
+    def _workers_metrics(self) -> dict[str, Any]:
+        if self.workers is not None:
+            return {"kind": "ray", "count": self._actors, "resizes": self._resizes}
+        if self.num_workers:
+            return {"kind": "dataloader", "count": self.num_workers, "resizes": 0}
+        return {"kind": "none", "count": 0, "resizes": 0}
+
     # -- online mixing -----------------------------------------------------------------------
     def report_loss(self, token_loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
         """Add this batch's per-source loss to the sums of the next online mixing update.
@@ -275,14 +361,28 @@ class Loader:
         """What this rank's lanes delivered so far, per source (docs/metrics.md): `tokens`,
         `documents`, `target_share` (now), `realized_share` (cumulative), `epochs`
         (fractional passes), `skipped`, `skipped_by_reason`, `oversize`; plus `io` (remote
-        reads of the current iteration), `next_global_batch` and `global_tokens`.
+        reads of the current iteration), `next_global_batch`, `global_tokens` and
+        `workers` (`kind` "ray", "dataloader" or "none", the `count` running, `resizes`);
+        and the current iteration's profile (docs/profile.md): `stages` (busy seconds per
+        stage), `wait` (the caller's waits inside `next()`) and `bottleneck`.
 
         `all_ranks=True` inside a torch.distributed job is a collective that sums the ranks'
         figures (every rank must call it)."""
         snapshot = self._metrics_snapshot()
-        mine = loader_metrics(snapshot)
+        mine = {**loader_metrics(snapshot), "workers": self._workers_metrics()}
+        profile = profile_raw(self._stages, self._wait)
         if all_ranks and self._distributed and self.world_size > 1:
-            mine = sum_metrics(dist.all_gather_objects(mine), snapshot)
+            gathered = dist.all_gather_objects((mine, profile))
+            per_rank = [m for m, _ in gathered]
+            summed = sum_metrics(per_rank, snapshot)
+            summed["workers"] = {
+                "kind": mine["workers"]["kind"],
+                "count": sum(m["workers"]["count"] for m in per_rank),
+                "resizes": sum(m["workers"]["resizes"] for m in per_rank),
+            }
+            mine = {**summed, **profile_metrics(sum_profiles([p for _, p in gathered]))}
+        else:
+            mine = {**mine, **profile_metrics(profile)}
         if self._mixing is not None:  # the same on every rank
             mine["mixing"] = {
                 "algorithm": self._mixing.algorithm_name,
@@ -355,12 +455,21 @@ class Loader:
     def _generate(self) -> Iterator[dict[str, torch.Tensor]]:
         # A set_weights or load_state_dict call while iterating discards what the workers
         # prefetched and starts them again from the handed-out (or loaded) lane states.
+        self._stages, self._wait = StageTotals(), WaitClock()  # counters of this iteration
+        self._wait.called()
+        scaler = None
         if self.workers is not None:  # Ray actors live as long as the iteration
             self._pool = ActorPool(self.workers, self.layout)
+            scaler = self._autoscaler()
         try:
             while True:
                 self._mix()
-                if not (yield from self._run()):
+                if scaler is None:
+                    more = yield from self._run()
+                else:
+                    scaler.restart(self._actors)  # the lanes' restart is not the steady wait
+                    more = yield from self._scaled(self._run(), scaler)
+                if not more:
                     break
         finally:
             if self._pool is not None:
@@ -370,7 +479,7 @@ class Loader:
     def _open(self, dataset: TorchLaneDataset) -> Any:
         """What yields (batch, meta): the dataset itself, DataLoader workers, or Ray actors."""
         if self._pool is not None:
-            return self._pool.stream(dataset)
+            return self._pool.stream(dataset, self._actors)
         if self.num_workers == 0:
             return iter(dataset)
         return worker_batches(dataset, self.layout, self.num_workers)
@@ -381,9 +490,10 @@ class Loader:
             return ring.take(data, lambda wire: self.layout.from_wire(wire, padding))
         return data
 
-    def _run(self) -> Iterator[dict[str, torch.Tensor]]:
+    def _run(self) -> Generator[dict[str, torch.Tensor], None, bool]:
         """Batches until the stream ends (returns False) or the weights change (True)."""
         version = self._plan_version
+        self._stages.restart()
         dataset = TorchLaneDataset(
             self.recipe,
             self.tables,
@@ -408,8 +518,11 @@ class Loader:
                     return False
                 if "error" in meta:
                     raise meta["error"]
+                self._stages.worker(meta["worker"], meta.get("stages"))
+                took = perf_counter()
                 data = self._receive(dataset.ring, data, meta["padding"])
-                expected = self._next_global + len(held) * self.world_size + self.rank
+                self._stages.own_transfer += perf_counter() - took
+                expected = global_batch(self._next_global, len(held), self.rank, self.world_size)
                 if meta["g"] != expected:
                     raise RuntimeError(
                         f"internal error: got global batch {meta['g']}, expected {expected}"
@@ -427,14 +540,16 @@ class Loader:
                     if self._mix():
                         return True  # the held batches were made with the old weights
                     self._hand(held_meta)
-                    yield as_batch(self.layout, held_data, held_meta)
+                    yield self._handed(held_data, held_meta)
+                    self._wait.called()
                     if self._plan_version != version:
                         return True  # the rest was made with the old weights
                 held.clear()
                 if self._mix():
                     return True
                 self._hand(meta)
-                yield as_batch(self.layout, data, meta)
+                yield self._handed(data, meta)
+                self._wait.called()
         except BaseException as exc:
             # The traceback's DataLoader frames hold its iterator; clear their locals so the
             # workers stop now, not when the caller drops the exception.
@@ -444,6 +559,15 @@ class Loader:
             if self.num_workers == 0:  # in-process lanes, or the Ray stream
                 source.close()  # closes the lanes' readers and unfinished cache entries
             del source  # shuts DataLoader workers down
+
+    def _handed(self, data: Any, meta: dict) -> dict[str, torch.Tensor]:
+        """The user's batch, made now: its time is the transfer stage's, and the caller's
+        wait ends."""
+        took = perf_counter()
+        batch = as_batch(self.layout, data, meta)
+        self._stages.own_transfer += perf_counter() - took
+        self._wait.handed()
+        return batch
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         self.close()
@@ -477,6 +601,13 @@ class Loader:
             self.close()
         except Exception:
             pass
+
+
+def _why(change: Change) -> str:
+    return (
+        f"the consumer waited {change.wait_share:.1%} of the last {change.window_s:.1f} s, "
+        f"the actors idled {change.idle_share:.0%}"
+    )
 
 
 def build_loader(

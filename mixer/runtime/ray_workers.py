@@ -11,10 +11,18 @@ costs each process involved about a millisecond whatever its size. A batch's arr
 through the object store as numpy arrays (no pickled lists); the driver turns them into its
 own arrays as it hands them out, and the group's object is released with its last batch.
 
-An actor that dies is replaced, and its lanes restart from the latest lane states the driver
-received (those of the batches handed out, or held back as padding), at the step it was
-asked for: the stream is unchanged. Actors are owned by the driver (not detached), so Ray
-ends them when the driver's process dies; `close()` and an exit hook end them sooner.
+An actor that dies, or delivers nothing for `stall_timeout` seconds while the driver waits on
+it (a stopped process, a wedged read), is replaced, and its lanes restart from the latest lane
+states the driver received (those of the batches handed out, or held back as padding), at the
+step it was asked for: the stream is unchanged. An actor that is not running within
+`placement_timeout` of its start (no node offers what it asks for) raises a `MixerError`
+naming what it asked for and what the nodes offer. Actors are owned by the driver (not
+detached), so Ray ends them when the driver's process dies; `close()` and an exit hook end
+them sooner. A loader that starts a local cluster keeps the process's own SIGTERM handling
+(Ray's would turn the signal into `SystemExit(15)` in the middle of a batch).
+
+How many actors run is the loader's (`resize_workers`, autoscaling): the pool starts or
+ends actors to that count whenever the loader (re)starts the lanes on it.
 
 `ray` is imported here only inside functions: `import mixer` never imports it.
 """
@@ -25,6 +33,9 @@ import atexit
 import copy
 import logging
 import os
+import signal
+import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Iterator
@@ -36,6 +47,7 @@ import numpy as np
 from mixer.core.errors import MixerError, TopologyError
 from mixer.pipeline.batch import Batch, BatchLayout
 from mixer.runtime.lane_dataset import LaneDataset
+from mixer.runtime.topology import lanes_served
 from mixer.tokenize.encoding import use_worker_encoding_threads
 
 log = logging.getLogger("mixer.loader")
@@ -47,6 +59,11 @@ class RayWorkers:
     (placed on nodes offering `resources`, e.g. `{"data_node": 1}`), each at most `in_flight`
     batches ahead; an actor's lanes survive `max_restarts` replacements of it.
 
+    `max_actors` above `actors` lets the loader grow the actors while the consumer waits
+    (and shrink them back to `actors` while they idle). An actor that delivers nothing for
+    `stall_timeout` seconds while the driver waits on it is replaced as if it had died; one
+    not running `placement_timeout` seconds after its start raises a `MixerError`.
+
     `address=None` joins the cluster `ray.init` already joined, else the one `RAY_ADDRESS`
     names, else starts a local one on 127.0.0.1."""
 
@@ -56,6 +73,9 @@ class RayWorkers:
     resources: dict | None = None
     in_flight: int = 2
     max_restarts: int = 3
+    max_actors: int | None = None
+    stall_timeout: float = 300.0
+    placement_timeout: float = 120.0
 
     def __post_init__(self) -> None:
         for name, low in (("actors", 1), ("in_flight", 1), ("max_restarts", 0)):
@@ -64,14 +84,29 @@ class RayWorkers:
                 raise TopologyError(
                     f"RayWorkers: {name} must be an integer >= {low}, got {value!r}"
                 )
-        cpus = self.cpus_per_actor
-        if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not cpus >= 0:
-            raise TopologyError(f"RayWorkers: cpus_per_actor must be a number >= 0, got {cpus!r}")
+        most = self.max_actors
+        if most is not None and (
+            isinstance(most, bool) or not isinstance(most, int) or most < self.actors
+        ):
+            raise TopologyError(
+                f"RayWorkers: max_actors must be None or an integer >= actors = "
+                f"{self.actors}, got {most!r}"
+            )
+        for name in ("cpus_per_actor", "stall_timeout", "placement_timeout"):
+            value = getattr(self, name)
+            low_ok = value >= 0 if name == "cpus_per_actor" else value > 0
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low_ok:
+                bound = ">= 0" if name == "cpus_per_actor" else "> 0"
+                raise TopologyError(f"RayWorkers: {name} must be a number {bound}, got {value!r}")
         if self.resources is not None and not isinstance(self.resources, dict):
             raise TopologyError(
                 "RayWorkers: resources must be a dict of resource name → "
                 f"amount, got {self.resources!r}"
             )
+
+    def asks(self) -> dict[str, float]:
+        """What each actor asks a node for."""
+        return {"CPU": self.cpus_per_actor, **(self.resources or {})}
 
 
 def connect(spec: RayWorkers) -> Any:
@@ -86,12 +121,18 @@ def connect(spec: RayWorkers) -> Any:
     import ray
 
     if not ray.is_initialized():
+        main = threading.current_thread() is threading.main_thread()
+        on_term = signal.getsignal(signal.SIGTERM) if main else None
         if spec.address is not None:
             ray.init(address=spec.address)
         elif os.environ.get("RAY_ADDRESS"):
             ray.init()
         else:
             ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
+        if on_term is not None:
+            # ray.init makes SIGTERM raise SystemExit(15) wherever the driver is: a job
+            # scheduler's SIGTERM then ends in tracebacks instead of exit status 143.
+            signal.signal(signal.SIGTERM, on_term)
     return ray
 
 
@@ -124,16 +165,19 @@ class LaneActor:
         self.stop()
         self._batches = dataset.produce(worker, workers, to_store)
 
-    def next(self, count: int) -> list[tuple[Any, dict]]:
-        """The next `count` batches, fewer after an error item: one object in the store per
-        call, since each object costs about a millisecond of each process (measured)."""
+    def next(self, count: int) -> tuple[float, list[tuple[Any, dict]]]:
+        """The seconds spent making them, and the next `count` batches, fewer after an error
+        item: one object in the store per call, since each object costs about a millisecond
+        of each process (measured)."""
         assert self._batches is not None
+        began = time.perf_counter()
         group: list[tuple[Any, dict]] = []
         for item in self._batches:
             group.append(item)
             if len(group) == count or "error" in item[1]:
-                return group
-        return group + [(None, {"end": True})]  # after an error item, already raised
+                return time.perf_counter() - began, group
+        # after an error item, already raised
+        return time.perf_counter() - began, group + [(None, {"end": True})]
 
     def stop(self) -> None:
         if self._batches is not None:
@@ -160,15 +204,17 @@ def _close_all() -> None:
 
 
 class ActorPool:
-    """The actors of one iteration of a loader, reused when it restarts (set_weights)."""
+    """The actors of one iteration of a loader, reused when it restarts the lanes on them
+    (set_weights, load_state_dict, a resize)."""
 
     def __init__(self, spec: RayWorkers, layout: BatchLayout) -> None:
         self.ray = connect(spec)
         self.spec = spec
         self.layout = layout
         self._remote = self.ray.remote(LaneActor)
-        self.actors = [self._spawn() for _ in range(spec.actors)]
-        self.restarts = [0] * spec.actors
+        self.actors: list[Any] = []
+        self.restarts: list[int] = []
+        self.busy_s = 0.0  # seconds the actors spent making the batches received
         if not _hook:
             atexit.register(_close_all)
             _hook.append(True)
@@ -181,18 +227,50 @@ class ActorPool:
         threads = max(1, round(self.spec.cpus_per_actor))
         return self._remote.options(**options).remote(threads)
 
+    def _started(self, actors: list[Any]) -> list[Any]:
+        """`actors` once each runs (its first call answered), or a `MixerError` naming what
+        they ask for and what the nodes offer when one is not within placement_timeout."""
+        calls = [actor.pid.remote() for actor in actors]
+        timeout = self.spec.placement_timeout
+        done, _ = self.ray.wait(calls, num_returns=len(calls), timeout=timeout)
+        if len(done) == len(calls):
+            self.ray.get(done)  # an actor that failed to start raises its error here
+            return actors
+        for actor in actors:
+            self._kill(actor)
+        raise MixerError(
+            f"{len(calls) - len(done)} of {len(calls)} Ray actor(s) were not running "
+            f"{timeout:g} s after their start (placement_timeout): each asks for "
+            f"{_resources(self.spec.asks())}; the cluster's live nodes offer "
+            f"{_offers(self.ray.nodes())}; add a node offering that, or ask for less "
+            "(RayWorkers cpus_per_actor, resources, actors)"
+        )
+
+    def _fit(self, count: int) -> None:
+        """Start or end actors so that `count` run."""
+        while len(self.actors) > count:
+            self._kill(self.actors.pop())
+            self.restarts.pop()
+        if len(self.actors) < count:
+            self.actors += self._started([self._spawn() for _ in range(count - len(self.actors))])
+            self.restarts += [0] * (count - len(self.restarts))
+
+    def _kill(self, actor: Any) -> None:
+        try:
+            self.ray.kill(actor, no_restart=True)
+        except Exception:  # already gone, or Ray shut down first
+            pass
+
     def close(self) -> None:
         """End the actors (their lanes' readers with them)."""
         actors, self.actors = self.actors, []
         for actor in actors:
-            try:
-                self.ray.kill(actor, no_restart=True)
-            except Exception:  # already gone, or Ray shut down first
-                pass
+            self._kill(actor)
 
-    def stream(self, dataset: LaneDataset) -> Iterator[tuple[Any, dict]]:
-        """(batch, meta) for the dataset's steps in order, as a DataLoader would yield them."""
-        count = len(self.actors)
+    def stream(self, dataset: LaneDataset, count: int) -> Iterator[tuple[Any, dict]]:
+        """(batch, meta) for the dataset's steps in order, as `count` DataLoader workers
+        would yield them."""
+        self._fit(count)
         group = max(1, self.spec.in_flight // 2)  # batches per call
         calls = max(1, self.spec.in_flight // group)  # calls outstanding per actor
         pending: list[deque] = [deque() for _ in range(count)]  # their references
@@ -209,12 +287,21 @@ class ActorPool:
                 if not ready[w]:
                     while len(pending[w]) < calls:
                         pending[w].append(self.actors[w].next.remote(group))
+                    began = time.monotonic()
                     try:
-                        ready[w].extend(self.ray.get(pending[w].popleft()))
+                        busy, items = self.ray.get(
+                            pending[w].popleft(), timeout=self.spec.stall_timeout
+                        )
                     except self.ray.exceptions.RayActorError as exc:
                         pending[w].clear()
                         self._replace(w, exc, dataset, step, states)
                         continue
+                    except self.ray.exceptions.GetTimeoutError as exc:
+                        pending[w].clear()
+                        self._replace(w, exc, dataset, step, states, time.monotonic() - began)
+                        continue
+                    self.busy_s += busy
+                    ready[w].extend(items)
                     pending[w].append(self.actors[w].next.remote(group))
                 data, meta = ready[w].popleft()
                 if "lane" in meta:
@@ -227,12 +314,13 @@ class ActorPool:
                 queue.clear()
 
     def lanes_of(self, w: int, dataset: LaneDataset) -> list[int]:
-        count, world, lanes = len(self.actors), dataset.world_size, dataset.recipe.lanes
-        return sorted(
-            {
-                (dataset.start + (w + k * count) * world + dataset.rank) % lanes
-                for k in range(lanes // (count * world))
-            }
+        return lanes_served(
+            dataset.recipe.lanes,
+            dataset.start,
+            dataset.rank,
+            dataset.world_size,
+            w,
+            len(self.actors),
         )
 
     def _replace(
@@ -242,29 +330,66 @@ class ActorPool:
         dataset: LaneDataset,
         step: int,
         states: dict[int, dict | None],
+        stalled_s: float | None = None,
     ) -> None:
-        """Actor `w` died before making `step`: a new one resumes its lanes there."""
+        """Actor `w` died (or stalled `stalled_s` seconds) before making `step`: a new one
+        resumes its lanes there."""
         lanes = self.lanes_of(w, dataset)
-        try:
-            self.ray.kill(self.actors[w], no_restart=True)
-        except Exception:
-            pass
+        self._kill(self.actors[w])
         self.restarts[w] += 1
         if self.restarts[w] > self.spec.max_restarts:
-            raise MixerError(
-                f"the Ray actor serving lane(s) {lanes} died {self.restarts[w]} times "
-                f"(max_restarts={self.spec.max_restarts}); its last error: {exc}"
-            ) from exc
-        log.warning(
-            "the Ray actor serving lane(s) %s died (%s); replacing it (%d of %d)",
-            lanes,
-            type(exc).__name__,
-            self.restarts[w],
-            self.spec.max_restarts,
-        )
+            limit = f"max_restarts={self.spec.max_restarts}"
+            if stalled_s is None:
+                message = f"died {self.restarts[w]} times ({limit}); its last error: {exc}"
+            else:
+                message = (
+                    f"was lost {self.restarts[w]} times ({limit}); the last time it delivered "
+                    f"nothing for {stalled_s:.1f} s (stall_timeout={self.spec.stall_timeout:g})"
+                )
+            raise MixerError(f"the Ray actor serving lane(s) {lanes} {message}") from exc
+        if stalled_s is None:
+            log.warning(
+                "the Ray actor serving lane(s) %s died (%s); replacing it (%d of %d)",
+                lanes,
+                type(exc).__name__,
+                self.restarts[w],
+                self.spec.max_restarts,
+            )
+        else:
+            log.warning(
+                "the Ray actor serving lane(s) %s delivered nothing for %.1f s while the "
+                "loader waited on it (stall_timeout=%g s); killing and replacing it (%d of %d)",
+                lanes,
+                stalled_s,
+                self.spec.stall_timeout,
+                self.restarts[w],
+                self.spec.max_restarts,
+            )
         restart = copy.copy(dataset)
         restart.lane_states = dict(states)
         # produce(w, ...) starts at start + w·W: shifted so that its first step is `step`.
         restart.start = dataset.start + (step - w) * dataset.world_size
-        self.actors[w] = self._spawn()
+        (self.actors[w],) = self._started([self._spawn()])
         self.actors[w].start.remote(self.ray.put(restart), w, len(self.actors))
+
+
+def _resources(amounts: dict[str, float]) -> str:
+    return "{" + ", ".join(f"{k!r}: {v:g}" for k, v in sorted(amounts.items())) + "}"
+
+
+def _offers(nodes: list[dict]) -> str:
+    """Each live node's address and resources (its memory and per-node labels left out)."""
+    skip = ("memory", "object_store_memory")
+    shown = [
+        f"{node.get('NodeManagerAddress', '?')} "
+        + _resources(
+            {
+                k: v
+                for k, v in node.get("Resources", {}).items()
+                if k not in skip and not k.startswith("node:") and not k.startswith("accelerator")
+            }
+        )
+        for node in nodes
+        if node.get("Alive")
+    ]
+    return "; ".join(shown) or "nothing (no live node)"

@@ -107,7 +107,7 @@ class BatchRing:
         again (`read` must copy what it keeps: the slot's bytes are reused)."""
         start = item.slot * self.slot_bytes
         wire = item.wire
-        wire.data = memoryview(self._data[start : start + item.size])
+        wire.data = self._data[start : start + item.size].data
         try:
             return read(wire)
         finally:

@@ -23,7 +23,7 @@ from mixer.runtime.state_schema import check_payload
 from mixer.sources import SourceTable
 
 STATE_FORMAT = "mixer.loader"
-STATE_VERSION = 3  # 3: lanes encoded column by column
+STATE_VERSION = 4
 _STREAM_FIELDS = (
     "seed",
     "seq_len",
@@ -37,9 +37,6 @@ _STREAM_FIELDS = (
     "max_document_bytes",
     "mask_document_boundaries",
 )
-# `images` keys added after the image block first entered the fingerprint (videos): in it only
-# when set, so a state saved before them still resumes an image recipe.
-_LATER_IMAGE_KEYS = ("video", "video_marker", "max_videos_per_batch", "tokens_per_second")
 
 
 def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTable]) -> dict:
@@ -48,11 +45,9 @@ def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTab
     stream["tokenizer"] = tokenizer.digest
     stream["eos_id"] = tokenizer.eos_id
     if recipe.images is not None:
-        images = recipe.images.model_dump(mode="json")
-        for key in _LATER_IMAGE_KEYS:  # at their defaults: the fingerprint states had before
-            if images[key] == type(recipe.images).model_fields[key].default:
-                del images[key]
-        stream["images"] = images
+        stream["images"] = recipe.images.model_dump(mode="json")
+    if recipe.audio is not None:
+        stream["audio"] = recipe.audio.model_dump(mode="json")
     sources = {}
     for src, table in zip(recipe.sources, tables):
         files = hashlib.sha256(json.dumps(table.fingerprint()).encode()).hexdigest()[:16]

@@ -13,7 +13,7 @@ freely. Decoding gives back exactly the dicts that were encoded (`true` stays `t
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -144,7 +144,7 @@ def _tree(paths: list[list[str]], where: str) -> dict[str, Any]:
     return root
 
 
-def _build(tree: dict[str, Any], row: list[Any]) -> dict[str, Any]:
+def _build(tree: dict[str, Any], row: Sequence[Any]) -> dict[str, Any]:
     return {
         key: _build(sub, row) if isinstance(sub, dict) else row[sub] for key, sub in tree.items()
     }

@@ -1,5 +1,11 @@
-"""The topology rules, in one place: sane ranks, world sizes and worker counts, and the lanes
-rule (workers × ranks divide the lanes)."""
+"""The topology rules, in one place: which global batch a rank's step is and which lane makes
+it (`global_batch`, `lane_of`), which lanes a rank or one of its workers serves
+(`lanes_served`); sane ranks, world sizes and worker counts, and the lanes rule (workers ×
+ranks divide the lanes).
+
+Rank r at step s of an iteration that began at global batch g0 consumes g = g0 + s·W + r,
+made by lane g mod P. Worker w of N (DataLoader worker or Ray actor) makes the rank's steps
+w, w + N, w + 2N, ...: the lanes rule N·W | P gives each worker P / (N·W) lanes of its own."""
 
 from __future__ import annotations
 
@@ -7,6 +13,25 @@ from mixer.core.errors import TopologyError
 
 MAX_WORLD_SIZE = 1 << 20
 MAX_WORKERS = 1024
+
+
+def global_batch(start: int, step: int, rank: int, world_size: int) -> int:
+    """The global batch that rank `rank` consumes at `step` of an iteration begun at `start`."""
+    return start + step * world_size + rank
+
+
+def lane_of(g: int, lanes: int) -> int:
+    """The lane that makes global batch `g`."""
+    return g % lanes
+
+
+def lanes_served(
+    lanes: int, start: int, rank: int, world_size: int, worker: int = 0, workers: int = 1
+) -> list[int]:
+    """The lanes (sorted) whose batches worker `worker` of `workers` of rank `rank` makes from
+    `start` on (worker 0 of 1: all the rank's lanes), within the lanes rule."""
+    steps = range(worker, lanes // world_size, max(workers, 1))
+    return sorted({lane_of(global_batch(start, s, rank, world_size), lanes) for s in steps})
 
 
 def check_ranks(rank: int, world_size: int, num_workers: int) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from mixer.config.recipe import Recipe
 from mixer.pipeline.batch import Batch, BatchLayout, Wire
@@ -34,7 +35,7 @@ def batches_per_item(recipe: Recipe, layout: BatchLayout) -> int:
     """How many batches a worker sends as one DataLoader item: text batches up to
     `ITEM_BYTES` together; image batches one by one (their decoding is ordered and bounded
     per batch: the pixel budget, the soonest-needed image first)."""
-    if getattr(recipe, "images", None) is not None:
+    if getattr(recipe, "images", None) is not None or getattr(recipe, "audio", None) is not None:
         return 1
     return max(1, min(MAX_ITEM_BATCHES, ITEM_BYTES // layout.wire_bytes(recipe.batch_size)))
 
@@ -75,6 +76,7 @@ def worker_batches(dataset: TorchLaneDataset, layout: BatchLayout, num_workers: 
                 collate_fn=sent_as_is,
             )
         )
+    assert isinstance(items, _MultiProcessingDataLoaderIter)  # (num_workers > 0)
     worker_processes.adopt(items._workers)  # stopped at exit even if never closed
     if dataset.ring is not None:
         dataset.ring.keep_from_later_forks()

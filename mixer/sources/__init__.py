@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
-from mixer.core.records import EncodedImage, EncodedVideo, FileEntry, Reader, Record, Split
+from mixer.core.records import (
+    EncodedAudio,
+    EncodedImage,
+    EncodedVideo,
+    FileEntry,
+    Reader,
+    Record,
+    Split,
+)
 from mixer.sources.boundary import read_records
 from mixer.sources.formats.registry import FORMATS, Format, infer_format
 from mixer.sources.listing import SourceTable, list_source
@@ -14,7 +22,9 @@ from mixer.sources.storage import IO_STATS, Storage, filesystem
 READERS: dict[str, Reader] = {name: fmt.reader for name, fmt in FORMATS.items()}
 
 
-def read_split(*, entry: FileEntry, text_field: str | None, **kwargs: Any) -> Iterator[Record]:
+def read_split(
+    *, entry: FileEntry, text_field: str | None, **kwargs: Any
+) -> Generator[Record, None, None]:
     """Records of one split through the reader of its format; every failure is a record
     carrying a `DataError` (see `boundary.py`). `text_field` None: the format's default.
     Pre-tokenized formats need `tokenizer=` (a `TokenizerInfo`); the others ignore it."""
@@ -26,6 +36,7 @@ __all__ = [
     "FORMATS",
     "IO_STATS",
     "READERS",
+    "EncodedAudio",
     "EncodedImage",
     "EncodedVideo",
     "FileEntry",

@@ -15,6 +15,7 @@ inside running text and beside the added tokens that take or give whitespace.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Sequence
 
 STRESS_VERSION = 3
 STRESS_ID = f"{STRESS_VERSION}/unicode-{unicodedata.unidata_version}"
@@ -73,8 +74,8 @@ def _categories() -> str:
 # whitespace in some Unicode version or engine (U+180E was a space until Unicode 6.3), spacing
 # and enclosing marks, other numbers, enclosed letters, and blocks assigned after this Python's
 # Unicode (each library carries its own tables). Differential fuzzing found fastokens and
-# `tokenizers` disagreeing on such code points in custom `Split` patterns (docs/benchmarks.md,
-# "Issue 22, round 5"); `_classes` sets each in the contexts where a class decides the split.
+# `tokenizers` disagreeing on such code points in custom `Split` patterns (the cases are in
+# tests/test_tokenizer_backend.py); `_classes` sets each where a class decides the split.
 _SPACE_LIKE = (
     "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u180e"
     + "".join(map(chr, range(0x2000, 0x200C)))
@@ -242,7 +243,7 @@ def _added(added: list[str]) -> str:
     return "".join(parts)
 
 
-def _pairs(added: list[str], partners: list[str]) -> str:
+def _pairs(added: list[str], partners: Sequence[str]) -> str:
     """Each added token next to each partner (tokens that take or give whitespace: lstrip,
     rstrip, an edge of spaces, not special), both ways round, glued, one or two spaces or a
     newline apart: where one token strips the whitespace that begins the next, the libraries
@@ -255,7 +256,7 @@ def _pairs(added: list[str], partners: list[str]) -> str:
     return "".join(parts)
 
 
-def stress_sections(added: list[str], partners: list[str] = ()) -> list[tuple[str, str]]:
+def stress_sections(added: list[str], partners: Sequence[str] = ()) -> list[tuple[str, str]]:
     """(name, text) of each section of the stress text, `added` (the tokenizer's added and
     special tokens) included, each also beside each of `partners` (see `_pairs`); the last
     section is all the others but the pairs joined by newlines."""

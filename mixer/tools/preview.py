@@ -74,6 +74,7 @@ class RowRenderer:
 
     def _video(self, run: int) -> VideoRef:
         s = self.settings
+        assert s is not None and s.video is not None  # a batch with videos has their settings
         index = self.next_video
         t, h, w = self.video_grids[index]
         fps = (
@@ -87,6 +88,7 @@ class RowRenderer:
     def _image(self, run: int) -> list[ImageRef]:
         """The image(s) a run of `run` placeholder tokens stands for."""
         s = self.settings
+        assert s is not None  # a batch with images has their settings
         if self.grids is not None:  # qwen2_vl: one run per image, delimited
             t, h, w = self.grids[self.next_image]
             refs = [ImageRef(self.next_image, w * s.patch_size, h * s.patch_size, run)]

@@ -10,10 +10,11 @@ from typing import IO
 import orjson
 import zstandard
 
-from mixer.core.errors import DataError
+from mixer.core.errors import DataError, missing_text_field
 from mixer.core.records import FileEntry, Record, Split
 from mixer.sources.formats import deep_json
 from mixer.sources.formats.gzip_stream import GzipStream
+from mixer.sources.formats.pieces import PieceReader
 from mixer.sources.formats.reopen import Reopenable
 from mixer.sources.formats.zstd_frames import ZstdStream
 
@@ -94,7 +95,7 @@ def _parse_with_json(line: bytes, text_field: str) -> str:
     text = obj.get(text_field)
     if not isinstance(text, str):
         if text_field not in obj:
-            raise _BadLine(f"missing text field {text_field!r}", "bad_text")
+            raise _BadLine(missing_text_field(text_field, list(obj), "keys"), "bad_text")
         raise _BadLine(
             f"text field {text_field!r} is {type(text).__name__}, not a string", "bad_text"
         )
@@ -258,11 +259,11 @@ def _read_compressed(
         )
 
 
-def _gzip(raw: IO[bytes]) -> IO[bytes]:
+def _gzip(raw: IO[bytes]) -> PieceReader:
     return GzipStream(raw)
 
 
-def _zstd(raw: IO[bytes]) -> IO[bytes]:
+def _zstd(raw: IO[bytes]) -> PieceReader:
     return ZstdStream(raw)
 
 

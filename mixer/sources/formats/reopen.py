@@ -21,11 +21,12 @@ from collections.abc import Callable
 from typing import IO
 
 from mixer.core.resources import OpenLimit
+from mixer.sources.formats.pieces import PieceReader
 
 log = logging.getLogger(__name__)
 
 # A suspended reader costs one decompression of the file's start again, so the limit is a
-# trade between memory and that CPU (docs/benchmarks.md): past 4 open, readers cheap to
+# trade between memory and that CPU (benchmarks/memory.py): past 4 open, readers cheap to
 # reopen (near their file's start, `RebuildBudget.cheap`) are suspended; past 8, any; both
 # within `REBUILD_BUDGET`. 8 is enough for a process reading a few large whole compressed
 # sources in each of its lanes (8 lanes on 2 ranks, 2 such sources: 8 open, none reopened;
@@ -101,7 +102,7 @@ class Reopenable(io.RawIOBase):
     def __init__(
         self,
         open_file: Callable[[], IO[bytes]],
-        decompressor: Callable[[IO[bytes]], IO[bytes]],
+        decompressor: Callable[[IO[bytes]], PieceReader],
         limit: OpenLimit = OPEN_DECOMPRESSORS,
         budget: RebuildBudget = REBUILD_BUDGET,
     ) -> None:
@@ -111,7 +112,7 @@ class Reopenable(io.RawIOBase):
         self._limit = limit
         self._budget = budget
         self._file: IO[bytes] | None = None
-        self._inner: IO[bytes] | None = None
+        self._inner: PieceReader | None = None
         self._position = 0  # decompressed bytes handed out
         self._file_position = 0  # the file's position when suspended
         self._busy = threading.Lock()
@@ -131,7 +132,7 @@ class Reopenable(io.RawIOBase):
             self._budget.add_read(size)
             return size
 
-    def _reopen(self) -> IO[bytes]:
+    def _reopen(self) -> PieceReader:
         self._file = self._open_file()
         try:
             self._inner = self._decompressor(self._file)
@@ -179,7 +180,7 @@ class Reopenable(io.RawIOBase):
         super().close()
 
 
-def _discard(stream: IO[bytes], count: int) -> None:
+def _discard(stream: PieceReader, count: int) -> None:
     """Read and drop `count` bytes (the stream was read that far before)."""
     scratch = memoryview(bytearray(min(count, _DISCARD)))
     while count:

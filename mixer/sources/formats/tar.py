@@ -154,6 +154,7 @@ def members(f: IO[bytes], offset: int, file_size: int) -> Iterator[tuple[str, in
             name, size = _extension(kind, data, name, start)
             if kind == b"g" and start == data_at - _BLOCK:
                 start = offset  # a global header belongs to no member (and is ignored)
+        assert name is not None  # (the member's own header names it, when no extension did)
         if kind == b"S":
             raise Broken("GNU sparse members are not supported", start, name, reason="other")
         offset = data_at + (0 if kind in _NO_DATA else _padded(size))

@@ -86,7 +86,7 @@ def finish_document(ids: np.ndarray, info: TokenizerInfo) -> np.ndarray | None:
         return ids
     out = np.empty(len(ids) + head + tail, dtype=np.int64)
     out[head : head + len(ids)] = ids
-    if head:
+    if bos is not None and head:
         out[0] = bos
     if tail:
         out[-1] = eos
