@@ -8,7 +8,8 @@ A 2-layer LlamaForCausalLM (hidden 64, built from a config, CPU) trains for `--s
 (32 successors per word: higher entropy, the loss stays higher), weights 1 : 1 : 1. Each run
 reports its per-token loss with `loader.report_loss`; ODM and ADO update every `--every` global
 batches (ADO: start_batches 3·every, ignore_batches every). Rows: the per-source validation
-loss at the end (held-out documents), the final weights, and the cost per update: the
+loss at the end (held-out documents), the final weights, the mean cost of `report_loss` per
+step, and the cost per update: the
 algorithm's `update` and the whole `next()` that carries the update (with the restart of the
 lane stream it causes, as `set_weights` does), next to the median `next()` without one.
 
@@ -113,7 +114,9 @@ def validation(model, tokenizer: Tokenizer, held_out: dict[str, list[str]]) -> d
         for doc in docs:
             ids = torch.tensor([tokenizer.encode(doc).ids[:SEQ]])
             logits = model(input_ids=ids).logits[:, :-1]
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="sum")
+            loss = F.cross_entropy(
+                logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="sum"
+            )
             total, count = total + float(loss), count + ids.size(1) - 1
         out[name] = total / count
     return out
@@ -138,7 +141,7 @@ def run(name: str, recipe: dict, steps: int, held_out: dict, out: Path) -> dict:
         algorithm.update = timed
     writer = MetricsWriter(out / f"{name}.jsonl", loader.recipe, every=10)
     it = iter(loader)
-    next_s, next_update_s = [], []
+    next_s, next_update_s, report_s = [], [], []
     step_start = time.perf_counter()
     for step in range(1, steps + 1):
         before = mixing.updates if mixing is not None else 0
@@ -154,16 +157,19 @@ def run(name: str, recipe: dict, steps: int, held_out: dict, out: Path) -> dict:
         loss.backward()
         opt.step()
         if mixing is not None:
+            start = time.perf_counter()
             loader.report_loss(losses, batch)
+            report_s.append(time.perf_counter() - start)
         by_source = mixer.loss_by_source(losses, batch, names=loader.recipe.names)
-        writer.step(
-            step,
-            lambda: {
+
+        def log(loss=loss, by_source=by_source) -> dict:
+            return {
                 **loader.metrics(),
                 "loss": float(loss),
                 "loss_by_source": {n: s / t for n, (s, t) in by_source.items()},
-            },
-        )
+            }
+
+        writer.step(step, log)
     wall = time.perf_counter() - step_start
     writer.close(steps, loader.metrics())
     metrics = loader.metrics()
@@ -183,6 +189,7 @@ def run(name: str, recipe: dict, steps: int, held_out: dict, out: Path) -> dict:
         "val mean": f"{statistics.mean(val.values()):.3f}",
         "weights (easy/mid/hard)": "/".join(f"{weights[n]:.2f}" for n in NAMES),
         "updates": len(update_s),
+        "report_loss ms": ms(report_s),
         "update ms": ms(update_s),
         "next() at update ms": ms(next_update_s),
         "next() median ms": f"{1000 * statistics.median(next_s):.2f}",
