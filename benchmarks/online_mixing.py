@@ -165,7 +165,7 @@ def run(name: str, recipe: dict, steps: int, held_out: dict, out: Path) -> dict:
         def log(loss=loss, by_source=by_source) -> dict:
             return {
                 **loader.metrics(),
-                "loss": float(loss),
+                "loss": float(loss.detach()),
                 "loss_by_source": {n: s / t for n, (s, t) in by_source.items()},
             }
 
