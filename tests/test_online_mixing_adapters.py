@@ -16,7 +16,6 @@ from integ_common import digest, recipe_dict, tiny_llama
 import mixer
 from mixer.runtime.mixing_state import FIXED_POINT
 
-pytestmark = pytest.mark.slow
 EVERY = 2
 
 
@@ -54,6 +53,7 @@ def reported_mean(losses: dict[str, float], batches: list[dict], names: tuple) -
     return total / tokens
 
 
+@pytest.mark.slow
 def test_mixer_trainer_reports_the_models_per_token_loss(recipe, tmp_path):
     from transformers import TrainingArguments
 
@@ -157,6 +157,7 @@ def lightning_fit(recipe: str, root, steps: int, save_at: int | None, ckpt: str 
     return module.seen, data.loader.metrics()["mixing"]
 
 
+@pytest.mark.slow
 def test_lightning_checkpoint_between_updates_resumes_batches_and_weights(recipe, tmp_path):
     """Lightning fetches batch k+1 before step k reports its loss: the checkpoint keeps that
     loss beside the loader's state, and the resumed fit mixes as the uninterrupted one."""
@@ -198,3 +199,21 @@ def test_torchtitan_mixing_loss_reports_what_its_own_loss_adds_up(recipe):
     with pytest.raises(RuntimeError, match="no batch fetched"):
         loss_fn(logits, labels)
     data.close()
+
+
+def test_the_per_token_loss_from_logits_is_the_same_in_chunks(monkeypatch):
+    """The logits are upcast a chunk of positions at a time: the same losses as in one piece,
+    shifted as a causal LM shifts, -100 counted as 0."""
+    import torch.nn.functional as F
+
+    from mixer.integrations import online_mixing
+
+    logits = torch.randn(3, 17, 50, dtype=torch.bfloat16)
+    labels = torch.randint(0, 50, (3, 17))
+    labels[0, 3] = -100
+    whole = F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, 50), labels[:, 1:].reshape(-1), reduction="none"
+    ).view(3, 16)
+    whole[0, 2] = 0.0
+    monkeypatch.setattr(online_mixing, "CHUNK_ELEMENTS", 7 * 50)
+    assert torch.equal(online_mixing.causal_token_loss(logits, labels), whole)

@@ -28,34 +28,40 @@ from mixer.runtime.mixing_state import to_fixed
 Sums = list[list[int]]  # per source: [loss sum (fixed point), tokens]
 
 
+CHUNK_ELEMENTS = 1 << 26  # logits upcast to float32 at a time: 256 MB
+
+
+def _token_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-position cross-entropy of `logits` `[B, T, V]` against `target` `[B, T]` with no
+    gradient, upcast to float32 a chunk of positions at a time (a whole `[B, T, V]` float32
+    copy of a large vocabulary's logits would cost gigabytes); -100 targets give 0."""
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab)
+    labels = target.to(logits.device).reshape(-1)
+    step = max(1, CHUNK_ELEMENTS // max(vocab, 1))
+    with torch.no_grad():
+        parts = [
+            F.cross_entropy(
+                flat[i : i + step].float(),
+                labels[i : i + step],
+                reduction="none",
+                ignore_index=IGNORE_INDEX,
+            )
+            for i in range(0, flat.shape[0], step)
+        ]
+    return torch.cat(parts).view(target.shape)
+
+
 def causal_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """`[B, L - 1]` cross-entropy of `logits[:, t]` against `labels[:, t + 1]` (no gradient);
     -100 labels give 0 (`report_loss` ignores them)."""
-    with torch.no_grad():
-        pred = logits[:, :-1].float()
-        target = labels[:, 1:].to(pred.device)
-        loss = F.cross_entropy(
-            pred.reshape(-1, pred.shape[-1]),
-            target.reshape(-1),
-            reduction="none",
-            ignore_index=IGNORE_INDEX,
-        )
-    return loss.view(target.shape)
+    return _token_cross_entropy(logits[:, :-1], labels[:, 1:])
 
 
 def next_token_loss(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """`[B, L - 1]` cross-entropy of `pred[:, t]` against next-token labels `labels[:, t]`
     (torchtitan's batch; its last column is -100 and is dropped)."""
-    with torch.no_grad():
-        logits = pred[:, :-1].float()
-        target = labels[:, :-1].to(logits.device)
-        loss = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]),
-            target.reshape(-1),
-            reduction="none",
-            ignore_index=IGNORE_INDEX,
-        )
-    return loss.view(target.shape)
+    return _token_cross_entropy(pred[:, :-1], labels[:, :-1])
 
 
 def require_online_mixing(loader: Loader, who: str) -> None:
