@@ -6,12 +6,12 @@ batches and the weights exactly."""
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import torch
 import yaml
 from integ_common import digest, recipe_dict, tiny_llama
+from integ_mixing_lightning_job import lightning_fit
 
 import mixer
 from mixer.runtime.mixing_state import FIXED_POINT
@@ -102,61 +102,6 @@ def test_mixer_trainer_refuses_online_mixing_without_the_recipe_block(tmp_path):
         MixerTrainer(model=tiny_llama(), args=args, recipe=recipe_dict(), online_mixing=True)
 
 
-def lightning_fit(recipe: str, root, steps: int, save_at: int | None, ckpt: str | None):
-    from lightning.pytorch import LightningModule, Trainer
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    from mixer.integrations.lightning import MixerDataModule
-
-    class TinyLM(LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = tiny_llama()
-            self.seen: list[str] = []
-
-        def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-            self.seen.append(digest(batch))
-            out = self.model(
-                input_ids=batch["input_ids"],
-                labels=batch["labels"],
-                position_ids=batch["position_ids"],
-            )
-            self.trainer.datamodule.report_logits(out.logits, batch)  # the one line
-            return out.loss
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-2)
-
-    callbacks = (
-        [
-            ModelCheckpoint(
-                dirpath=str(root),
-                filename="ckpt-{step}",
-                save_top_k=-1,
-                every_n_train_steps=save_at,
-            )
-        ]
-        if save_at
-        else []
-    )
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=steps,
-        callbacks=callbacks,
-        enable_checkpointing=bool(save_at),
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    module, data = TinyLM(), MixerDataModule(recipe)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(module, datamodule=data, ckpt_path=ckpt)
-    assert data.loader is not None
-    return module.seen, data.loader.metrics()["mixing"]
-
-
 @pytest.mark.slow
 def test_lightning_checkpoint_between_updates_resumes_batches_and_weights(recipe, tmp_path):
     """Lightning fetches batch k+1 before step k reports its loss: the checkpoint keeps that
@@ -217,3 +162,30 @@ def test_the_per_token_loss_from_logits_is_the_same_in_chunks(monkeypatch):
     whole[0, 2] = 0.0
     monkeypatch.setattr(online_mixing, "CHUNK_ELEMENTS", 7 * 50)
     assert torch.equal(online_mixing.causal_token_loss(logits, labels), whole)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_lightning_ddp_checkpoint_between_updates_resumes_batches_and_weights(recipe, tmp_path):
+    """Two DDP ranks: the losses reported after the saved states are summed over the ranks
+    into the checkpoint, and the resumed 2-rank fit mixes as the uninterrupted one."""
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    import procs
+
+    steps, save_at = 2 * EVERY + 1, EVERY // 2 + 1
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += ["integ_mixing_lightning_job.py", recipe, str(tmp_path), str(steps), str(save_at)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    result = procs.run(cmd, timeout=120, env=env, cwd=Path(__file__).parent)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for got in ranks:
+        assert got["full_mixing"]["updates"] == 2 * steps // EVERY
+        assert sum(tokens for _, tokens in got["late"]) > 0
+        assert got["resumed"] == got["full"][save_at:]
+        assert got["resumed_mixing"] == got["full_mixing"]
+    assert ranks[0]["full_mixing"] == ranks[1]["full_mixing"]
