@@ -1,6 +1,7 @@
 """Online mixing on a tiny model: static weights vs ODM vs ADO, and the cost of an update.
 
     python benchmarks/online_mixing.py [--steps 300] [--every 20] [--out /tmp/online_mixing]
+                                       [--runs static,odm,ado]
 
 A 2-layer LlamaForCausalLM (hidden 64, built from a config, CPU) trains for `--steps` steps
 (batch 8 × 64 tokens) on three synthetic sources of one word-level vocabulary: `easy`
@@ -11,7 +12,10 @@ batches (ADO: start_batches 3·every, ignore_batches every). Rows: the per-sourc
 loss at the end (held-out documents), the final weights, the mean cost of `report_loss` per
 step, and the cost per update: the
 algorithm's `update` and the whole `next()` that carries the update (with the restart of the
-lane stream it causes, as `set_weights` does), next to the median `next()` without one.
+lane stream it causes, as `set_weights` does), next to the median `next()` without one, the
+mean `next()` over the run, the mean forward-backward-optimizer time and the whole step; and
+all the time `next()` took beyond the static run's, per update (the restarted lanes refill
+their shuffle windows over the next batches: most of an update's cost).
 
 Each run writes a metrics log (`<out>/<run>.jsonl`: `loader.metrics()` with `target_share`,
 the weights in force, and `loss_by_source`); `mixer report <out>/<run>.jsonl` draws the
@@ -141,7 +145,7 @@ def run(name: str, recipe: dict, steps: int, held_out: dict, out: Path) -> dict:
         algorithm.update = timed
     writer = MetricsWriter(out / f"{name}.jsonl", loader.recipe, every=10)
     it = iter(loader)
-    next_s, next_update_s, report_s = [], [], []
+    next_s, next_update_s, report_s, train_s = [], [], [], []
     step_start = time.perf_counter()
     for step in range(1, steps + 1):
         before = mixing.updates if mixing is not None else 0
@@ -150,12 +154,14 @@ def run(name: str, recipe: dict, steps: int, held_out: dict, out: Path) -> dict:
         elapsed = time.perf_counter() - start
         updated = mixing is not None and mixing.updates != before
         (next_update_s if updated else next_s).append(elapsed)
+        start = time.perf_counter()
         losses = token_loss(model, batch)
         counted = batch["labels"][:, 1:] != -100
         loss = (losses * counted).sum() / counted.sum().clamp(min=1)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        train_s.append(time.perf_counter() - start)
         if mixing is not None:
             start = time.perf_counter()
             loader.report_loss(losses, batch)
@@ -193,6 +199,9 @@ def run(name: str, recipe: dict, steps: int, held_out: dict, out: Path) -> dict:
         "update ms": ms(update_s),
         "next() at update ms": ms(next_update_s),
         "next() median ms": f"{1000 * statistics.median(next_s):.2f}",
+        "next() mean ms": ms(next_s + next_update_s),
+        "train ms": ms(train_s),
+        "next_total_s": sum(next_s) + sum(next_update_s),
         "step ms": f"{1000 * wall / steps:.1f}",
     }
 
@@ -202,6 +211,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=int, default=20)
     parser.add_argument("--out", default="/tmp/online_mixing")
+    parser.add_argument(
+        "--runs", default="static,odm,ado", help="which runs, in this order (comma-separated)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
@@ -232,7 +244,14 @@ def main() -> None:
             },
         },
     }
-    rows = [run(name, recipe, args.steps, held_out, out) for name, recipe in runs.items()]
+    chosen = args.runs.split(",")
+    rows = [run(name, runs[name], args.steps, held_out, out) for name in chosen]
+    static = [r["next_total_s"] for r in rows if r["run"] == "static"]
+    for row in rows:  # all the time next() spent more than in the static run, per update
+        extra = row.pop("next_total_s") - min(static) if static else None
+        row["next() extra per update ms"] = (
+            f"{1000 * extra / row['updates']:.1f}" if extra is not None and row["updates"] else "-"
+        )
     print(table(rows, list(rows[0])))
     print(f"metrics logs and figures: {out}/<run>.jsonl, {out}/<run>.png (mixer report)")
 
