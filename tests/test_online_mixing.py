@@ -349,6 +349,26 @@ def test_a_global_state_gives_its_pending_sums_to_rank_0_only(base):
     assert ranks[1]._mixing.pending == [[0, 0]] * 3
 
 
+def test_a_source_without_reported_tokens_keeps_its_estimate(base):
+    """A window in which `mid` gets no counted token (its labels -100): at the update its
+    mean loss and ODM's reward estimate stay those of the update before; the others move."""
+    loader = mixer.build_loader(base)
+    it = iter(loader)
+    train(loader, EVERY, it)
+    batch = next(it)  # the first update
+    first = loader.metrics()["mixing"]["losses"]
+    rewards = list(loader._mixing.algorithm.rewards)
+    for _ in range(EVERY):
+        hidden = {**batch, "labels": batch["labels"].masked_fill(batch["source_ids"] == 1, -100)}
+        loader.report_loss(fake_loss(batch), hidden)
+        batch = next(it)
+    second = loader.metrics()["mixing"]
+    assert second["updates"] == 2 and second["losses"]["mid"] == first["mid"]
+    assert loader._mixing.algorithm.rewards[1] == rewards[1]
+    assert loader._mixing.algorithm.rewards[0] != rewards[0]
+    assert loader._mixing.algorithm.rewards[2] != rewards[2]
+
+
 def test_metrics_report_the_mixing(base, reference_run):
     _, mixes = reference_run
     last = mixes[-1]

@@ -26,6 +26,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from mixer.config.recipe import Recipe, load_recipe
 from mixer.integrations.common import flat_metrics, read_state, write_state
+from mixer.integrations.online_mixing import causal_token_loss, require_online_mixing
 from mixer.pipeline.batch import is_padding_batch
 from mixer.pipeline.flatten import FLASH_KEYS
 from mixer.runtime.loader import Loader, build_loader
@@ -58,6 +59,7 @@ class MixerTrainer(Trainer):
         *,
         recipe: Recipe | dict | str,
         num_workers: int = 0,
+        online_mixing: bool = False,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("train_dataset") is not None:
@@ -77,6 +79,9 @@ class MixerTrainer(Trainer):
                 f"{self.args.world_size} (model parallelism is not supported)"
             )
         self._forward_keys = _accepted_keys(self.model)
+        self.online_mixing = online_mixing  # report each training batch's per-token loss
+        if online_mixing:
+            require_online_mixing(self.mixer_loader, "MixerTrainer")
 
     # -- data ------------------------------------------------------------------------------
     def get_train_dataloader(self) -> Loader:
@@ -86,7 +91,12 @@ class MixerTrainer(Trainer):
         self, model: Any, inputs: dict, return_outputs: bool = False, num_items_in_batch: Any = None
     ) -> Any:
         padding = is_padding_batch(inputs)
-        inputs = {k: v for k, v in inputs.items() if k in self._forward_keys}
+        batch, inputs = inputs, {k: v for k, v in inputs.items() if k in self._forward_keys}
+        if not padding and self.online_mixing and model.training:
+            loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
+            logits = outputs["logits"] if isinstance(outputs, dict) else outputs[1]
+            self.mixer_loader.report_loss(causal_token_loss(logits, batch["labels"]), batch)
+            return (loss, outputs) if return_outputs else loss
         if not padding:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         inputs.pop("labels", None)

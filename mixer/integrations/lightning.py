@@ -30,6 +30,7 @@ except ImportError:  # the standalone package
 
 from mixer.config.recipe import Recipe, load_recipe
 from mixer.integrations.common import flat_metrics
+from mixer.integrations.online_mixing import LateReports, causal_token_loss, summed
 from mixer.runtime.loader import Loader, build_loader
 from mixer.runtime.state import merge_states
 
@@ -42,22 +43,27 @@ class _Fetched:
     def __init__(self, loader: Loader) -> None:
         self.loader = loader
         self.before: deque[dict] = deque()  # local states of fetched, not yet received batches
+        self.late = LateReports(loader)  # online mixing: losses reported after those states
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         self.before.clear()
+        self.late.clear()
         it = iter(self.loader)
         while True:
             self.before.append(self.loader.local_state_dict())
+            self.late.taken()
             try:
                 batch = next(it)
             except StopIteration:
                 self.before.pop()
                 return
+            self.late.fetched()
             yield batch
 
     def received(self) -> None:
         if self.before:
             self.before.popleft()
+            self.late.used()
 
     def local_state(self) -> dict:
         return self.before[0] if self.before else self.loader.local_state_dict()
@@ -74,6 +80,7 @@ class MixerDataModule(LightningDataModule):
         self._fetched: _Fetched | None = None
         self._to_load: dict | None = None
         self._logged_step = -1
+        self._late_losses: list | None = None  # online mixing: reported after the saved state
 
     def setup(self, stage: str) -> None:
         if self.loader is not None:
@@ -112,27 +119,53 @@ class MixerDataModule(LightningDataModule):
         if self._fetched is None:
             return {"mixer": self._to_load} if self._to_load else {}
         local = self._fetched.local_state()
+        late = self._fetched.late
         if torch_dist.is_initialized() and self.loader.world_size > 1:
             gathered: list[Any] = [None] * torch_dist.get_world_size()
-            torch_dist.all_gather_object(gathered, local)
-            return {"mixer": merge_states(gathered)}
+            torch_dist.all_gather_object(gathered, (local, late.after_oldest()))
+            state: dict[str, Any] = {"mixer": merge_states([g[0] for g in gathered])}
+            if late.on:
+                state["mixer_late_losses"] = summed([g[1] for g in gathered])
+            return state
+        if late.on:
+            return {"mixer": local, "mixer_late_losses": late.after_oldest()}
         return {"mixer": local}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state.get("mixer"):
             return
+        self._late_losses = state.get("mixer_late_losses")
         if self.loader is None:
             self._to_load = state["mixer"]
         else:
             self._load(state["mixer"])
 
     def _load(self, state: dict) -> None:
-        self.loader.load_state_dict(state)
+        loader = self.loader
+        assert loader is not None
+        loader.load_state_dict(state)
+        late = self._late_losses
+        if late is not None and self._fetched is not None and loader.rank == 0:
+            self._fetched.late.give_back = late  # (the merged state's sums are rank 0's)
         log.info(
             "mixer: resuming the stream at global batch %d (state loaded: no batch "
             "skipped by replay)",
             self.loader.next_global_batch,
         )
+
+    # -- online mixing -----------------------------------------------------------------------
+    def report_loss(self, token_loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
+        """`loader.report_loss` for the batch a training step received, kept exact in the
+        checkpoints although Lightning fetched the next batch already (docs/online-mixing.md).
+        In `training_step`: `self.trainer.datamodule.report_loss(token_loss, batch)`."""
+        if self._fetched is None:
+            raise RuntimeError("MixerDataModule.report_loss: the module is not set up")
+        self._fetched.late.report(token_loss, batch)
+
+    def report_logits(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
+        """`report_loss` of a causal LM's logits (`logits[:, t]` predicts `labels[:, t + 1]`,
+        as transformers' models): `self.trainer.datamodule.report_logits(out.logits, batch)`."""
+        self.report_loss(causal_token_loss(logits, batch["labels"]), batch)
 
     # -- per batch ---------------------------------------------------------------------------
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

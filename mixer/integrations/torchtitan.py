@@ -19,7 +19,8 @@ local_batch_size=...)` goes to `build_mixer_dataloader`, which checks those agai
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from torchtitan.components.dataloader import BaseDataLoader
 
 from mixer.config.recipe import Recipe, load_recipe
 from mixer.core.errors import RecipeError, TopologyError
+from mixer.integrations.online_mixing import next_token_loss, require_online_mixing
 from mixer.runtime import dist
 from mixer.runtime.loader import Loader, build_loader
 from mixer.runtime.state import merge_states
@@ -86,8 +88,36 @@ class MixerDataLoader(BaseDataLoader):
             self.loader = build_loader(recipe, num_workers=num_workers)
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        mixing = self.loader.recipe.online_mixing is not None
+        self._unreported: deque[dict[str, torch.Tensor]] = deque()
         for batch in self.loader:
+            if mixing:  # (for mixing_loss: the batches whose loss is not computed yet)
+                self._unreported.append(batch)
             yield titan_batch(batch)
+
+    def mixing_loss(self, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`loss_fn` (torchtitan's, `(pred, labels, ...)`) that also reports each batch's
+        per-token loss to the loader for online mixing, the batches taken in the order they
+        were fetched. After building the trainer: `trainer.loss_fn =
+        trainer.dataloader.mixing_loss(trainer.loss_fn)` (data parallelism; not under
+        pipeline parallelism, where the last stage alone computes the loss)."""
+        require_online_mixing(self.loader, "MixerDataLoader.mixing_loss")
+
+        def loss_and_report(pred: torch.Tensor, labels: torch.Tensor, *args: Any, **kw: Any):
+            out = loss_fn(pred, labels, *args, **kw)
+            pending = getattr(self, "_unreported", None)
+            if not pending:
+                raise RuntimeError("mixing_loss: a loss computed for no batch fetched")
+            batch = pending.popleft()
+            if tuple(labels.shape) != tuple(batch["labels"].shape):
+                raise RuntimeError(
+                    f"mixing_loss: labels of shape {tuple(labels.shape)} for a batch of "
+                    f"{tuple(batch['labels'].shape)} (split microbatches are not supported)"
+                )
+            self.loader.report_loss(next_token_loss(pred, labels), batch)
+            return out
+
+        return loss_and_report
 
     def state_dict(self) -> dict[str, Any]:
         """The global state (a collective under torch.distributed: every rank calls it, as
