@@ -10,7 +10,7 @@ import json
 import sys
 
 import torch.distributed as dist
-from helpers import batch_digest
+from helpers import batch_digest, delivered_metrics
 
 import mixer
 
@@ -19,8 +19,7 @@ def run(recipe: dict, steps: int, **options) -> dict:
     with mixer.build_loader(recipe, **options) as loader:
         batches = iter(loader)
         digests = [batch_digest(batch) for batch in itertools.islice(batches, steps)]
-        metrics = loader.metrics(all_ranks=True)
-        metrics.pop("io")
+        metrics = delivered_metrics(loader.metrics(all_ranks=True))
         return {"batches": digests, "metrics": metrics, "state": loader.state_dict()}
 
 

@@ -101,6 +101,16 @@ def expected_counts(docs: list[tuple[int, int]], epochs: int = 1) -> Counter:
     return counts
 
 
+# metrics() keys that measure this iteration's time and processes rather than what was
+# delivered: they differ between num_workers, Ray actors and runs of the same stream.
+MEASURED_KEYS = ("io", "stages", "wait", "bottleneck", "workers")
+
+
+def delivered_metrics(metrics: dict) -> dict:
+    """`metrics` without `MEASURED_KEYS`: what two transports of one stream agree on."""
+    return {k: v for k, v in metrics.items() if k not in MEASURED_KEYS}
+
+
 def batch_digest(batch: dict) -> str:
     h = hashlib.sha256()
     for key in ("input_ids", "labels", "position_ids", "source_ids"):

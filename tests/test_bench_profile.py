@@ -28,7 +28,8 @@ def recipe(tmp_path_factory):
 
 
 def test_bench_prints_the_stage_table_and_the_verdict(recipe, capsys):
-    args = ["bench", recipe, "--batches", "8", "--no-progress", "--step-time", "0.05"]
+    # A step of 0.25 s leaves the loader (a few ms a batch) slack even on a loaded machine.
+    args = ["bench", recipe, "--batches", "8", "--no-progress", "--step-time", "0.25"]
     assert main(args) == 0
     out = capsys.readouterr().out
     for stage in ("read", "decode", "encode", "pack", "media", "transfer"):
@@ -40,15 +41,15 @@ def test_bench_prints_the_stage_table_and_the_verdict(recipe, capsys):
 
 
 def test_bench_json_has_the_profile_and_the_size_of_the_data_tier(recipe, capsys):
-    args = ["bench", recipe, "--batches", "8", "--json", "--step-time", "0.05"]
+    args = ["bench", recipe, "--batches", "8", "--json", "--step-time", "0.25"]
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result["stages"]["encode"]) == {"busy_s", "share"}
     assert result["wait"]["batches"] == 7 and result["wait"]["share"] <= 0.05
     assert result["bottleneck"] == "trainer"
     cpu = result["cpu_s_per_batch"]
-    assert cpu > 0 and result["step_time_s"] == 0.05
-    assert result["workers_needed"] == workers_needed(cpu, 0.05, 4)
+    assert cpu > 0 and result["step_time_s"] == 0.25
+    assert result["workers_needed"] == workers_needed(cpu, 0.25, 4)
     assert main(["bench", recipe, "--batches", "4", "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert "workers_needed" not in plain and "stages" in plain

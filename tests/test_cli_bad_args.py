@@ -113,6 +113,16 @@ ROWS: list[tuple[list[str], str]] = [
     (["index", "{folder_manifest}"], "manifest path"),
     (["plan", "{recipe}", "--tokens", "1e6", "--world", "3"], "refuses this topology"),
     (["bench", "{recipe}", "--num-workers", "3", "--no-progress"], "not divisible"),
+    *[
+        (["bench", "{recipe}", "--step-time", bad], problem)
+        for bad, problem in [
+            ("nan", "--step-time must be a finite number of seconds >= 0"),
+            ("inf", "--step-time must be a finite number of seconds >= 0"),
+            ("-0.5", "--step-time must be a finite number of seconds >= 0"),
+            ("abc", "--step-time must be a number"),
+            ("", "--step-time must be a number"),
+        ]
+    ],
     # usage errors
     ([], "required"),
     (["frob"], "invalid choice"),

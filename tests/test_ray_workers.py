@@ -22,7 +22,7 @@ from pathlib import Path
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import pytest  # noqa: E402
-from helpers import batch_digest, corpus, doc_text  # noqa: E402
+from helpers import batch_digest, corpus, delivered_metrics, doc_text  # noqa: E402
 from procs import run, spawn  # noqa: E402
 
 import mixer  # noqa: E402
@@ -241,7 +241,7 @@ def test_set_weights_and_metrics_as_local(cluster, three_sources):
         out.append(
             (
                 got,
-                {k: v for k, v in metrics.items() if k != "io"},
+                delivered_metrics(metrics),
                 loader.metrics(all_ranks=True)["tokens"],
                 loader.state_dict(),
             )
@@ -279,7 +279,7 @@ def test_schedule_and_token_cache_as_local(cluster, three_sources, tmp_path):
     }
     local = mixer.build_loader(recipe)
     reference = take(local, 30)
-    expected = {k: v for k, v in local.metrics().items() if k != "io"}
+    expected = delivered_metrics(local.metrics())
     assert expected["tokens"]["prose"] > 0 and expected["tokens"]["web"] > 0  # both phases
     cached = {**recipe, "token_cache": str(tmp_path / "cache")}
     runs = []
@@ -287,7 +287,7 @@ def test_schedule_and_token_cache_as_local(cluster, three_sources, tmp_path):
         with ray_loader(cached) as loader:
             batches = iter(loader)
             assert [digest(next(batches)) for _ in range(30)] == reference
-            assert {k: v for k, v in loader.metrics().items() if k != "io"} == expected
+            assert delivered_metrics(loader.metrics()) == expected
             runs.append([cache_stats(actor) for actor in loader._pool.actors])
     cold, warm = ({k: sum(s[k] for s in run) for k in ("hits", "misses", "writes")} for run in runs)
     assert cold["writes"] > 0 and cold["hits"] == 0
@@ -333,9 +333,7 @@ def test_torchrun_ranks_share_the_cluster(cluster, three_sources, tmp_path):
         batches = iter(single)
         reference = [batch_digest(next(batches)) for _ in range(2 * steps)]
         assert [ranks[g % 2]["ray"]["batches"][g // 2] for g in range(2 * steps)] == reference
-        assert {k: v for k, v in single.metrics().items() if k != "io"} == ranks[0]["ray"][
-            "metrics"
-        ]
+        assert delivered_metrics(single.metrics()) == ranks[0]["ray"]["metrics"]
         after = [digest(next(batches)) for _ in range(4)]
     resumed = mixer.build_loader(recipe)
     resumed.load_state_dict(ranks[1]["ray"]["state"])
