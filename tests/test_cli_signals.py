@@ -13,6 +13,8 @@ import psutil
 import pytest
 import yaml
 
+pytestmark = [pytest.mark.slow]
+
 START_S = 120  # for the console script to import torch, fork its workers and log batches
 
 

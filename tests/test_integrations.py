@@ -23,6 +23,8 @@ from integ_common import ROOT, digest, read_digests, recipe_dict, titan_view
 
 import mixer
 
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
 TESTS = Path(__file__).resolve().parent
 JOB_TIMEOUT_S = 120
 STEPS, SAVE_AT, KILL = 6, 3, 5  # optimizer steps; the checkpoint step; the step killed in

@@ -19,6 +19,8 @@ import procs
 import pytest
 from helpers import corpus, make_tokenizer, write_docs
 
+pytestmark = [pytest.mark.slow]
+
 REPS = int(os.environ.get("MIXER_LIFETIME_REPS", "1"))  # 15 each passed locally
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "lifetime_driver.py"

@@ -11,6 +11,8 @@ import yaml
 from helpers import corpus, make_tokenizer, write_docs
 from test_torchrun import ROOT, TRAIN, read_logs, torchrun
 
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
 DRIVER = ROOT / "tests" / "dist_set_weights.py"
 STEPS = 16
 

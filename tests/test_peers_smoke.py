@@ -6,6 +6,9 @@ import sys
 from pathlib import Path
 
 import procs
+import pytest
+
+pytestmark = [pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / "benchmarks" / "peers.py"

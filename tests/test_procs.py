@@ -10,6 +10,8 @@ import procs
 import psutil
 import pytest
 
+pytestmark = [pytest.mark.distributed]
+
 # The child starts a grandchild in a new session (as torchrun starts its ranks) that inherits
 # stdout/stderr and waits forever in a named function, then waits on it.
 JOB = """

@@ -27,6 +27,8 @@ from procs import run, spawn  # noqa: E402
 
 import mixer  # noqa: E402
 
+pytestmark = [pytest.mark.ray]
+
 ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[1]
 

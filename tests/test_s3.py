@@ -21,6 +21,8 @@ from s3server import FaultProxy
 import mixer
 from mixer.tools.cli import main as cli
 
+pytestmark = [pytest.mark.s3]
+
 BUCKET = "corpus"
 
 

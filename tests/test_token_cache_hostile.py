@@ -36,6 +36,8 @@ from mixer.sources.indexed import token_dtype
 from mixer.sources.manifest import list_sources
 from mixer.tokenize import resolve_tokenizer
 
+pytestmark = [pytest.mark.slow]
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "50"))
 FUZZ = settings(

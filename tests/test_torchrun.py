@@ -17,6 +17,8 @@ from helpers import corpus, expected_counts, make_tokenizer, write_docs
 
 import mixer
 
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
 ROOT = Path(__file__).resolve().parent.parent
 JOB_TIMEOUT_S = 180  # the longest job takes ~25 s on two busy cores
 TRAIN = ROOT / "examples" / "train.py"

@@ -10,10 +10,13 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 from helpers import write_docs
 from image_data import Sample, make_vlm_tokenizer, write_tar
 from test_torchrun import torchrun as run_torchrun
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train_vlm.py"
