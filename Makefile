@@ -1,10 +1,11 @@
 # `make demo`: set up from scratch and run the demos (text, image+text, video+text);
-# `make test`: set up and run every test.
+# `make test`: set up and run the linters, the docs build and every test;
+# `make test-fast`: the unit tests only; `make lint`: needs only the dev tools.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-fast lint docs docs-build bench clean
 
 setup: $(VENV)/.installed
 
@@ -13,7 +14,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	# the CPU build of torch on local disk; any other spec downloads gigabytes
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test,report,ray,hf,lightning,tensorboard,video]' \
+	$(PY) -m pip install --quiet -e '.[test,lint,docs,report,ray,hf,lightning,tensorboard,video]' \
 		'torchdata>=0.11' 'tyro>=0.9' 'spmd_types==0.2.3'
 	# the [torchtitan] extra without torchtitan's own requirements (see pyproject.toml)
 	$(PY) -m pip install --quiet --no-deps 'torchtitan==0.3.0'
@@ -25,6 +26,15 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# those ops. mixer itself never imports torchvision.
 	$(PY) -m pip install --quiet --no-deps torchvision==0.28.0
 	cp tests/torchvision_shim.pth "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"/
+	touch $(VENV)/.lint-installed $@
+
+# the linters alone: ruff, import-linter and basedpyright, and mixer without its dependencies
+# (the layer contract reads the package's files; imports the type checker cannot resolve
+# without them are warnings)
+$(VENV)/.lint-installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet 'ruff>=0.5' 'import-linter>=2.1' 'basedpyright>=1.20'
+	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
 demo: setup
@@ -49,19 +59,32 @@ demo: setup
 	$(VENV)/bin/mixer preview recipes/video_demo.yaml -n 3 --chars 400
 	$(VENV)/bin/mixer bench recipes/video_demo.yaml --batches 30 --num-workers 2 --no-progress
 
-lint: setup
+lint: $(VENV)/.lint-installed
 	$(VENV)/bin/ruff check mixer tests benchmarks examples
+	$(VENV)/bin/ruff format --check mixer tests benchmarks examples
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/basedpyright
+
+# the reference site from docs/ (mkdocs-material); broken links fail the build
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
+
+docs-build: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d out/site
 
 # two test processes (xdist), a file each at a time: module fixtures are built once
 # (tests/conftest.py gives each one OpenMP thread). A crashed test process ends the run:
 # xdist 3.8 replacing it under --dist loadfile can wait for ever (pytest-xdist#1323).
-test: lint
-	$(VENV)/bin/lint-imports --no-cache
+test: setup lint
 	$(PY) -m pytest -n 2 --dist loadfile --max-worker-restart=0
+
+# unit tests: no torchrun jobs, Ray clusters, S3 servers or slow cases
+test-fast: setup
+	$(PY) -m pytest -n 2 --dist loadfile -m "not slow and not distributed and not ray and not s3"
 
 bench: setup
 	$(PY) benchmarks/throughput.py
 	$(PY) benchmarks/resume_cost.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site out/site

@@ -1,4 +1,4 @@
-"""A corpus of the issue's shape from text found on this machine, plus a BPE trained on it.
+"""A corpus of real text found on this machine, plus a BPE trained on it.
 
     python benchmarks/corpus.py [--mb 210] [--workdir /tmp/mixer-peers]
 

@@ -6,7 +6,7 @@ Two workers hand over the same ready item again and again: a tiny one (DataLoade
 cost per item) and a text batch of `peers.py`'s shape in mixer's wire format (8 × 2048, four
 int32 arrays in one 256 KB buffer, plus a lane state), received as mixer receives it
 (`from_wire`, `to_torch`). With a warm token cache, a batch costs less to make in-process
-than this to receive (docs/benchmarks.md, "Issue 22, round 2").
+than this to receive (docs/benchmarks/dataloader_floor.md).
 """
 
 from __future__ import annotations

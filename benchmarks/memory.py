@@ -12,9 +12,8 @@ and takes N batches while a thread samples the PSS of the process and all its ch
     data path     peak PSS of the tree minus the PSS after `import torch, mixer`: what the
                   data path adds to a training script, which has torch imported before it
                   builds a loader. pyarrow, the tokenizer libraries and all that mixer loads
-                  to read and tokenize count (the issue's measure, read as it was meant:
-                  when the issue was written `import mixer` imported torch, so torch sat in
-                  its baseline; now `import mixer` is light and torch's ~190 MB would count)
+                  to read and tokenize count (`import mixer` does not import torch, so
+                  a baseline taken after `import mixer` alone would count torch's ~190 MB)
     median        the median of the samples minus the same: where the run stays, apart from
                   the transients its peak catches (window refills, large documents, the
                   start-up: a longer run meets more of them)
@@ -29,9 +28,9 @@ Rows: lanes 8, 16, 32, 64 (3 sources); 3, 10, 30, 100 sources (8 lanes, or `--la
 source i reads one shard of prose, code and web in turn, shard i // 3 mod 16 of that kind,
 under its own name, weights equal: every row reads the three formats alike); run length
 1x, 3x, 10x (N, 3N, 10N batches; 8 lanes, or `--lanes`); "run length at 100 sources", 1x and
-10x (a run of 300 batches ends before what grows with many sources over a long run shows:
-whole-file decompressors kept open once the budget on reopening them ran out, until
-2e47133). "flat" compares each group's largest and smallest data-path figure.
+10x (what grows with many sources shows only over a long run: whole-file decompressors
+kept open once the budget on reopening them runs out). "flat" compares each group's
+largest and smallest data-path figure.
 
 N is 900 batches by default: every row then runs past the filling of its shuffle windows,
 which hold up to the recipe's `shuffle_budget_bytes` of text (64 MB over 8 lanes: 32 MB on

@@ -16,7 +16,7 @@ side's time and CPU (per thread: the loader's main thread, its encoding threads,
 tokenizer's pool, DataLoader workers) are summed over the rounds; the ratio is mixer's
 tokens/s over the bound's. mixer starts after 20 batches (its start-up is `peers.py`'s
 first-batch column). `--backend fastokens` has mixer encode with fastokens (same stream);
-the bound stays the `tokenizers` tokenizer alone, the issue's measure.
+the bound stays the `tokenizers` tokenizer alone.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""mixer against the tokenizer bound and peer loaders, on a corpus of issue 9's shape.
+"""mixer against the tokenizer bound and peer loaders, on benchmarks/corpus.py's real text.
 
     pip install -e '.[bench]'
     python benchmarks/peers.py [--mb 210] [--batches 800] [--workdir /tmp/mixer-peers]
@@ -56,7 +56,7 @@ from peer_loaders import PEERS, SOURCES, TOKENIZE_CHUNK, encoder, read_documents
 
 # Imported before the clock starts (datasets imports torch lazily when it builds a dataset;
 # `import mixer` imports neither torch nor a tokenizer library: its loader does, on first use,
-# and with PYTHONDONTWRITEBYTECODE set, as on the machine of docs/benchmarks.md, importing it
+# and with PYTHONDONTWRITEBYTECODE set, as on the project's dev machine, importing it
 # compiles its modules: ~0.09 s that a first batch would count).
 IMPORTS = {
     "mixer": ["mixer", "torch", "tokenizers", "fastokens", "mixer.runtime.loader"],

@@ -1,4 +1,4 @@
-"""Speed, start-up and memory of the loader on a real-text corpus (issue 9).
+"""Speed, start-up and memory of the loader on a real-text corpus.
 
     python benchmarks/startup.py CORPUS [--batches 800] [--repeat 1] [--only ROW,...]
 

@@ -4,6 +4,7 @@ The data path, by layer (each imports only those above it in this list; docs/arc
 
     core/        errors, counter-based rng, atomic files, shared types (records, documents,
                  TokenizerInfo), the registries a recipe names (formats, packers)
+    mixing/      online mixing algorithms (ODM, ADO) and their registry; torch-free
     config/      YAML/dict -> validated, frozen Recipe (recipe_input.py: bounded reading)
     sources/     storage, listing once -> splits, manifests, the reader boundary;
                  formats/: one reader per format (jsonl, parquet, text, webdataset,
@@ -27,7 +28,7 @@ The data path, by layer (each imports only those above it in this list; docs/arc
 """
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mixer.pipeline.packers  # noqa: F401  (fills the registries a recipe is checked against:
 import mixer.sources.formats  # noqa: F401   packers and formats)
@@ -35,6 +36,12 @@ from mixer.config.recipe import Recipe, SourceConfig, load_recipe
 from mixer.core.errors import DataError, MixerError, RecipeError, StateError, TopologyError
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from mixer.pipeline.batch import is_padding_batch
+    from mixer.runtime.loader import BATCH_KEYS, Loader, build_loader
+    from mixer.runtime.ray_workers import RayWorkers
+    from mixer.runtime.state import merge_states
 
 # Imported on first use, so that `import mixer` (and the CLI's start) does not import torch:
 # name -> module that defines it.
@@ -44,9 +51,12 @@ _LAZY = {
     "build_loader": "mixer.runtime.loader",
     "RayWorkers": "mixer.runtime.ray_workers",
     "merge_states": "mixer.runtime.state",
+    "is_padding_batch": "mixer.pipeline.batch",
+    "loss_by_source": "mixer.runtime.loss_sums",
 }
 _LAYERS = (
     "core",
+    "mixing",
     "config",
     "sources",
     "tokenize",
@@ -72,13 +82,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'mixer' has no attribute {name!r}")
 
 
-def is_padding_batch(batch: dict) -> bool:
-    """True when a batch carries no token to learn from (an exhausted rank's placeholder)."""
-    from mixer.pipeline.packing import IGNORE_INDEX
-
-    return bool((batch["labels"] == IGNORE_INDEX).all())
-
-
 __all__ = [
     "BATCH_KEYS",
     "DataError",
@@ -93,5 +96,6 @@ __all__ = [
     "build_loader",
     "is_padding_batch",
     "load_recipe",
+    "loss_by_source",
     "merge_states",
 ]

@@ -1,12 +1,12 @@
-"""Golden digests: the batches and states of every bundled recipe, recorded before the
-redesign of the package (issue 21) and checked after every change since.
+"""Golden digests: the batches and states of every bundled recipe, checked after every change.
 
 Each case digests the first batches a loader yields (every tensor, its dtype and shape) and
 the state after each, for: every recipe in `recipes/`, the image recipe under both layouts,
-num_workers 0 and 2, a resume from a mid-stream state, a state written by the code before
-the redesign (`tests/data/state_before_house.json`), and a cold and a warm token cache.
-A change that alters any batch or state fails here; a deliberate one is recorded with
-`python tests/test_golden.py --write` and said in its commit.
+num_workers 0 and 2, a resume from a mid-stream state, and a cold and a warm token cache.
+A change that alters any batch or state fails here. Batches and states are recorded apart:
+a deliberate change of the state format is recorded with
+`python tests/test_golden.py --write-states`, which refuses when any batch differs; a
+deliberate change of batches with `--write`. Either is said in its commit.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import mixer
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "data" / "golden_batches.json"
-OLD_STATE = Path(__file__).parent / "data" / "state_before_house.json"
 BATCHES = 4
 RESUME_AT = 3
 
@@ -62,22 +61,6 @@ def _without_versions(value):
     return value
 
 
-def _with_local_versions(state: dict, local: dict) -> dict:
-    """`state` with the files' versions of this checkout (taken from `local`, a state of the
-    same recipe): a fresh clone gives the sample files other mtimes than the saved state's."""
-
-    def merge(old, new):
-        if isinstance(old, dict) and isinstance(new, dict):
-            return {
-                k: new[k] if k == "versions" and k in new else merge(v, new.get(k))
-                for k, v in old.items()
-            }
-        return old
-
-    payload = merge(json.loads(state["json"]), json.loads(local["json"]))
-    return {**state, "json": json.dumps(payload, separators=(",", ":"))}
-
-
 def _digest_state(state: dict) -> str:
     payload = {**state, "json": _without_versions(json.loads(state["json"]))}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
@@ -91,15 +74,16 @@ def _run(
     batches: int = BATCHES,
     rank: int = 0,
     world_size: int = 2,
-) -> list[list[str]]:
-    out = []
+) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {"batches": [], "states": []}
     with mixer.build_loader(
         recipe, rank=rank, world_size=world_size, num_workers=num_workers
     ) as loader:
         if state is not None:
             loader.load_state_dict(state)
         for batch, _ in zip(loader, range(batches)):
-            out.append([_digest_batch(batch), _digest_state(loader.state_dict())])
+            out["batches"].append(_digest_batch(batch))
+            out["states"].append(_digest_state(loader.state_dict()))
     return out
 
 
@@ -118,7 +102,6 @@ CASES = [f"{name}/w0" for name in RECIPES] + [
     "multimodal_llava/w2",
     "demo/resume",
     "multimodal_demo/resume",
-    "demo/old_state",
     "demo/cache_cold",
     "demo/cache_warm",
 ]
@@ -140,7 +123,7 @@ def _case_recipe(name: str, tmp: Path | None = None) -> mixer.Recipe:
     return _recipe(name)
 
 
-def compute(case: str, tmp: Path) -> list[list[str]]:
+def compute(case: str, tmp: Path) -> dict[str, list[str]]:
     """The digests of one case (`tmp`: a fresh folder for its token cache)."""
     name, kind = case.split("/")
     if kind in ("w0", "w2"):
@@ -148,10 +131,6 @@ def compute(case: str, tmp: Path) -> list[list[str]]:
     if kind == "resume":
         recipe = _case_recipe(name)
         return _run(recipe, state=_state_after(recipe, RESUME_AT), num_workers=2)
-    if kind == "old_state":
-        recipe = _case_recipe(name)
-        old = _with_local_versions(json.loads(OLD_STATE.read_text()), _state_after(recipe, 0))
-        return _run(recipe, state=old)
     recipe = _case_recipe(name, tmp)
     if kind == "cache_warm":
         _run(recipe, batches=120)  # fills the entries its lanes read whole
@@ -165,9 +144,14 @@ def _golden() -> dict:
 
 @pytest.mark.parametrize("case", CASES)
 def test_batches_and_states_match_the_golden_digests(case, tmp_path):
-    assert compute(case, tmp_path) == _golden()[case], (
-        f"{case}: the batches or states changed (python tests/test_golden.py --write records "
-        "a deliberate change)"
+    got, golden = compute(case, tmp_path), _golden()[case]
+    assert got["batches"] == golden["batches"], (
+        f"{case}: the batches changed (python tests/test_golden.py --write records a "
+        "deliberate change)"
+    )
+    assert got["states"] == golden["states"], (
+        f"{case}: the states changed (python tests/test_golden.py --write-states records a "
+        "deliberate change of the state format)"
     )
 
 
@@ -175,22 +159,22 @@ def test_the_golden_file_covers_every_case():
     assert sorted(_golden()) == sorted(CASES)
 
 
-def _write() -> None:
+def _write(states_only: bool) -> None:
     import tempfile
 
-    OLD_STATE.parent.mkdir(exist_ok=True)
-    if not OLD_STATE.exists():
-        OLD_STATE.write_text(json.dumps(_state_after(_recipe("demo"), 5), indent=1) + "\n")
+    old = _golden() if GOLDEN.exists() else {}
     out = {}
     for case in CASES:
         with tempfile.TemporaryDirectory() as tmp:
             out[case] = compute(case, Path(tmp))
-        print(case, out[case][0])
+        if states_only and out[case]["batches"] != old.get(case, {}).get("batches"):
+            sys.exit(f"{case}: the batches changed too; nothing written (use --write)")
+        print(case, out[case]["batches"][0], out[case]["states"][0])
     GOLDEN.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--write"]:
-        _write()
+    if sys.argv[1:] in (["--write"], ["--write-states"]):
+        _write(states_only=sys.argv[1] == "--write-states")
     else:
-        sys.exit(f"usage: {sys.argv[0]} --write")
+        sys.exit(f"usage: {sys.argv[0]} --write | --write-states")

@@ -199,6 +199,7 @@ def test_tensorboard_log_metrics_writes_the_loaders_metrics_as_scalars(recipe, t
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
 
+    from mixer.integrations.common import BOTTLENECKS
     from mixer.integrations.tensorboard import log_metrics
 
     writer = SummaryWriter(str(tmp_path / "tb"))
@@ -217,4 +218,13 @@ def test_tensorboard_log_metrics_writes_the_loaders_metrics_as_scalars(recipe, t
             assert [s.step for s in scalars] == [1, 2]
             assert scalars[-1].value == pytest.approx(metrics[key][source], rel=1e-6)
     assert events.Scalars("mixer/global_tokens")[-1].value == 2 * 2 * 32
+    # The profile: the caller's wait and the bottleneck (an index, and its name as text).
+    assert {"mixer/wait/share", "mixer/wait/p99_ms", "mixer/bottleneck"} <= tags
+    assert events.Scalars("mixer/wait/share")[-1].value == pytest.approx(
+        metrics["wait"]["share"], rel=1e-6
+    )
+    index = int(events.Scalars("mixer/bottleneck")[-1].value)
+    assert BOTTLENECKS[index] == metrics["bottleneck"]
+    texts = events.Tensors("mixer/bottleneck/text_summary")
+    assert texts[-1].tensor_proto.string_val[0].decode() == metrics["bottleneck"]
     assert log_metrics(None, loader, 3) == written  # a rank without a writer: nothing written

@@ -198,3 +198,12 @@ def test_fuzz_byte_mutated_and_reshaped_states(saved):
         load_or_refuse(loader, mutated)
 
     run()
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 99, None, "4"])
+def test_a_state_of_another_format_version_is_refused_naming_both_versions(saved, version):
+    loader, state, _ = saved
+    with pytest.raises(
+        mixer.StateError, match=rf"version {version} is not supported.*writes version 4"
+    ):
+        loader.load_state_dict({**state, "version": version})

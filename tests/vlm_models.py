@@ -407,3 +407,47 @@ def _check_positions(model, batch, layout: str, unit: Unit, inputs, where: str) 
         f"{where}: M-RoPE rows differ from the model's get_rope_index of the unit alone:\n"
         f"got  {got[1:].tolist()}\nwant {want.tolist()}"
     )
+
+
+def tiny_qwen2_audio(
+    vocab_size: int,
+    audio_token_id: int,
+    *,
+    hidden_size: int = 32,
+    num_layers: int = 1,
+    num_heads: int = 2,
+    seed: int = 0,
+):
+    """A random float32 Qwen2-Audio (sdpa, no cache): an audio encoder of one layer over the
+    128 mel bins (1500 positions, as the 30 s features need) and a Qwen2 of `num_layers`."""
+    from transformers import Qwen2AudioConfig, Qwen2AudioForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = Qwen2AudioConfig(
+        audio_config=dict(
+            num_mel_bins=128,
+            encoder_layers=1,
+            encoder_attention_heads=num_heads,
+            encoder_ffn_dim=2 * hidden_size,
+            d_model=hidden_size,
+            max_source_positions=1500,
+        ),
+        text_config=dict(
+            model_type="qwen2",
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_heads,
+            max_position_embeddings=1 << 16,
+            use_cache=False,
+            bos_token_id=None,
+            eos_token_id=None,
+        ),
+        audio_token_index=audio_token_id,
+    )
+    model = Qwen2AudioForConditionalGeneration._from_config(
+        config, attn_implementation="sdpa", dtype=torch.float32
+    )
+    return _finish(model, seed)

@@ -381,10 +381,12 @@ def open_cache(recipe: Any, tokenizer: TokenizerInfo) -> TokenCache | None:
     if recipe.token_cache is None:
         return None
     root = recipe.resolve(recipe.token_cache)
-    if recipe.images is not None:
+    if _has_media(recipe):
         if ("images", root) not in _warned:
             _warned.add(("images", root))
-            log.warning("token_cache %s is not used: image recipes bypass the token cache", root)
+            log.warning(
+                "token_cache %s is not used: image and audio recipes bypass the token cache", root
+            )
         return None
     key = (os.getpid(), root, tokenizer, repr(sorted(recipe.token_cache_storage_options.items())))
     if key not in _open:
@@ -392,11 +394,15 @@ def open_cache(recipe: Any, tokenizer: TokenizerInfo) -> TokenCache | None:
     return _open[key]
 
 
+def _has_media(recipe: Any) -> bool:
+    return getattr(recipe, "images", None) is not None or getattr(recipe, "audio", None) is not None
+
+
 def tokenizer_info_dir(recipe: Any) -> str | None:
     """Where `resolve_tokenizer` keeps resolved tokenizers for the recipe's token cache: its
     `tokenizers/` folder when the cache is a local folder the recipe uses, else None (a read
     from an object store costs about what loading the tokenizer does)."""
-    if recipe.token_cache is None or recipe.images is not None:
+    if recipe.token_cache is None or _has_media(recipe):
         return None
     root = recipe.resolve(recipe.token_cache)
     if "://" in root and not root.startswith("file://"):

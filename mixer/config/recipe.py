@@ -14,8 +14,10 @@ from pydantic import (
     model_validator,
 )
 
+from mixer.config.audio import AudioSettings
 from mixer.config.fields import Float, Int, _Frozen, normalize
 from mixer.config.images import ImageSettings
+from mixer.config.online_mixing import OnlineMixing
 from mixer.config.recipe_input import check_plain, read_yaml
 from mixer.config.schedule import Schedule
 from mixer.core.errors import RecipeError
@@ -165,6 +167,11 @@ class Recipe(_Frozen):
         description="Manifest file written by `mixer index`; used at start-up when it exists.",
     )
     mask_document_boundaries: bool = Field(default=False)
+    flatten: bool = Field(
+        default=False,
+        description="Each batch as one row [1, batch_size·seq_len] with cu_seq_lens_q/k and "
+        "max_length_q/k (varlen attention); the stream and state are the unflattened recipe's.",
+    )
     token_cache: str | None = Field(
         default=None,
         min_length=1,
@@ -183,10 +190,18 @@ class Recipe(_Frozen):
     images: ImageSettings | None = Field(
         default=None, description="Image+text batches (absent: text batches)."
     )
+    audio: AudioSettings | None = Field(
+        default=None, description="Audio+text batches (absent: text batches)."
+    )
     sources: list[SourceConfig] = Field(min_length=1)
     schedule: Schedule | None = Field(
         default=None,
         description="Target weights over global tokens; absent: the sources' `weight`.",
+    )
+    online_mixing: OnlineMixing | None = Field(
+        default=None,
+        description="Weights set from the reported training loss (absent: off); the "
+        "sources' `weight`s are the start and the prior.",
     )
     base_dir: str = Field(default=".", description="Relative paths resolve against this folder.")
 
@@ -207,6 +222,15 @@ class Recipe(_Frozen):
                     f"(also sources[{seen[src.name]}].name)"
                 )
             seen[src.name] = i
+        return self
+
+    @model_validator(mode="after")
+    def _one_media_layout(self) -> Recipe:
+        if self.images is not None and self.audio is not None:
+            raise ValueError(
+                "audio: a recipe has one batch layout; `images:` and `audio:` cannot be "
+                "combined (qwen2_audio batches carry no pixels)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -269,6 +293,15 @@ class Recipe(_Frozen):
         return self
 
     @model_validator(mode="after")
+    def _online_mixing_alone(self) -> Recipe:
+        if self.online_mixing is not None and self.schedule is not None:
+            raise ValueError(
+                "online_mixing: cannot be combined with `schedule` (the algorithm sets the "
+                "weights; give the sources `weight`s to start from)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _weights_have_shares(self) -> Recipe:
         if self.schedule is not None:
             return self
@@ -279,6 +312,12 @@ class Recipe(_Frozen):
                     "next to the other weights: its share rounds to 0"
                 )
         return self
+
+    @property
+    def has_media(self) -> bool:
+        """Whether documents are built from records with media (an `images:` or `audio:`
+        block): no token cache, one batch per DataLoader item, a layout of its own."""
+        return self.images is not None or self.audio is not None
 
     @property
     def names(self) -> list[str]:
@@ -333,7 +372,7 @@ def _format_error(err: ValidationError) -> str:
         msg = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             msg = "unknown key"
-        if item["type"] == "value_error" and path == "<recipe>":
+        if item["type"] == "value_error" and (path == "<recipe>" or msg.startswith(path + ".")):
             lines.append(msg)  # a model check: the message names its field
             continue
         lines.append(f"{path}: {msg}")

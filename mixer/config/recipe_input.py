@@ -10,29 +10,33 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
+from yaml.error import Mark
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, SequenceNode
 from yaml.resolver import Resolver
 
 from mixer.core.errors import RecipeError
 
-try:  # libyaml's parser when present (about 4x faster); composing stays in Python (below)
-    from yaml.cyaml import CParser as _Parser
-except ImportError:  # pragma: no cover
-    from yaml.parser import Parser as _BaseParser
-    from yaml.reader import Reader
-    from yaml.scanner import Scanner
+if TYPE_CHECKING:  # the fallback below has the same methods
+    from yaml._yaml import CParser as _Parser
+else:
+    try:  # libyaml's parser when present (about 4x faster); composing stays in Python (below)
+        from yaml._yaml import CParser as _Parser
+    except ImportError:  # pragma: no cover
+        from yaml.parser import Parser as _BaseParser
+        from yaml.reader import Reader
+        from yaml.scanner import Scanner
 
-    class _Parser(Reader, Scanner, _BaseParser):  # type: ignore[no-redef]
-        def __init__(self, stream: str) -> None:
-            Reader.__init__(self, stream)
-            Scanner.__init__(self)
-            _BaseParser.__init__(self)
+        class _Parser(Reader, Scanner, _BaseParser):
+            def __init__(self, stream: str) -> None:
+                Reader.__init__(self, stream)
+                Scanner.__init__(self)
+                _BaseParser.__init__(self)
 
 
 MAX_BYTES = 1 << 20  # a recipe file
@@ -43,6 +47,12 @@ MAX_NODES = 100_000  # values, keys and collections, aliases expanded
 # What PyYAML's safe constructors raise on bad scalars (`!!int abc`, `!!bool maybe`,
 # `!!timestamp 2020-99`, too many digits), besides its own YAMLError.
 _CONSTRUCT_ERRORS = (ValueError, TypeError, KeyError, AttributeError, OverflowError)
+
+
+def _composed(node: Node | None) -> Node:
+    """`Composer.compose_node`'s result: PyYAML's stubs say `Node | None`, while it returns a
+    node or raises."""
+    return cast(Node, node)
 
 
 class _Limit(yaml.MarkedYAMLError):
@@ -66,8 +76,13 @@ class _BoundedLoader(Composer, _Parser, SafeConstructor, Resolver):
         self._nodes = 0
         self._sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded nodes, height)
 
+    def _mark(self) -> Mark | None:
+        """Where the next event starts (None past the end of the stream)."""
+        event = self.peek_event()
+        return None if event is None else event.start_mark
+
     def _fail(self, problem: str) -> None:
-        raise _Limit(problem=problem, problem_mark=self.peek_event().start_mark)
+        raise _Limit(problem=problem, problem_mark=self._mark())
 
     def _count(self, nodes: int) -> None:
         self._nodes += nodes
@@ -79,15 +94,15 @@ class _BoundedLoader(Composer, _Parser, SafeConstructor, Resolver):
             self._aliases += 1
             if self._aliases > MAX_ALIASES:
                 self._fail(f"more than {MAX_ALIASES} aliases")
-            event = self.peek_event()
-            node = super().compose_node(parent, index)
+            mark = self._mark()
+            node = _composed(super().compose_node(parent, index))
             size = self._sizes.get(id(node))
             if size is None:  # the alias points into a node still being composed
-                raise _Limit(problem="recursive alias", problem_mark=event.start_mark)
+                raise _Limit(problem="recursive alias", problem_mark=mark)
             if self._depth + size[1] > MAX_DEPTH:
                 raise _Limit(
                     problem=f"nested deeper than {MAX_DEPTH} levels (aliases expanded)",
-                    problem_mark=event.start_mark,
+                    problem_mark=mark,
                 )
             self._count(size[0])
             return node
@@ -95,7 +110,7 @@ class _BoundedLoader(Composer, _Parser, SafeConstructor, Resolver):
         if self._depth > MAX_DEPTH:
             self._fail(f"nested deeper than {MAX_DEPTH} levels")
         self._count(1)
-        node = super().compose_node(parent, index)
+        node = _composed(super().compose_node(parent, index))
         self._depth -= 1
         children: list[Node] = []
         if isinstance(node, SequenceNode):

@@ -8,7 +8,7 @@ sequence tokens before any pixel is decoded, so packing can plan a row without d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -17,9 +17,32 @@ if TYPE_CHECKING:
     from mixer.core.records import EncodedImage
 
 
-class ImageHandle(Protocol):
-    """An image (or video: `kind` "video") of a document, decoded only when its pixels are
-    needed."""
+class MediaPlan(Protocol):
+    """What a medium becomes, known before its pixels are made."""
+
+    @property
+    def tokens(self) -> int:
+        """Placeholder tokens of the medium."""
+        ...
+
+    @property
+    def rows(self) -> int:
+        """Rows of `pixel_values` (or `pixel_values_videos`)."""
+        ...
+
+
+class MediaHandle(Protocol):
+    """An image or a video of a document, decoded only when its pixels are needed."""
+
+    @property
+    def kind(self) -> Literal["image", "video"]:
+        """Which batch keys the medium goes to: images or videos."""
+        ...
+
+    @property
+    def plan(self) -> MediaPlan:
+        """Its plan (size after resizing, grid, tokens)."""
+        ...
 
     @property
     def size(self) -> tuple[int, int]:
@@ -59,7 +82,7 @@ class ImageHandle(Protocol):
 class Placement:
     """Where an image's tokens sit in its document: `tokens[start:start + length]`."""
 
-    image: ImageHandle
+    image: MediaHandle
     start: int
     length: int
 
@@ -89,7 +112,7 @@ class Document:
     @property
     def videos(self) -> int:
         """How many of its `images` are videos (handles whose `kind` is "video")."""
-        return sum(getattr(p.image, "kind", "image") == "video" for p in self.images)
+        return sum(p.image.kind == "video" for p in self.images)
 
     @property
     def counts(self) -> tuple[int, int, int]:

@@ -19,11 +19,22 @@ REASONS = (
     "bad_text",
     "bad_image",
     "bad_video",
+    "bad_audio",
     "bad_tokens",
     "corrupt",
     "unreadable",
     "other",
 )
+
+
+MISSING_TEXT_FIELD = "missing text field"  # how every reader's message for it begins
+
+
+def missing_text_field(field: str, present: list[str], kind: str) -> str:
+    """A reader's message for a record without the text field: `kind` ("keys",
+    "columns") names what `present` lists."""
+    shown = ", ".join(present[:16]) + (", ..." if len(present) > 16 else "")
+    return f"{MISSING_TEXT_FIELD} {field!r} ({kind}: {shown or 'none'})"
 
 
 class DataError(MixerError):

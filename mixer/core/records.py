@@ -68,7 +68,7 @@ class Split:
 
     @classmethod
     def from_list(cls, values: list[int]) -> Split:
-        return cls(*values[:4], bool(values[4]), *values[5:])
+        return cls(values[0], values[1], values[2], values[3], bool(values[4]), *values[5:])
 
 
 @dataclass(frozen=True)
@@ -87,13 +87,20 @@ class EncodedVideo(EncodedImage):
 
 
 @dataclass(frozen=True)
+class EncodedAudio(EncodedImage):
+    """An audio clip as stored (wav, flac, mp3, ogg or opus bytes); it travels with a record's
+    images (after them and its videos) and the document builder tells it apart by its type."""
+
+
+@dataclass(frozen=True)
 class Record:
     """One document (or the error in its place) and where it starts.
 
     `index` counts records from the start of the split, `offset` is the byte offset of the
     record in the file (decompressed bytes for compressed files; row number for parquet).
-    `images` are the document's images in order, then its videos (`EncodedVideo`); `text`
-    places them where it holds the recipe's image (video) marker, else they come before it.
+    `images` are the document's images in order, then its videos (`EncodedVideo`), then its
+    audio clips (`EncodedAudio`); `text` places them where it holds the recipe's image (video,
+    audio) marker, else they come before it.
     `location` says where the text lies in words, for errors found after reading (e.g. a
     webdataset sample's text member); None: the format's description of `offset`.
 

@@ -53,6 +53,7 @@ class Suspendable(Protocol):
     def suspend(self, cheap_only: bool = False) -> bool:
         """Give up the held resources; False if it is in use now, or (`cheap_only`) if
         taking them up again would cost much (then it stays open)."""
+        ...
 
 
 class OpenLimit:
@@ -182,7 +183,7 @@ class FreedMemory:
     The data path frees much of what it allocates soon after (window texts, decompression
     buffers, the tokenizer's working memory on the encoding threads, each thread in a malloc
     arena of its own), and glibc keeps freed pages of its arenas mapped: tens of MB of
-    resident memory that no one uses (docs/benchmarks.md, "Issue 22, round 2: memory")."""
+    resident memory that no one uses (measured by benchmarks/memory.py)."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval

@@ -2,7 +2,7 @@
 
 A native library may keep state per calling thread that grows with what the thread has
 done and that nothing else can clear: fastokens keeps a cache of the words each thread has
-encoded, up to ~100 MB a thread (docs/benchmarks.md, "Issue 22, round 6"). A thread that
+encoded, up to ~100 MB a thread (measured by benchmarks/memory.py). A thread that
 exits takes its thread-local state with it, so handing the work to a new thread now and then
 bounds that state by what one thread does before it is replaced.
 """

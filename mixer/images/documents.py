@@ -25,12 +25,13 @@ import numpy as np
 from mixer.config.images import ImageSettings
 from mixer.core.document import Document, Placement, Rejected
 from mixer.core.errors import DataError
+from mixer.core.stages import MEDIA, timed
 from mixer.images.decode import probe
 from mixer.images.handle import LazyImage
 from mixer.images.processing import ImagePlan
 from mixer.images.video import LazyVideo, VideoPlan, VideoProcessing, probe_error
 from mixer.images.video_decode import VideoInfo, probe_video, video_error
-from mixer.sources import EncodedImage, EncodedVideo
+from mixer.sources import EncodedAudio, EncodedImage, EncodedVideo
 from mixer.tokenize import Encoder
 
 
@@ -95,8 +96,31 @@ class ImageDocuments:
         """Documents of records (texts, stored images and videos, files, where each text
         lies); a record that cannot be one is `Rejected` with a `DataError` naming its text's
         place (errors about the text) or its image or video member (errors about a medium)."""
+        with timed(MEDIA):  # (headers probed and planned; the tokenizer's calls: `encode`)
+            return self._build(texts, images, files, locations)
+
+    def _build(
+        self,
+        texts: list[str],
+        images: list[tuple[EncodedImage, ...]],
+        files: list[str],
+        locations: list[str],
+    ) -> list[Document | Rejected]:
         parts: list[tuple[list[str], tuple[EncodedImage, ...]] | Rejected] = []
         for text, media, file, where in zip(texts, images, files, locations):
+            clips = [m for m in media if isinstance(m, EncodedAudio)]
+            if clips:  # (an image layout has no audio; the `audio:` block's layout has)
+                first = clips[0]
+                parts.append(
+                    self._error(
+                        f"the sample has {len(clips)} audio clip(s) but the recipe has no "
+                        "`audio:` block (an image layout carries no audio)",
+                        file,
+                        f"member {first.member} at byte offset {first.offset}",
+                        "bad_audio",
+                    )
+                )
+                continue
             videos = [m for m in media if isinstance(m, EncodedVideo)]
             if videos and self.videos is None:
                 parts.append(

@@ -1,4 +1,5 @@
-"""LazyImage: a document's image, its cost known from the header, its pixels made on demand.
+"""LazyMedia: a document's image or video, its cost known from the header, its pixels made
+on demand (`LazyImage` here, `LazyVideo` in `video.py`).
 
 Packing needs only `tokens` (from the plan, which needs only the stored size); pixels are made
 when a batch needs them, or earlier on a small per-process thread pool after `prefetch()`:
@@ -25,13 +26,14 @@ import os
 import threading
 import weakref
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
 from mixer.core.errors import DataError
 from mixer.core.records import EncodedImage
 from mixer.core.resources import PerProcess
+from mixer.core.stages import MEDIA, idle, timed
 from mixer.images.decode import decode_rgb, probe, where
 from mixer.images.pool import PriorityPool
 from mixer.images.processing import ImagePlan, Processing
@@ -172,17 +174,33 @@ def start_waiting() -> None:
         image._start(priority, ahead=True)
 
 
-class LazyImage:
-    """An image of a document (implements `mixer.core.document.ImageHandle`)."""
+class _Plan(Protocol):
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def rows(self) -> int: ...
 
-    kind = "image"
+
+class _Processing(Protocol):
+    row_shape: tuple[int, ...]
+
+
+PlanT = TypeVar("PlanT", bound=_Plan)
+ProcessingT = TypeVar("ProcessingT", bound=_Processing)
+
+
+class LazyMedia(Generic[PlanT, ProcessingT]):
+    """An image or video of a document (implements `mixer.core.document.MediaHandle`): the
+    budgeted, prefetching machinery; subclasses make the pixels (`_make`)."""
+
+    kind: Literal["image", "video"]
 
     def __init__(
         self,
         encoded: EncodedImage,
         size: tuple[int, int],
-        plan: ImagePlan,
-        processing: Processing,
+        plan: PlanT,
+        processing: ProcessingT,
         extra_tokens: int,
         source: str,
         file: str,
@@ -201,42 +219,6 @@ class LazyImage:
         self._reserved: weakref.finalize | None = None  # its share of the budget, if held
         self._ticket: int | None = None  # its entry in the waiting heap, while it waits
 
-    @classmethod
-    def probe(
-        cls,
-        encoded: EncodedImage,
-        processing: Processing,
-        *,
-        extra_tokens: int,
-        source: str,
-        file: str,
-        max_source_pixels: int,
-        max_pixels: int | None = None,
-    ) -> LazyImage:
-        """The image's handle from its header alone (see `decode.probe`); an image the layout
-        cannot plan (qwen2_vl: aspect ratio past 200) raises `DataError` too."""
-        size = probe(encoded, source=source, file=file, max_source_pixels=max_source_pixels)
-        try:
-            plan = processing.plan(*size, max_pixels)
-        except ValueError as exc:
-            raise DataError(
-                f"image of {size[0]}x{size[1]}: {exc}",
-                source=source,
-                file=file,
-                location=where(encoded),
-                reason="bad_image",
-            ) from exc
-        return cls(
-            encoded,
-            size,
-            plan,
-            processing,
-            extra_tokens=extra_tokens,
-            source=source,
-            file=file,
-            max_source_pixels=max_source_pixels,
-        )
-
     @property
     def size(self) -> tuple[int, int]:
         """(width, height) of the stored image, from its header."""
@@ -252,32 +234,17 @@ class LazyImage:
         """Rows the image adds to the batch's `pixel_values`."""
         return self.plan.rows
 
-    def replan(self, plan: ImagePlan) -> LazyImage:
-        """The same image under another plan (e.g. one of `processing.lower_plans`)."""
-        return LazyImage(
-            self.encoded,
-            self._size,
-            plan,
-            self.processing,
-            extra_tokens=self.extra_tokens,
-            source=self.source,
-            file=self.file,
-            max_source_pixels=self.max_source_pixels,
-        )
-
     @property
     def nbytes(self) -> int:
         """Bytes of the image's pixels (known from the plan, before they are made)."""
         return self.plan.rows * math.prod(self.processing.row_shape) * 4
 
     def _compute(self) -> np.ndarray:
-        image = decode_rgb(
-            self.encoded,
-            source=self.source,
-            file=self.file,
-            max_source_pixels=self.max_source_pixels,
-        )
-        return self.processing.pixels(image, self.plan)
+        with timed(MEDIA):
+            return self._make()
+
+    def _make(self) -> np.ndarray:
+        raise NotImplementedError
 
     def _reserve(self, *, ahead: bool = False) -> bool:
         """Count the pixels against the process's budget (True: within it)."""
@@ -324,7 +291,8 @@ class LazyImage:
     def _made(self) -> np.ndarray:
         pending, self._future, self._ticket = self._future, None, None
         if pending is not None and pending[0] == os.getpid() and not pending[1].cancel():
-            return pending[1].result()  # running or done: wait for it
+            with idle():  # running or done: wait for it (its thread counts `media`)
+                return pending[1].result()
         # Not prefetched, still queued behind work needed later (taken back and made here
         # rather than waited for), or prefetched by a parent before fork.
         return self._compute()
@@ -362,6 +330,70 @@ class LazyImage:
         state = self.__dict__.copy()
         state["_future"] = state["_pixels"] = state["_reserved"] = state["_ticket"] = None
         return state
+
+
+class LazyImage(LazyMedia[ImagePlan, Processing]):
+    """An image of a document."""
+
+    kind: Literal["image", "video"] = "image"
+
+    @classmethod
+    def probe(
+        cls,
+        encoded: EncodedImage,
+        processing: Processing,
+        *,
+        extra_tokens: int,
+        source: str,
+        file: str,
+        max_source_pixels: int,
+        max_pixels: int | None = None,
+    ) -> LazyImage:
+        """The image's handle from its header alone (see `decode.probe`); an image the layout
+        cannot plan (qwen2_vl: aspect ratio past 200) raises `DataError` too."""
+        size = probe(encoded, source=source, file=file, max_source_pixels=max_source_pixels)
+        try:
+            plan = processing.plan(*size, max_pixels)
+        except ValueError as exc:
+            raise DataError(
+                f"image of {size[0]}x{size[1]}: {exc}",
+                source=source,
+                file=file,
+                location=where(encoded),
+                reason="bad_image",
+            ) from exc
+        return cls(
+            encoded,
+            size,
+            plan,
+            processing,
+            extra_tokens=extra_tokens,
+            source=source,
+            file=file,
+            max_source_pixels=max_source_pixels,
+        )
+
+    def replan(self, plan: ImagePlan) -> LazyImage:
+        """The same image under another plan (e.g. one of `processing.lower_plans`)."""
+        return LazyImage(
+            self.encoded,
+            self._size,
+            plan,
+            self.processing,
+            extra_tokens=self.extra_tokens,
+            source=self.source,
+            file=self.file,
+            max_source_pixels=self.max_source_pixels,
+        )
+
+    def _make(self) -> np.ndarray:
+        image = decode_rgb(
+            self.encoded,
+            source=self.source,
+            file=self.file,
+            max_source_pixels=self.max_source_pixels,
+        )
+        return self.processing.pixels(image, self.plan)
 
     def __repr__(self) -> str:
         w, h = self._size

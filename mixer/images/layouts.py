@@ -61,7 +61,7 @@ class _ImageLayout(BatchLayout):
     video_vision: VisionTokens | None = None
 
     def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:
-        super().__init__(seq_len=recipe.seq_len, pad_id=tokenizer.pad_id)
+        super().__init__(seq_len=recipe.seq_len, pad_id=tokenizer.pad_id, flatten=recipe.flatten)
         assert recipe.images is not None
         self.settings = recipe.images
         self.processing = processing_for(recipe.images)
@@ -114,7 +114,7 @@ class _ImageLayout(BatchLayout):
             if row is not None
             for piece in row.pieces
             for placement in piece.document.images
-            if getattr(placement.image, "kind", "image") == kind
+            if placement.image.kind == kind
         ]
         for image in handles:  # those not made yet are made now, side by side on the pool
             image.prefetch(needed=True)

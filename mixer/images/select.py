@@ -1,4 +1,5 @@
-"""Which batch layout a recipe's batches have: text, or the image layout its `images` names."""
+"""Which batch layout a recipe's batches have: text, the image layout its `images` names, or
+the audio layout its `audio` names."""
 
 from __future__ import annotations
 
@@ -12,10 +13,19 @@ if TYPE_CHECKING:
 
 
 def layout_for(recipe: Recipe, tokenizer: TokenizerInfo) -> BatchLayout:
-    """The layout a recipe's batches have: text, or the image layout its `images` block names."""
+    """The layout a recipe's batches have: text, the image layout its `images` block names,
+    or the audio layout its `audio` block names."""
+    if getattr(recipe, "audio", None) is not None:
+        from mixer.audio.layout import audio_layout  # (imports PyAV only when needed)
+
+        return audio_layout(recipe, tokenizer)
     images = getattr(recipe, "images", None)
     if images is None:
-        return BatchLayout(seq_len=recipe.seq_len, pad_id=tokenizer.pad_id)
+        return BatchLayout(
+            seq_len=recipe.seq_len,
+            pad_id=tokenizer.pad_id,
+            flatten=getattr(recipe, "flatten", False),
+        )
     from mixer.images.layouts import image_layout  # (imports PIL only when needed)
 
     return image_layout(recipe, tokenizer)

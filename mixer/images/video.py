@@ -28,6 +28,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from mixer.config.images import ImageSettings
 from mixer.config.video import VideoSettings
 from mixer.core.errors import DataError
 from mixer.core.records import EncodedImage
-from mixer.images.handle import LazyImage, stopping
+from mixer.images.handle import LazyMedia, stopping
 from mixer.images.processing import ImagePlan, Qwen2VLProcessing
 from mixer.images.video_decode import VideoInfo, decode_frames, video_error
 
@@ -231,10 +232,10 @@ class VideoProcessing:
             )
 
 
-class LazyVideo(LazyImage):
-    """A video of a document: a `LazyImage` whose pixels are its sampled frames' patches."""
+class LazyVideo(LazyMedia[VideoPlan, VideoProcessing]):
+    """A video of a document: its pixels are its sampled frames' patches."""
 
-    kind = "video"
+    kind: Literal["image", "video"] = "video"
 
     def __init__(
         self,
@@ -250,29 +251,28 @@ class LazyVideo(LazyImage):
         super().__init__(
             encoded,
             (info.width, info.height),
-            plan,  # type: ignore[arg-type]
+            plan,
             processing,
-            extra_tokens=extra_tokens,  # type: ignore[arg-type]
+            extra_tokens=extra_tokens,
             source=source,
             file=file,
             max_source_pixels=info.width * info.height,
         )
         self.info = info
 
-    def replan(self, plan: VideoPlan) -> LazyVideo:  # type: ignore[override]
+    def replan(self, plan: VideoPlan) -> LazyVideo:
         return LazyVideo(
             self.encoded,
             self.info,
             plan,
-            self.processing,  # type: ignore[arg-type]
+            self.processing,
             extra_tokens=self.extra_tokens,
             source=self.source,
             file=self.file,
         )
 
-    def _compute(self) -> np.ndarray:
-        plan: VideoPlan = self.plan  # type: ignore[assignment]
-        processing: VideoProcessing = self.processing  # type: ignore[assignment]
+    def _make(self) -> np.ndarray:
+        plan, processing = self.plan, self.processing
         out = processing.new_pixels(plan)
 
         def keep(i: int, rgb: np.ndarray) -> None:  # each frame as it is decoded
@@ -292,7 +292,7 @@ class LazyVideo(LazyImage):
         return out.reshape(plan.rows, processing.row_shape[0])
 
     def __repr__(self) -> str:
-        plan: VideoPlan = self.plan  # type: ignore[assignment]
+        plan = self.plan
         return (
             f"LazyVideo({self.encoded.member!r}, {self.info.width}x{self.info.height} "
             f"-> {plan.frames}x{plan.width}x{plan.height}, {self.tokens} tokens)"

@@ -8,20 +8,30 @@ from pathlib import Path
 from typing import Any
 
 from mixer.core.files import write_atomically
+from mixer.core.stages import STAGES
 
 # Per-source figures of `loader.metrics()` logged as `mixer/<key>/<source>`.
 PER_SOURCE_KEYS = ("realized_share", "target_share", "epochs", "skipped", "tokens")
 STATE_FILE = "mixer_state.json"
+# `mixer/bottleneck` is logged as its index here (a scalar: loggers take numbers).
+BOTTLENECKS = ("trainer", *STAGES)
 
 
 def flat_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """`loader.metrics()` as `{"mixer/<key>/<source>": value, "mixer/global_tokens": n}`."""
+    """`loader.metrics()` as `{"mixer/<key>/<source>": value, "mixer/global_tokens": n}`,
+    plus the profile's `mixer/wait/share`, `mixer/wait/p99_ms` and `mixer/bottleneck` (the
+    index of the bottleneck in `BOTTLENECKS`: 0 trainer, then the stages in order)."""
     out: dict[str, float] = {}
     for key in PER_SOURCE_KEYS:
         for source, value in metrics.get(key, {}).items():
             out[f"mixer/{key}/{source}"] = float(value)
     if "global_tokens" in metrics:
         out["mixer/global_tokens"] = float(metrics["global_tokens"])
+    if "wait" in metrics:
+        out["mixer/wait/share"] = float(metrics["wait"]["share"])
+        out["mixer/wait/p99_ms"] = float(metrics["wait"]["p99_ms"])
+    if metrics.get("bottleneck") in BOTTLENECKS:
+        out["mixer/bottleneck"] = float(BOTTLENECKS.index(metrics["bottleneck"]))
     return out
 
 

@@ -26,7 +26,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from mixer.config.recipe import Recipe, load_recipe
 from mixer.integrations.common import flat_metrics, read_state, write_state
-from mixer.pipeline.batch import BatchLayout
+from mixer.pipeline.batch import is_padding_batch
+from mixer.pipeline.flatten import FLASH_KEYS
 from mixer.runtime.loader import Loader, build_loader
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class MixerTrainer(Trainer):
     def compute_loss(
         self, model: Any, inputs: dict, return_outputs: bool = False, num_items_in_batch: Any = None
     ) -> Any:
-        padding = BatchLayout.is_padding(inputs)
+        padding = is_padding_batch(inputs)
         inputs = {k: v for k, v in inputs.items() if k in self._forward_keys}
         if not padding:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -130,8 +131,11 @@ class MixerTrainer(Trainer):
 
 
 def _accepted_keys(model: Any) -> frozenset[str]:
-    """The batch keys the model's forward takes (`source_ids` only if it names it)."""
+    """The batch keys the model's forward takes (`source_ids` only if it names it; a
+    flattened batch's `cu_seq_lens_q/k`, `max_length_q/k` where it takes `**kwargs`, as
+    transformers' models do for their attention)."""
     params = inspect.signature(model.forward).parameters
-    return frozenset(
-        k for k in ("input_ids", "labels", "position_ids", "source_ids") if k in params
-    )
+    keys = {k for k in ("input_ids", "labels", "position_ids", "source_ids") if k in params}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        keys.update(FLASH_KEYS)
+    return frozenset(keys)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mixer.pipeline.flatten import flatten_arrays
 from mixer.pipeline.packing import IGNORE_INDEX, Row, rows_arrays
 
 if TYPE_CHECKING:
@@ -86,9 +87,10 @@ class BatchLayout:
     name = "text"
     specs: tuple[ArraySpec, ...] = tuple(ArraySpec(k, INT64, INT32) for k in TEXT_KEYS)
 
-    def __init__(self, *, seq_len: int, pad_id: int) -> None:
+    def __init__(self, *, seq_len: int, pad_id: int, flatten: bool = False) -> None:
         self.seq_len = seq_len
         self.pad_id = pad_id
+        self.flatten = flatten  # the user's view only (`mixer.pipeline.flatten`)
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -210,15 +212,24 @@ class BatchLayout:
 
     # -- the user's view ------------------------------------------------------------------------
     def to_torch(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """The user's dict of tensors; nothing internal is left in it."""
+        """The user's dict of tensors; nothing internal is left in it. Flattened (`flatten`),
+        one row with `cu_seq_lens_q/k` and `max_length_q/k` (Python ints, as transformers'
+        `DataCollatorWithFlattening` gives them)."""
         import torch
 
-        return {spec.key: torch.from_numpy(batch.arrays[spec.key]) for spec in self.specs}
+        arrays = {spec.key: batch.arrays[spec.key] for spec in self.specs}
+        if not self.flatten:
+            return {key: torch.from_numpy(array) for key, array in arrays.items()}
+        flat = flatten_arrays(arrays, {spec.key: spec.per_token for spec in self.specs})
+        return {
+            key: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+            for key, value in flat.items()
+        }
 
-    @staticmethod
-    def is_padding(batch: dict) -> bool:
-        """True when a batch carries no token to learn from (an exhausted rank's placeholder)."""
-        return bool((batch["labels"] == IGNORE_INDEX).all())
+
+def is_padding_batch(batch: dict) -> bool:
+    """True when a batch carries no token to learn from (an exhausted rank's placeholder)."""
+    return bool((batch["labels"] == IGNORE_INDEX).all())
 
 
 def _filled(shape: tuple[int, ...], value: int) -> np.ndarray:

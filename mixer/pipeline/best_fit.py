@@ -80,6 +80,9 @@ class BestFitPacker:
         self._start: dict = stream.state_dict()
         self._emitted = 0
         self._rows: list[Row] | None = None
+        # The stream's progress before and after reading the planned window, and the
+        # documents that start in the window's first k rows (k = 0..rows).
+        self._span: tuple[float, float, list[int]] | None = None
 
     def state_dict(self) -> dict:
         if self.exhausted:  # the stream at its end (done), not the last window's start: a
@@ -87,8 +90,22 @@ class BestFitPacker:
             return {"stream": self.stream.state_dict(), "emitted": 0, "exhausted": 1}
         return {"stream": self._start, "emitted": self._emitted, "exhausted": 0}
 
+    def progress(self) -> float:
+        """Passes over the lane's slice that the rows handed out hold: documents read into
+        the packing window count as their rows are emitted (an estimate for metrics)."""
+        progress = getattr(self.stream, "progress", None)
+        if progress is None:
+            return 0.0
+        if self.exhausted or self._rows is None or self._span is None:
+            return progress()
+        before, after, starts = self._span
+        if not starts[-1]:
+            return after
+        return before + (after - before) * starts[self._emitted] / starts[-1]
+
     def load_state_dict(self, state: dict | None) -> None:
         self._rows = None
+        self._span = None
         if state is None:
             self.stream.load_state_dict(None)
             self._start, self._emitted, self.exhausted = self.stream.state_dict(), 0, False
@@ -102,6 +119,8 @@ class BestFitPacker:
             raise StateError(f"best_fit packer state of source {name!r} lacks {exc}") from None
 
     def _plan(self) -> list[Row]:
+        progress = getattr(self.stream, "progress", None)
+        before = progress(saved=False) if progress is not None else 0.0
         pieces: list[tuple[Document, int, int, bool]] = []  # (document, offset, length, start)
         for _ in range(self.window):
             document = self.stream.next_document()
@@ -114,6 +133,10 @@ class BestFitPacker:
                 pieces.append((document, at, min(self.seq_len, len(document) - at), at == 0))
         images = [p[0].counts for p in pieces]
         plan = plan_rows([p[2] for p in pieces], self.seq_len, images, self.caps)
+        starts = [0]
+        for row in plan:
+            starts.append(starts[-1] + sum(pieces[i][3] for i in row))
+        self._span = (before, progress() if progress is not None else 0.0, starts)
         return [self._row([pieces[i] for i in row]) for row in plan]
 
     def _row(self, pieces: list[tuple[Document, int, int, bool]]) -> Row:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from mixer.core.document import Document, DocumentBuilder
+from mixer.core.stages import idle
 from mixer.pipeline.window import Window
 from mixer.tokenize.encoding import (
     CHUNK_MIN_BYTES,
@@ -95,11 +96,11 @@ class EncodeAhead:
             _, stop, future, _ = win.ahead.pop(0)  # (its share of the budget given back)
             # Not started yet (the threads are busy with other chunks): encode it now rather
             # than wait behind them (here, or before them on fastokens' one encoding thread).
-            encoded = (
-                self._encode_needed(win, start, stop)
-                if self.documents is None and future.cancel()
-                else future.result()
-            )
+            if self.documents is None and future.cancel():
+                encoded = self._encode_needed(win, start, stop)
+            else:
+                with idle():  # (the encoding thread counts its own stage)
+                    encoded = future.result()
         else:  # pre-tokenized items only: nothing was submitted, they pass through
             encoded = self.encode(win, start, self.chunk_stop(win, start))
         stop = win.encoded_end = start + len(encoded)
@@ -119,9 +120,10 @@ class EncodeAhead:
         thread = needed_thread()
         if thread is None:
             return self.encode(win, start, stop)
-        return thread.submit(
-            self.encode, win, start, stop, units=_text_size(win, start, stop), urgent=True
-        ).result()
+        with idle():
+            return thread.submit(
+                self.encode, win, start, stop, units=_text_size(win, start, stop), urgent=True
+            ).result()
 
     def submit_ahead(self, win: Window, start: int, chunks: int, *, needed: bool = False) -> None:
         """Queue chunks after those already queued, from `start`, until `chunks` are. Text

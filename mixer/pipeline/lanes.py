@@ -43,9 +43,10 @@ class Lane:
         self.names = [s.name for s in recipe.sources]
         self.plan = plan or WeightPlan(recipe)
         self.pad_id = encoder.info.pad_id
-        if layout is None and recipe.images is not None:
+        if layout is None and recipe.has_media:
             raise ValueError(
-                "a lane of an image recipe needs its layout (mixer.images.select.layout_for)"
+                "a lane of an image or audio recipe needs its layout "
+                "(mixer.images.select.layout_for)"
             )
         self.layout = layout or BatchLayout(seq_len=recipe.seq_len, pad_id=encoder.info.pad_id)
         self.packers = []
@@ -136,13 +137,13 @@ class Lane:
                 "deficit": self.target[i] - TARGET_SCALE * self.mix[i],
                 "documents": self.documents[i],
                 "skipped": stream.skipped,
-                "epochs": round(stream.progress(), 4),
+                "epochs": round(packer.progress(), 4),
                 "packer": packer.state_dict(),
             }
             reasons = stream.skipped_reasons
             if reasons:
                 sources[name]["reasons"] = dict(sorted(reasons.items()))
-            if self.recipe.images is not None:
+            if self.recipe.has_media:
                 sources[name]["oversize"] = stream.oversize
         return {
             "v": LANE_STATE_VERSION,

@@ -2,7 +2,8 @@
 
 Every packer takes any `DocumentSource` and has the same interface: `next_row()` (a `Row`,
 or None once the source has run out for its lane), resumable state through `state_dict()` /
-`load_state_dict()`, `exhausted`, and `stream` (its source).
+`load_state_dict()`, `exhausted`, `progress()` (the epochs its rows hold) and `stream` (its
+source).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ class RowPacker(Protocol):
 
     def next_row(self, budget: Budget | None = None) -> Row | None | object:
         """A row; None once exhausted; `packing.BLOCKED` when over what is left of `budget`."""
+        ...
+
+    def progress(self) -> float:
+        """Passes over the lane's slice that the rows handed out hold (metrics' `epochs`)."""
         ...
 
     def state_dict(self) -> dict: ...

@@ -208,6 +208,12 @@ class Packer:
         self._pending: tuple[Document, int, dict, int] | None = None
         self.exhausted = False
 
+    def progress(self) -> float:
+        """Passes over the lane's slice behind the stream's position (an estimate for
+        metrics; the one pending document read ahead counts)."""
+        progress = getattr(self.stream, "progress", None)
+        return progress() if progress is not None else 0.0
+
     def state_dict(self) -> dict:
         if self._pending is not None:
             _, offset, before, cut = self._pending

@@ -13,6 +13,7 @@ import numpy as np
 
 from mixer.cache.store import TokenCache
 from mixer.core.document import Document, DocumentBuilder
+from mixer.core.stages import DECODE, timed
 from mixer.pipeline.cursor import STATE_KEYS, Cursor
 from mixer.pipeline.emptiness import Emptiness, source_has_documents
 from mixer.pipeline.encode_ahead import EncodeAhead
@@ -100,9 +101,10 @@ class SourceStream:
             return dict(self._saved[2])
         return self.cursor.skipped_reasons(self._win)
 
-    def progress(self) -> float:
-        """Completed passes over the lane's slice (an estimate for metrics)."""
-        if self._saved is not None:
+    def progress(self, saved: bool = True) -> float:
+        """Completed passes over the lane's slice behind the reading position (an estimate
+        for metrics); `saved=False`: from the cursor, never the figure a loaded state holds."""
+        if saved and self._saved is not None:
             return self._saved[0]
         items = () if self.cursor.done else self.reader.items(self.cursor.epoch)
         return self.cursor.progress(items, self.reader.splits, self._win)
@@ -136,7 +138,8 @@ class SourceStream:
         cursor = self.cursor
         while not cursor.done:
             if self._win is None:
-                self._win = self.windows.read(cursor.epoch, cursor.window_index, cursor.start)
+                with timed(DECODE):  # (its reads count as `read`)
+                    self._win = self.windows.read(cursor.epoch, cursor.window_index, cursor.start)
                 self._saved = None
             win = self._win
             if cursor.pos >= len(win.items):

@@ -19,7 +19,7 @@ from mixer.core.rng import derive_key, permutation
 from mixer.pipeline.settings import StreamSettings
 from mixer.pipeline.slice_reader import Cursor3, SliceReader
 from mixer.pipeline.slices import SliceItem
-from mixer.sources import FORMATS, EncodedImage, EncodedVideo, Record
+from mixer.sources import FORMATS, EncodedAudio, EncodedImage, EncodedVideo, Record
 from mixer.tokenize.encoding import TOKENIZE_BYTES
 
 
@@ -206,19 +206,23 @@ class WindowReader:
         )
 
     def _images_without_layout(self, record: Record, item: SliceItem) -> Record:
-        """A record with images in a text-only recipe: an error, never a silent text-only
-        document."""
+        """A record with images (videos, audio) in a text-only recipe: an error, never a silent
+        text-only document."""
         image = record.images[0]
         videos = sum(isinstance(m, EncodedVideo) for m in record.images)
-        what = "image" if not videos else "video"
-        counts = (
-            f"{len(record.images) - videos} image(s)"
-            if not videos
-            else f"{len(record.images) - videos} image(s) and {videos} video(s)"
+        clips = sum(isinstance(m, EncodedAudio) for m in record.images)
+        images = len(record.images) - videos - clips
+        counts = " and ".join(
+            f"{n} {what}(s)"
+            for n, what in ((images, "image"), (videos, "video"), (clips, "audio clip"))
+            if n or (what == "image" and not videos and not clips)
+        )
+        what, block = (
+            ("audio", "`audio:`") if clips else ("video" if videos else "image", "`images:`")
         )
         error = DataError(
             f"the sample has {counts} but the recipe has no "
-            "`images:` block (add one to train on them, or use text-only "
+            f"{block} block (add one to train on them, or use text-only "
             "samples)",
             source=self.name,
             file=self.reader.table.files[self.reader.split_of(item).file].url,

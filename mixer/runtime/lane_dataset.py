@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from mixer.config.recipe import Recipe
 from mixer.core.errors import MixerError
+from mixer.core.stages import CLOCK, PACK, TRANSFER, since, timed
 from mixer.core.token_info import TokenizerInfo
 from mixer.images.select import layout_for
 from mixer.pipeline.batch import Batch, BatchLayout, Wire
@@ -80,6 +81,7 @@ class LaneDataset:
         block: int,
     ) -> Iterator[tuple[Any, dict[str, Any]]]:
         step = worker
+        clock = CLOCK.snapshot()  # this iteration's stage seconds: those since here
         while True:  # never stop: the main process decides the end
             g = global_batch(self.start, step, self.rank, self.world_size)
             index = lane_of(g, self.recipe.lanes)
@@ -97,7 +99,9 @@ class LaneDataset:
                 )
                 lanes[index] = lane
             try:
-                batch = lane.next_batch(self.recipe.batch_size)
+                with timed(PACK):  # (the stages inside count as their own)
+                    batch = lane.next_batch(self.recipe.batch_size)
+                    state = lane.state_dict()
             except MixerError as exc:
                 if send is None:
                     raise
@@ -105,18 +109,23 @@ class LaneDataset:
                 # message alone, losing `.source`, `.file` and `.location`.
                 yield None, {"g": g, "error": exc, "worker": worker}
                 return
+            # Across a process boundary: for DataLoader workers one buffer in compact dtypes
+            # through the pipe is cheaper than int64 tensors in shared memory (measured: about
+            # half the time); Ray actors send arrays through the object store.
+            sent: Any = batch
+            if send is not None:
+                with timed(TRANSFER):
+                    sent = send(layout, batch)
             meta = {
                 "g": g,
                 "lane": index,
                 "padding": batch.padding,
-                "state": lane.state_dict(),
+                "state": state,
                 "worker": worker,
                 "io": IO_STATS.as_dict(),
+                "stages": since(clock),
             }
-            # Across a process boundary: for DataLoader workers one buffer in compact dtypes
-            # through the pipe is cheaper than int64 tensors in shared memory (measured: about
-            # half the time); Ray actors send arrays through the object store.
-            yield (batch if send is None else send(layout, batch)), meta
+            yield sent, meta
             step += workers
 
 

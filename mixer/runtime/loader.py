@@ -12,6 +12,7 @@ import logging
 import traceback
 import weakref
 from collections.abc import Generator, Iterator
+from time import perf_counter
 from typing import Any
 
 import numpy.random  # noqa: F401  (imported before forking: workers seed it on start)
@@ -19,7 +20,7 @@ import torch
 
 from mixer.cache.store import tokenizer_info_dir
 from mixer.config.recipe import Recipe, load_recipe
-from mixer.core.errors import DataError, MixerError, StateError, TopologyError
+from mixer.core.errors import DataError, MixerError, RecipeError, StateError, TopologyError
 from mixer.images.select import layout_for
 from mixer.pipeline.batch import TEXT_KEYS
 from mixer.pipeline.schedule import (
@@ -32,7 +33,16 @@ from mixer.pipeline.schedule import (
 from mixer.runtime import dist
 from mixer.runtime.autoscale import Autoscaler, Change
 from mixer.runtime.lane_dataset import as_batch
+from mixer.runtime.loss_sums import source_sums
 from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics, warn_left_over
+from mixer.runtime.mixing_state import MixingLoop, to_fixed
+from mixer.runtime.profile import (
+    StageTotals,
+    WaitClock,
+    profile_metrics,
+    profile_raw,
+    sum_profiles,
+)
 from mixer.runtime.ray_workers import ActorPool, RayWorkers
 from mixer.runtime.ring import BatchRing, InRing
 from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
@@ -97,6 +107,14 @@ class Loader:
         # restarts from the handed-out (or loaded) lane states.
         self._plan_version = 0
         self.backend: BackendChoice | None = None  # which encodes, and why (build_loader)
+        self._stages = StageTotals()  # this iteration's profile (metrics()["stages"], ...)
+        self._wait = WaitClock()
+        self._mixing = MixingLoop(recipe) if recipe.online_mixing is not None else None
+        if self._mixing is not None and self._mixing.every % world_size:
+            raise TopologyError(
+                f"online_mixing.every ({self._mixing.every}) must be a multiple of the world "
+                f"size ({world_size}): every rank updates the weights at the same step"
+            )
 
     # -- ownership ---------------------------------------------------------------------------
     def own_lanes(self) -> list[int]:
@@ -120,7 +138,7 @@ class Loader:
     def _rank_payload(self) -> dict:
         tokens = self._plan.tokens_at(self._next_global)
         override = self._plan.override
-        return {
+        payload = {
             "kind": "global" if self.world_size == 1 else "rank",
             "fingerprint": self._fingerprint,
             "next_global": self._next_global,
@@ -132,6 +150,9 @@ class Loader:
             "schedule": schedule_snapshot(self.recipe, tokens),
             "override": override.to_dict(self._plan.names) if override else None,
         }
+        if self._mixing is not None:  # (absent otherwise: the states of other recipes keep
+            payload["mixing"] = self._mixing.payload()  # their shape)
+        return payload
 
     def state_dict(self) -> dict[str, Any]:
         """Fixed-shape, JSON-serialisable state (kilobytes).
@@ -180,6 +201,9 @@ class Loader:
         check_schedule(payload.get("schedule"), self.recipe, tokens)
         saved = payload.get("override")
         override = Override.from_dict(saved, self.recipe.names) if saved else None
+        if self._mixing is not None:
+            own = payload["kind"] == "rank" or self.rank == 0  # a merged state's sums: rank 0
+            self._mixing.load(payload.get("mixing"), keep_pending=own)
         self._next_global = payload["next_global"]
         self._lane_states = lanes
         self._plan = WeightPlan(self.recipe, payload["next_global"], tokens, override)
@@ -199,6 +223,11 @@ class Loader:
         recipe raises `DataError`, and a finite one ends (as a schedule's point would) with a
         warning naming the sources whose documents are left undelivered.
         """
+        if self._mixing is not None:
+            raise RecipeError(
+                "set_weights: the recipe's online_mixing sets the weights; remove "
+                "online_mixing to set them by hand"
+            )
         normalized = override_weights(weights, self.recipe.names)
         if self._distributed and self.world_size > 1:
             mine = (self._next_global, normalized)
@@ -289,26 +318,78 @@ class Loader:
             return {"kind": "dataloader", "count": self.num_workers, "resizes": 0}
         return {"kind": "none", "count": 0, "resizes": 0}
 
+    # -- online mixing -----------------------------------------------------------------------
+    def report_loss(self, token_loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
+        """Add this batch's per-source loss to the sums of the next online mixing update.
+
+        `token_loss`: the loss of each position of `batch`, `[batch_size, seq_len]` aligned
+        with `labels` or `[batch_size, seq_len - 1]` shifted (the loss of predicting
+        `labels[:, 1:]`); positions labelled -100 are ignored. Call it once per batch, on
+        every rank, before the `next()` that follows (docs/online-mixing.md)."""
+        if self._mixing is None:
+            raise RecipeError("report_loss: the recipe has no online_mixing block")
+        sums = source_sums(token_loss, batch, len(self.recipe.names))
+        self._mixing.add([(to_fixed(loss), tokens) for loss, tokens in sums])
+
+    def _mix(self) -> bool:
+        """At an update point: the new weights from all ranks' sums (a collective inside a
+        torch.distributed job), in force from this step on. True when it updated."""
+        mixing = self._mixing
+        if mixing is None or not mixing.due(self._next_global):
+            return False
+        combined = mixing.pending
+        if self._distributed and self.world_size > 1:
+            gathered = dist.all_gather_objects((self._next_global, mixing.pending))
+            if any(g[0] != self._next_global for g in gathered):
+                steps = [g[0] // self.world_size for g in gathered]
+                raise StateError(f"online mixing update out of step: ranks at steps {steps}")
+            combined = [
+                [sum(g[1][i][0] for g in gathered), sum(g[1][i][1] for g in gathered)]
+                for i in range(len(mixing.names))
+            ]
+        weights = mixing.update(combined, self._next_global)
+        self._plan = WeightPlan(
+            self.recipe,
+            self._next_global,
+            self._plan.tokens_at(self._next_global),
+            Override(self._next_global, override_weights(weights, self.recipe.names)),
+        )
+        self._plan_version += 1
+        return True
+
     def metrics(self, all_ranks: bool = False) -> dict[str, Any]:
         """What this rank's lanes delivered so far, per source (docs/metrics.md): `tokens`,
         `documents`, `target_share` (now), `realized_share` (cumulative), `epochs`
         (fractional passes), `skipped`, `skipped_by_reason`, `oversize`; plus `io` (remote
         reads of the current iteration), `next_global_batch`, `global_tokens` and
-        `workers` (`kind` "ray", "dataloader" or "none", the `count` running, `resizes`).
+        `workers` (`kind` "ray", "dataloader" or "none", the `count` running, `resizes`);
+        and the current iteration's profile (docs/profile.md): `stages` (busy seconds per
+        stage), `wait` (the caller's waits inside `next()`) and `bottleneck`.
 
         `all_ranks=True` inside a torch.distributed job is a collective that sums the ranks'
         figures (every rank must call it)."""
         snapshot = self._metrics_snapshot()
         mine = {**loader_metrics(snapshot), "workers": self._workers_metrics()}
+        profile = profile_raw(self._stages, self._wait)
         if all_ranks and self._distributed and self.world_size > 1:
-            per_rank = dist.all_gather_objects(mine)
+            gathered = dist.all_gather_objects((mine, profile))
+            per_rank = [m for m, _ in gathered]
             summed = sum_metrics(per_rank, snapshot)
             summed["workers"] = {
                 "kind": mine["workers"]["kind"],
                 "count": sum(m["workers"]["count"] for m in per_rank),
                 "resizes": sum(m["workers"]["resizes"] for m in per_rank),
             }
-            return summed
+            mine = {**summed, **profile_metrics(sum_profiles([p for _, p in gathered]))}
+        else:
+            mine = {**mine, **profile_metrics(profile)}
+        if self._mixing is not None:  # the same on every rank
+            mine["mixing"] = {
+                "algorithm": self._mixing.algorithm_name,
+                "updates": self._mixing.updates,
+                "weights": dict(zip(self.recipe.names, snapshot.target_share)),
+                "losses": dict(self._mixing.losses),
+            }
         return mine
 
     def _metrics_snapshot(self) -> MetricsSnapshot:
@@ -374,12 +455,15 @@ class Loader:
     def _generate(self) -> Iterator[dict[str, torch.Tensor]]:
         # A set_weights or load_state_dict call while iterating discards what the workers
         # prefetched and starts them again from the handed-out (or loaded) lane states.
+        self._stages, self._wait = StageTotals(), WaitClock()  # counters of this iteration
+        self._wait.called()
         scaler = None
         if self.workers is not None:  # Ray actors live as long as the iteration
             self._pool = ActorPool(self.workers, self.layout)
             scaler = self._autoscaler()
         try:
             while True:
+                self._mix()
                 if scaler is None:
                     more = yield from self._run()
                 else:
@@ -409,6 +493,7 @@ class Loader:
     def _run(self) -> Generator[dict[str, torch.Tensor], None, bool]:
         """Batches until the stream ends (returns False) or the weights change (True)."""
         version = self._plan_version
+        self._stages.restart()
         dataset = TorchLaneDataset(
             self.recipe,
             self.tables,
@@ -425,7 +510,7 @@ class Loader:
             while True:
                 if self._closing:  # closed from another thread (see `close`)
                     return False
-                if self._plan_version != version:
+                if self._plan_version != version or self._mix():
                     return True
                 try:
                     data, meta = next(source)
@@ -433,7 +518,10 @@ class Loader:
                     return False
                 if "error" in meta:
                     raise meta["error"]
+                self._stages.worker(meta["worker"], meta.get("stages"))
+                took = perf_counter()
                 data = self._receive(dataset.ring, data, meta["padding"])
+                self._stages.own_transfer += perf_counter() - took
                 expected = global_batch(self._next_global, len(held), self.rank, self.world_size)
                 if meta["g"] != expected:
                     raise RuntimeError(
@@ -449,13 +537,19 @@ class Loader:
                     held.append((data, meta))  # padding: yield only if real data follows
                     continue
                 for held_data, held_meta in held:
+                    if self._mix():
+                        return True  # the held batches were made with the old weights
                     self._hand(held_meta)
-                    yield as_batch(self.layout, held_data, held_meta)
+                    yield self._handed(held_data, held_meta)
+                    self._wait.called()
                     if self._plan_version != version:
                         return True  # the rest was made with the old weights
                 held.clear()
+                if self._mix():
+                    return True
                 self._hand(meta)
-                yield as_batch(self.layout, data, meta)
+                yield self._handed(data, meta)
+                self._wait.called()
         except BaseException as exc:
             # The traceback's DataLoader frames hold its iterator; clear their locals so the
             # workers stop now, not when the caller drops the exception.
@@ -465,6 +559,15 @@ class Loader:
             if self.num_workers == 0:  # in-process lanes, or the Ray stream
                 source.close()  # closes the lanes' readers and unfinished cache entries
             del source  # shuts DataLoader workers down
+
+    def _handed(self, data: Any, meta: dict) -> dict[str, torch.Tensor]:
+        """The user's batch, made now: its time is the transfer stage's, and the caller's
+        wait ends."""
+        took = perf_counter()
+        batch = as_batch(self.layout, data, meta)
+        self._stages.own_transfer += perf_counter() - took
+        self._wait.handed()
+        return batch
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         self.close()

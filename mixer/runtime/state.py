@@ -17,12 +17,13 @@ from typing import Any
 from mixer.config.recipe import Recipe
 from mixer.core.errors import StateError
 from mixer.core.token_info import TokenizerInfo
+from mixer.runtime.mixing_state import merge_mixing
 from mixer.runtime.state_codec import decode_lanes, encodable, encode_lanes
 from mixer.runtime.state_schema import check_payload
 from mixer.sources import SourceTable
 
 STATE_FORMAT = "mixer.loader"
-STATE_VERSION = 3  # 3: lanes encoded column by column
+STATE_VERSION = 4
 _STREAM_FIELDS = (
     "seed",
     "seq_len",
@@ -36,9 +37,6 @@ _STREAM_FIELDS = (
     "max_document_bytes",
     "mask_document_boundaries",
 )
-# `images` keys added after the image block first entered the fingerprint (videos): in it only
-# when set, so a state saved before them still resumes an image recipe.
-_LATER_IMAGE_KEYS = ("video", "video_marker", "max_videos_per_batch", "tokens_per_second")
 
 
 def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTable]) -> dict:
@@ -47,11 +45,9 @@ def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTab
     stream["tokenizer"] = tokenizer.digest
     stream["eos_id"] = tokenizer.eos_id
     if recipe.images is not None:
-        images = recipe.images.model_dump(mode="json")
-        for key in _LATER_IMAGE_KEYS:  # at their defaults: the fingerprint states had before
-            if images[key] == type(recipe.images).model_fields[key].default:
-                del images[key]
-        stream["images"] = images
+        stream["images"] = recipe.images.model_dump(mode="json")
+    if recipe.audio is not None:
+        stream["audio"] = recipe.audio.model_dump(mode="json")
     sources = {}
     for src, table in zip(recipe.sources, tables):
         files = hashlib.sha256(json.dumps(table.fingerprint()).encode()).hexdigest()[:16]
@@ -218,7 +214,7 @@ def merge_payloads(payloads: list[dict]) -> dict:
         skipped = p["listing_skipped"]
     if len(lanes) != first["fingerprint"]["stream"]["lanes"]:
         raise StateError("the ranks' states do not cover every lane")
-    return {
+    merged = {
         "kind": "global",
         "fingerprint": first["fingerprint"],
         "next_global": first["next_global"],
@@ -230,3 +226,7 @@ def merge_payloads(payloads: list[dict]) -> dict:
         "schedule": first.get("schedule"),
         "override": first.get("override"),
     }
+    mixing = merge_mixing([p.get("mixing") for p in payloads])
+    if mixing is not None:
+        merged["mixing"] = mixing
+    return merged

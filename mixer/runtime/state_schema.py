@@ -100,6 +100,16 @@ class Override(_Shape):
     weights: dict[str, Annotated[float, Field(ge=0, strict=False)]]
 
 
+class MixingState(_Shape):
+    algorithm: str
+    names: list[str]
+    next_update: Count
+    updates: Count
+    state: dict[str, Any]
+    losses: dict[str, Annotated[float, Field(strict=False)]]
+    pending: dict[str, Annotated[list[int], Field(min_length=2, max_length=2)]]
+
+
 class StreamFingerprint(_Shape):
     model_config = ConfigDict(extra="allow")
     lanes: int = Field(ge=1)
@@ -122,6 +132,7 @@ class Payload(_Shape):
     global_tokens: Count = 0  # position of global batch `next_global`
     schedule: dict[str, Any] | None = None  # points at or before it (schedule.py)
     override: Override | None = None  # the set_weights call in force
+    mixing: MixingState | None = None  # online mixing (mixing_state.py)
 
 
 def _where(loc: tuple[Any, ...]) -> str:

@@ -34,7 +34,7 @@ def batches_per_item(recipe: Recipe, layout: BatchLayout) -> int:
     """How many batches a worker sends as one DataLoader item: text batches up to
     `ITEM_BYTES` together; image batches one by one (their decoding is ordered and bounded
     per batch: the pixel budget, the soonest-needed image first)."""
-    if getattr(recipe, "images", None) is not None:
+    if getattr(recipe, "images", None) is not None or getattr(recipe, "audio", None) is not None:
         return 1
     return max(1, min(MAX_ITEM_BATCHES, ITEM_BYTES // layout.wire_bytes(recipe.batch_size)))
 

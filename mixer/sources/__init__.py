@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from mixer.core.records import EncodedImage, EncodedVideo, FileEntry, Reader, Record, Split
+from mixer.core.records import (
+    EncodedAudio,
+    EncodedImage,
+    EncodedVideo,
+    FileEntry,
+    Reader,
+    Record,
+    Split,
+)
 from mixer.sources.boundary import read_records
 from mixer.sources.formats.registry import FORMATS, Format, infer_format
 from mixer.sources.listing import SourceTable, list_source
@@ -26,6 +34,7 @@ __all__ = [
     "FORMATS",
     "IO_STATS",
     "READERS",
+    "EncodedAudio",
     "EncodedImage",
     "EncodedVideo",
     "FileEntry",

@@ -126,6 +126,32 @@ def read_records(
         )
 
 
+def probe_ratio(
+    fmt: Format, *, storage: Any, entry: FileEntry, source: str
+) -> tuple[float, DataError | None]:
+    """`fmt.compression_ratio` of a file through this boundary: the ratio (of the bytes
+    before any damage), and a `DataError` naming the file and the stored byte offset where
+    it stopped decoding, or why it could not be read (None: it decoded)."""
+    try:
+        ratio, damaged = fmt.compression_ratio(storage, entry)
+    except DataError as exc:  # raised by storage (not found, changed, retries spent)
+        if exc.source is not None:
+            return 0.0, exc
+        return 0.0, DataError(exc.message, source=source, file=entry.url, reason=exc.reason)
+    except Exception as exc:
+        message = redact(f"cannot read: {type(exc).__name__}: {exc}", storage.storage_options)
+        return 0.0, DataError(message, source=source, file=entry.url, reason=_reason_of(exc))
+    if damaged is None:
+        return ratio, None
+    return ratio, DataError(
+        f"{fmt.compression} data is damaged (it stops decoding)",
+        source=source,
+        file=entry.url,
+        location=f"stored byte offset {damaged}",
+        reason="corrupt",
+    )
+
+
 # What a reader's libraries raise for data that decodes wrongly (the rest: unreadable).
 _CODEC_ERRORS: tuple[type[BaseException], ...] = (
     zlib.error,

@@ -252,8 +252,8 @@ def set_fastokens_threads() -> None:
     `FASTOKENS_BPE_THREADS` is not; neither set: 1, each call runs on the thread that makes
     it (mixer's encoding threads make several at once). A pool of its own costs ~30 MB at its
     first call and grows with the text seen, and gained no speed: one thread encodes several
-    times faster than mixer's main thread reads and packs (docs/benchmarks.md, "Issue 22,
-    round 2: memory"). DataLoader workers get their share in `use_worker_encoding_threads`."""
+    times faster than mixer's main thread reads and packs (measured by benchmarks/memory.py and
+    benchmarks/paired.py). DataLoader workers get their share in `use_worker_encoding_threads`."""
     if FASTOKENS_THREADS not in os.environ:
         rayon = os.environ.get("RAYON_NUM_THREADS")
         os.environ[FASTOKENS_THREADS] = str(tokenizer_thread_budget()) if rayon else "1"

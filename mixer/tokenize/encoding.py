@@ -11,7 +11,7 @@ from mixer.core.rotating import RotatingPool
 # One tokenizer call takes at most TOKENIZE_DOCS documents and, for text, stops once its text
 # reaches a budget that starts at TOKENIZE_BYTES (a window's first rows wait for one small
 # call) and doubles with each following call up to TOKENIZE_BYTES_AHEAD: small calls cost the
-# tokenizer more per token (docs/benchmarks.md, "Tokenizer calls").
+# tokenizer more per token (measured by benchmarks/paired.py).
 TOKENIZE_DOCS = 64
 TOKENIZE_BYTES = 32 << 10
 TOKENIZE_BYTES_AHEAD = 128 << 10
@@ -31,7 +31,7 @@ def next_budget(budget: int) -> int:
 # Text chunks a stream keeps queued ahead of the one it packs, so that `ENCODING_THREADS`
 # calls find work; a chunk nobody has started when its packer needs it is encoded by the
 # packer's thread, so a deep queue never delays it, and every chunk queued is tokens encoded
-# before they are needed (docs/benchmarks.md, "Tokenizer calls").
+# before they are needed (measured by benchmarks/paired.py).
 TEXT_CHUNKS_AHEAD = 1
 # Text that all the streams of a process together may keep queued ahead (counted in characters,
 # as the chunk rule counts its "bytes"): one chunk per
@@ -91,7 +91,7 @@ def use_worker_encoding_threads(num_workers: int, budget: int) -> None:
     share of the parent's `budget` (at least one thread).
 
     Each worker would otherwise start a pool as large as the whole budget, and the pools'
-    threads contend for the cores (docs/benchmarks.md, "Tokenizer calls"). The share takes
+    threads contend for the cores (measured by benchmarks/paired.py --workers 2). The share takes
     effect because the pool starts at the worker's first encoding call; where the parent had
     already encoded before forking, `tokenizers` runs each call on its calling thread instead
     (its fork guard), also no more threads than the encoding threads. With
@@ -122,7 +122,7 @@ def _positive(value: str | None) -> int:
 # fastokens keeps a cache of the words each calling thread has seen, which grows with the
 # text (+63 MB over this benchmark corpus's 210 MB, ~100 MB a thread at most), and nothing
 # but the thread's exit clears it. Every 16 MB of text bounds it near +25 MB a thread, at
-# ~10 % of fastokens' speed (it refills the cache) (docs/benchmarks.md, "Issue 22, round 6").
+# ~10 % of fastokens' speed (it refills the cache) (measured by benchmarks/memory.py).
 FASTOKENS_THREAD_TEXT = 16 << 20
 _rotate_after: int | None = None  # FASTOKENS_THREAD_TEXT once this process uses fastokens
 
@@ -156,8 +156,8 @@ def use_fastokens_encoding_threads() -> None:
     too (`needed_thread`). One thread encodes with it several times faster than the main
     thread reads and packs, and each thread that calls fastokens keeps working memory of its
     own that grows with the text it has seen: 4 threads held ~30 MB more than 1 over 3,000
-    batches of the benchmark corpus, and were no faster (docs/benchmarks.md, "Issue 22,
-    round 2: memory" and "round 6")."""
+    batches of the benchmark corpus, and were no faster (measured by benchmarks/memory.py
+    and benchmarks/paired.py --backend fastokens)."""
     global _encoding_threads, _rotate_after
     _encoding_threads = min(_encoding_threads, FASTOKENS_ENCODING_THREADS)
     # Also where fastokens has a pool of its own (`FASTOKENS_BPE_THREADS` above 1), whose

@@ -73,8 +73,8 @@ def _categories() -> str:
 # whitespace in some Unicode version or engine (U+180E was a space until Unicode 6.3), spacing
 # and enclosing marks, other numbers, enclosed letters, and blocks assigned after this Python's
 # Unicode (each library carries its own tables). Differential fuzzing found fastokens and
-# `tokenizers` disagreeing on such code points in custom `Split` patterns (docs/benchmarks.md,
-# "Issue 22, round 5"); `_classes` sets each in the contexts where a class decides the split.
+# `tokenizers` disagreeing on such code points in custom `Split` patterns (the cases are in
+# tests/test_tokenizer_backend.py); `_classes` sets each where a class decides the split.
 _SPACE_LIKE = (
     "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u180e"
     + "".join(map(chr, range(0x2000, 0x200C)))

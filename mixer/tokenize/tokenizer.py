@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 from mixer.core.errors import RecipeError
 from mixer.core.files import user_cache_dir, write_atomically
 from mixer.core.resources import FREED_MEMORY
+from mixer.core.stages import ENCODE, timed
 from mixer.core.token_info import TokenizerInfo
 from mixer.tokenize.backends import (
     Backend,
@@ -277,19 +278,21 @@ class Encoder:
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
         bos, eos = self.info.bos_id, self.info.eos_id
-        try:
-            docs = self.backend().encode_docs(texts, bos, eos)
-        except BaseException as exc:
-            docs = self._reference(exc).encode_docs(texts, bos, eos)
+        with timed(ENCODE):
+            try:
+                docs = self.backend().encode_docs(texts, bos, eos)
+            except BaseException as exc:
+                docs = self._reference(exc).encode_docs(texts, bos, eos)
         FREED_MEMORY.maybe_release()  # (mostly on an encoding thread, off the main one)
         return docs
 
     def encode_raw(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text alone: no EOS or BOS added (pieces of one document)."""
-        try:
-            return self.backend().encode_batch(texts)
-        except BaseException as exc:
-            return self._reference(exc).encode_batch(texts)
+        with timed(ENCODE):
+            try:
+                return self.backend().encode_batch(texts)
+            except BaseException as exc:
+                return self._reference(exc).encode_batch(texts)
 
     def _reference(self, exc: BaseException) -> Backend:
         """`tokenizers`, for texts fastokens raised (or panicked) on after it was verified

@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+from mixer.tools.bench_profile import cpu_s_per_batch, workers_needed
+
 
 def peak_rss_mb() -> float:
     """Peak resident memory of this process and its finished children, in MB."""
@@ -24,11 +26,15 @@ def run_bench(
     progress: bool,
     metrics_out: str | None = None,
     metrics_every: int = 1,
+    step_time: float | None = None,
 ) -> dict[str, Any]:
-    """Iterate `batches` batches and measure throughput, latency, memory and shares.
+    """Iterate `batches` batches and measure throughput, latency, memory, shares and the
+    loader's profile (`stages`, `wait`, `bottleneck`, `cpu_s_per_batch`).
 
     With `metrics_out`, append one JSON line of `loader.metrics()` every `metrics_every`
-    batches (and after the last): the log `mixer report` draws.
+    batches (and after the last): the log `mixer report` draws. With `step_time`, consume
+    like a trainer whose step takes that many seconds (sleep after each batch) and add
+    `step_time_s` and `workers_needed` (see `tools/bench_profile.py`).
     """
     from tqdm import tqdm
 
@@ -61,12 +67,15 @@ def run_bench(
                 log.step(got, loader.metrics)
             if got >= batches:
                 break
+            if step_time:
+                time.sleep(step_time)
         metrics = loader.metrics()
         if log is not None:
             log.close(got, metrics)
     elapsed = time.perf_counter() - start
     total = sum(counts.values())
     backend = loader.backend.describe() if loader.backend is not None else None
+    cpu_s = cpu_s_per_batch(metrics)
     result = {
         "batches": got,
         "num_workers": num_workers,
@@ -79,7 +88,16 @@ def run_bench(
         "share": {n: (counts[n] / total if total else 0.0) for n in names},
         "weight": _mean_targets(recipe, got),
         "skipped": metrics["skipped"],
+        "stages": metrics["stages"],
+        "wait": metrics["wait"],
+        "bottleneck": metrics["bottleneck"],
+        "cpu_s_per_batch": cpu_s,
     }
+    if step_time is not None:
+        result.update(
+            step_time_s=step_time,
+            workers_needed=workers_needed(cpu_s, step_time, recipe.lanes),
+        )
     if recipe.images is not None:
         result.update(
             images=images,

@@ -32,6 +32,7 @@ def inspect_recipe(recipe: Recipe, *, training_tokens: int = 10**9) -> dict[str,
     encoder = Encoder(info)
     for i, (src, weight, table) in enumerate(zip(recipe.sources, recipe.weights, tables)):
         samples = sample_source(recipe, i, table, encoder)
+        errors = [e for s in samples for e in s.errors]
         sample = summarize(samples, layout, encoder, src.name)
         known = [s.records for s in table.splits]
         if all(n >= 0 for n in known):
@@ -59,6 +60,8 @@ def inspect_recipe(recipe: Recipe, *, training_tokens: int = 10**9) -> dict[str,
                 "lanes_without_documents": lanes_without_documents(recipe, table, samples),
                 "worst_resume_bytes": max(compressed, default=0),
                 "skipped_at_listing": len(table.skipped),
+                "skipped_in_sample": len(errors),
+                "first_skipped": str(errors[0]) if errors else None,
             }
         )
         if recipe.images is not None:

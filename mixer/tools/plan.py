@@ -37,6 +37,8 @@ class SourceSize:
     read_amplification: float = 1.0
     compressed_split_bytes: int = 0  # largest split with no access points (0: none)
     lanes_without_documents: int = 0  # lanes that get none of it in an epoch (striped, few docs)
+    skipped_in_sample: int = 0  # bad input met by inspect's sample (on_error: skip)
+    first_skipped: str | None = None  # the first of them, in words
 
 
 def simulate(recipe: Recipe, sizes: dict[str, SourceSize], total: int) -> dict[str, Any]:
@@ -261,6 +263,12 @@ def _source_warnings(
             "weight and this plan overstates it: give it at least as many "
             "files as lanes"
         )
+    if size.skipped_in_sample:
+        out.append(
+            f"source {src.name!r}: {size.skipped_in_sample} bad input(s) in inspect's "
+            f"sample, skipped (on_error: skip) and left out of its size; the first: "
+            f"{size.first_skipped}"
+        )
     return out
 
 
@@ -278,6 +286,8 @@ def measure(recipe: Recipe) -> dict[str, SourceSize]:
             read_amplification=row["read_amplification"],
             compressed_split_bytes=row["worst_resume_bytes"],
             lanes_without_documents=row["lanes_without_documents"],
+            skipped_in_sample=row["skipped_in_sample"],
+            first_skipped=row["first_skipped"],
         )
         for row in rows
     }

@@ -18,9 +18,12 @@ from typing import Any
 
 from mixer.config.recipe import Recipe
 from mixer.core.document import Document
+from mixer.core.errors import MISSING_TEXT_FIELD, DataError
+from mixer.images.video import VideoPlan
 from mixer.pipeline.batch import BatchLayout
 from mixer.pipeline.slices import stripe
 from mixer.sources import FORMATS, SourceTable, Storage, read_split
+from mixer.sources.boundary import probe_ratio
 from mixer.tokenize import Encoder
 
 SAMPLE_DOCS = 256  # documents read of a source, shared out over its sampled splits
@@ -41,6 +44,7 @@ class SplitSample:
     exhausted: bool = True  # read to its end
     holds: float = 0.0  # documents in the whole split (count or estimate)
     size: int = 0  # stored bytes
+    errors: list[DataError] = field(default_factory=list)  # bad input skipped (on_error: skip)
 
     @property
     def count(self) -> int:
@@ -57,12 +61,22 @@ def sampled_splits(count: int, most: int = SAMPLE_SPLITS) -> list[int]:
 def sample_source(
     recipe: Recipe, index: int, table: SourceTable, encoder: Encoder
 ) -> list[SplitSample]:
-    """The first documents of each sampled split of source `index`."""
+    """The first documents of each sampled split of source `index`.
+
+    Bad input met while sampling (a record, or a compressed file whose head does not
+    decode) raises its `DataError`, as reading would; under `on_error: skip` it is kept in
+    the sample's `errors` instead."""
     src = recipe.sources[index]
     storage = Storage(src.name, src.storage_options)
     chosen = sampled_splits(len(table.splits))
     per_split = -(-SAMPLE_DOCS // max(len(chosen), 1))
     ratios: dict[str, float] = {}  # decompressed per stored byte, measured once a format
+
+    def bad(sample: SplitSample, error: DataError) -> None:
+        if src.on_error == "raise" and not _missing_field(error):
+            raise error
+        sample.errors.append(error)
+
     samples = []
     for at in chosen:
         split = table.splits[at]
@@ -90,8 +104,10 @@ def sample_source(
                 sample.files.append(entry.url)
             elif record.tokens is not None:
                 sample.stored.append(len(record.tokens))
-            else:
-                continue  # a bad record: not a document
+            else:  # a bad record: not a document
+                if record.error is not None:
+                    bad(sample, record.error)
+                continue
             sample.documents.append(record.index)
         if split.records >= 0:
             sample.holds = float(split.records)
@@ -100,7 +116,10 @@ def sample_source(
             ratio = None
             if fmt.compression and not sample.exhausted and split.dend < 0:
                 if entry.format not in ratios:
-                    ratios[entry.format] = fmt.compression_ratio(storage, entry)
+                    ratio, damage = probe_ratio(fmt, storage=storage, entry=entry, source=src.name)
+                    if damage is not None:
+                        bad(sample, damage)
+                    ratios[entry.format] = ratio
                 ratio = ratios[entry.format]
             per_byte = fmt.docs_per_byte(
                 storage,
@@ -112,7 +131,68 @@ def sample_source(
             )
             sample.holds = per_byte * sample.size
         samples.append(sample)
+    check_text_field(recipe, index, samples)
     return samples
+
+
+def first_records(
+    recipe: Recipe, index: int, table: SourceTable, encoder: Encoder, most: int = 8
+) -> list[SplitSample]:
+    """The first `most` records of source `index`'s first split (cheap to read), checked as
+    `sample_source` checks its sample: a text field that none of them has is refused."""
+    src = recipe.sources[index]
+    if not table.splits:
+        return []
+    split, entry = table.splits[0], table.files[table.splits[0].file]
+    sample = SplitSample(0, size=split.end - split.start or entry.size)
+    records = read_split(
+        storage=Storage(src.name, src.storage_options),
+        entry=entry,
+        split=split,
+        source=src.name,
+        text_field=src.chosen_text_field,
+        max_bytes=recipe.max_document_bytes,
+        index=0,
+        offset=0,
+        tokenizer=encoder.info,
+    )
+    try:
+        for record in itertools.islice(records, most):
+            if record.error is not None:
+                sample.errors.append(record.error)
+            elif record.text is not None or record.tokens is not None:
+                sample.documents.append(record.index)
+    finally:
+        records.close()
+    check_text_field(recipe, index, [sample])
+    return [sample]
+
+
+def _missing_field(error: DataError) -> bool:
+    return error.reason == "bad_text" and error.message.startswith(MISSING_TEXT_FIELD)
+
+
+def check_text_field(recipe: Recipe, index: int, samples: list[SplitSample]) -> None:
+    """Raise a `DataError` when the records read of source `index` are there but none has
+    its text field (whatever `on_error` says: skipping every record is no data); it names
+    the field and the keys or columns the records have. A record without it among others
+    that have it is bad input like any other (raised, or skipped and counted)."""
+    errors = [e for s in samples for e in s.errors]
+    if any(s.count for s in samples) or not errors or not all(map(_missing_field, errors)):
+        src = recipe.sources[index]
+        if src.on_error == "raise":
+            missing = next((e for e in errors if _missing_field(e)), None)
+            if missing is not None:
+                raise missing
+        return
+    first = errors[0]
+    raise DataError(
+        f"no record read has the text field (sources[{index}].text_field): {first.message}",
+        source=first.source,
+        file=first.file,
+        location=first.location,
+        reason="bad_text",
+    )
 
 
 def summarize(
@@ -180,7 +260,7 @@ def lanes_without_documents(recipe: Recipe, table: SourceTable, samples: list[Sp
     )
 
 
-def _build(builder: Any, texts: list[str], images: list, files: list[str]) -> dict[str, float]:
+def _build(builder: Any, texts: list[str], images: list, files: list[str]) -> dict[str, int]:
     """Sequence tokens, images and image tokens (the placeholders, as `preview` shows them:
     qwen2_vl's `<|vision_start|>`/`<|vision_end|>` count only as sequence tokens) of sampled
     records under an image layout's document `builder`, and how many became no document
@@ -205,9 +285,8 @@ def _build(builder: Any, texts: list[str], images: list, files: list[str]) -> di
             out["tokens"] += doc.cost
             for placement in doc.images:
                 handle = placement.image
-                kind = getattr(handle, "kind", "image")
-                out[f"{kind}s"] += 1
-                out[f"{kind}_tokens"] += handle.plan.tokens
-                if kind == "video":
+                out[f"{handle.kind}s"] += 1
+                out[f"{handle.kind}_tokens"] += handle.plan.tokens
+                if isinstance(handle.plan, VideoPlan):
                     out["video_frames"] += handle.plan.frames
     return out

@@ -10,7 +10,7 @@ from typing import IO
 import orjson
 import zstandard
 
-from mixer.core.errors import DataError
+from mixer.core.errors import DataError, missing_text_field
 from mixer.core.records import FileEntry, Record, Split
 from mixer.sources.formats import deep_json
 from mixer.sources.formats.gzip_stream import GzipStream
@@ -94,7 +94,7 @@ def _parse_with_json(line: bytes, text_field: str) -> str:
     text = obj.get(text_field)
     if not isinstance(text, str):
         if text_field not in obj:
-            raise _BadLine(f"missing text field {text_field!r}", "bad_text")
+            raise _BadLine(missing_text_field(text_field, list(obj), "keys"), "bad_text")
         raise _BadLine(
             f"text field {text_field!r} is {type(text).__name__}, not a string", "bad_text"
         )

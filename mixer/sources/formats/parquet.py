@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mixer.core.errors import DataError
+from mixer.core.errors import DataError, missing_text_field
 from mixer.core.records import FileEntry, Record, Split
 
 _ROWS = 64  # rows decoded at a time
@@ -50,7 +50,7 @@ def read_parquet(
         )
     finally:
         # pyarrow's default pool (mimalloc) keeps the pages a closed reader freed: 27 MB of
-        # a num_workers 0 process on the benchmark corpus (docs/benchmarks.md); ~10 µs.
+        # a num_workers 0 process on the benchmark corpus (benchmarks/memory.py); ~10 µs.
         pa.default_memory_pool().release_unused()
 
 
@@ -66,9 +66,11 @@ def _read_group(
 ) -> Iterator[Record]:
     with storage.open(entry) as f:
         row = 0
+        columns: list[str] = []
         try:
             pf = pq.ParquetFile(f)
-            if text_field not in pf.schema_arrow.names:
+            columns = list(pf.schema_arrow.names)
+            if text_field not in columns:
                 raise KeyError(text_field)
             batches = pf.iter_batches(
                 batch_size=_ROWS, row_groups=[group], columns=[text_field], use_threads=False
@@ -87,7 +89,7 @@ def _read_group(
                     yield _record(value, at, source, text_field, max_bytes, entry, group)
         except KeyError:
             err = DataError(
-                f"missing text field {text_field!r} (columns: {', '.join(pf.schema_arrow.names)})",
+                missing_text_field(text_field, columns, "columns"),
                 source=source,
                 file=entry.url,
                 location=f"row group {group}",

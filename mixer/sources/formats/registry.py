@@ -82,31 +82,50 @@ class Format:
             ratio = (split.dend - split.dstart) / max(split.end - split.start, 1)
             return docs / max(end_offset - split.dstart, 1) * ratio
         if ratio is None:
-            ratio = self.compression_ratio(storage, entry)
+            ratio, _ = self.compression_ratio(storage, entry)
         return docs / max(end_offset, 1) * ratio
 
-    def compression_ratio(self, storage: Storage, entry: FileEntry, probe: int = 1 << 20) -> float:
-        """Decompressed bytes per stored byte, measured on the file's first `probe` bytes."""
+    def compression_ratio(
+        self, storage: Storage, entry: FileEntry, probe: int = 1 << 20
+    ) -> tuple[float, int | None]:
+        """Decompressed bytes per stored byte, measured on the file's first `probe` bytes,
+        and the stored byte offset where the data stopped decoding (None: it decoded). A
+        damaged head's ratio is that of the bytes before the damage."""
         if self.compression is None:
-            return 1.0
+            return 1.0, None
         with storage.open(entry) as f:
             head = f.read(probe)
         cap = 64 * probe  # a bomb's probe must not decompress to gigabytes
+        piece = 16 << 10  # the damage is located to within one piece
+        out = used = 0
+        damaged: int | None = None
         if self.compression == "gzip":
             inflate = zlib.decompressobj(wbits=47)
-            out = len(inflate.decompress(head, cap))
-            used = len(head) - len(inflate.unconsumed_tail)
+            try:
+                for start in range(0, len(head), piece):
+                    out += len(inflate.decompress(head[start : start + piece], cap - out))
+                    used = min(start + piece, len(head)) - len(inflate.unconsumed_tail)
+                    if inflate.unconsumed_tail or out >= cap:
+                        break
+            except zlib.error:
+                damaged = used
         else:
             source = io.BytesIO(head)
             reader = zstandard.ZstdDecompressor().stream_reader(
-                source, read_size=16 << 10, read_across_frames=True
+                source, read_size=piece, read_across_frames=True
             )
             try:
-                out = len(reader.read(cap))
-            except zstandard.ZstdError:  # a damaged head: reading it reports the damage
-                out = 0
-            used = source.tell() or len(head)  # (to within one read_size)
-        return out / max(used, 1)
+                while out < cap:
+                    chunk = reader.read(min(piece * 4, cap - out))
+                    if not chunk:
+                        break
+                    out += len(chunk)
+                    used = source.tell()  # (to within one read_size)
+            except zstandard.ZstdError:
+                damaged = used
+            if damaged is None:
+                used = source.tell() or len(head)
+        return out / max(used, 1), damaged
 
 
 def byte_ranges(req: SplitRequest) -> list[Split]:

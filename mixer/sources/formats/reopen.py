@@ -25,7 +25,7 @@ from mixer.core.resources import OpenLimit
 log = logging.getLogger(__name__)
 
 # A suspended reader costs one decompression of the file's start again, so the limit is a
-# trade between memory and that CPU (docs/benchmarks.md): past 4 open, readers cheap to
+# trade between memory and that CPU (benchmarks/memory.py): past 4 open, readers cheap to
 # reopen (near their file's start, `RebuildBudget.cheap`) are suspended; past 8, any; both
 # within `REBUILD_BUDGET`. 8 is enough for a process reading a few large whole compressed
 # sources in each of its lanes (8 lanes on 2 ranks, 2 such sources: 8 open, none reopened;

@@ -4,8 +4,9 @@ Members whose names share a key (the path up to the first dot of the basename, w
 `base_plus_ext` rule) and follow each other form a sample. Its images are the members with
 suffix `jpg`, `jpeg`, `png` or `webp`, or `<n>.<ext>` for several (ordered by n; unnumbered
 ones come first); its videos those with suffix `mp4`, `webm`, `mkv`, `mov` or `avi` (or
-`<n>.<ext>`, alike), after the images in the record's `images` as `EncodedVideo`s. Both are
-passed on as stored bytes, never decoded here. Its text is chosen
+`<n>.<ext>`, alike), after the images in the record's `images` as `EncodedVideo`s; its audio
+clips those with suffix `wav`, `flac`, `mp3`, `ogg` or `opus` (alike), after the videos as
+`EncodedAudio`s. All are passed on as stored bytes, never decoded here. Its text is chosen
 by `text_field`:
 
 - `txt` (the format's default): the `txt` member, else the `txt` key of the `json` member;
@@ -32,7 +33,7 @@ from collections.abc import Iterator
 from typing import IO
 
 from mixer.core.errors import DataError
-from mixer.core.records import EncodedImage, EncodedVideo, FileEntry, Record, Split
+from mixer.core.records import EncodedAudio, EncodedImage, EncodedVideo, FileEntry, Record, Split
 from mixer.sources.formats import deep_json
 from mixer.sources.formats.tar import Broken, members
 
@@ -40,6 +41,13 @@ _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators.bas
 _META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
 _IMAGE = re.compile(r"(?:([0-9]+)\.)?(?:jpg|jpeg|png|webp)")
 _VIDEO = re.compile(r"(?:([0-9]+)\.)?(?:mp4|webm|mkv|mov|avi)")
+_AUDIO = re.compile(r"(?:([0-9]+)\.)?(?:wav|flac|mp3|ogg|opus)")
+# Media members: (pattern, what, record type), in the order a record's `images` holds them.
+_MEDIA = (
+    (_IMAGE, "image", EncodedImage),
+    (_VIDEO, "video", EncodedVideo),
+    (_AUDIO, "audio", EncodedAudio),
+)
 
 
 class _Sample:
@@ -234,11 +242,8 @@ def read_webdataset(
                 sample.suffixes.add(suffix)
                 if sample.error is not None:
                     continue
-                image = _IMAGE.fullmatch(suffix)
-                video = None if image is not None else _VIDEO.fullmatch(suffix)
-                medium = image or video
+                kind, medium, what, made = _medium(suffix)
                 if medium is not None:
-                    kind, what = (0, "image") if image is not None else (1, "video")
                     if size == 0:
                         sample.fail(f"empty {what} member (0 bytes)", name, at, f"bad_{what}")
                     elif size > max_bytes:
@@ -251,7 +256,6 @@ def read_webdataset(
                         )
                     elif _within(sample, size, max_bytes, name, at):
                         order = (kind, int(medium.group(1)) if medium.group(1) else -1)
-                        made = EncodedImage if image is not None else EncodedVideo
                         sample.images.append((order, made(_read(f, size, name, at), name, at)))
                 elif suffix in wanted:
                     if size > max_bytes:
@@ -273,6 +277,15 @@ def read_webdataset(
         yield _record(
             sample, entry=entry, source=source, text_field=text_field, max_bytes=max_bytes
         )
+
+
+def _medium(suffix: str) -> tuple[int, re.Match[str] | None, str, type[EncodedImage]]:
+    """(kind, match, what, record type) of a media member's suffix; match None: no medium."""
+    for kind, (pattern, what, made) in enumerate(_MEDIA):
+        match = pattern.fullmatch(suffix)
+        if match is not None:
+            return kind, match, what, made
+    return 0, None, "", EncodedImage
 
 
 def _within(sample: _Sample, size: int, max_bytes: int, name: str, at: int) -> bool:

@@ -1,11 +1,14 @@
-"""`mixer bench`: throughput, time to first batch, peak RSS and shares of a recipe."""
+"""`mixer bench`: throughput, time to first batch, peak RSS, shares of a recipe, and where the
+loader's time goes (the stage table and the bottleneck's verdict)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from mixer.tools.bench import run_bench
+from mixer.tools.bench_profile import STAGE_COLUMNS, stage_rows, verdict
 from mixer.tools.cli.args import WORKERS, count, output_file
 from mixer.tools.cli.common import load
 from mixer.tools.tables import format_table
@@ -19,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.json and not args.no_progress,
         metrics_out=args.metrics_out,
         metrics_every=args.metrics_every,
+        step_time=args.step_time,
     )
     if args.json:
         print(json.dumps(result, indent=2))
@@ -59,6 +63,16 @@ def run(args: argparse.Namespace) -> int:
         for n in result["share"]
     ]
     print(format_table(rows, columns))
+    print()
+    print(format_table(stage_rows(result), STAGE_COLUMNS))
+    wait = result["wait"]
+    print(
+        f"waited {wait['wait_s']:.3f} s over {wait['batches']} batches after the first "
+        f"({wait['share']:.1%} of the time; p50 {wait['p50_ms']:.2f} ms, p99 "
+        f"{wait['p99_ms']:.2f} ms; first batch {wait['first_s']:.3f} s); "
+        f"{result['cpu_s_per_batch'] or 0:.4f} CPU s per batch"
+    )
+    print(verdict(result, result.get("workers_needed"), sized=args.step_time is not None))
     return 0
 
 
@@ -94,4 +108,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="K",
         help="log every K batches (default 1)",
     )
+    p.add_argument(
+        "--step-time",
+        type=step_seconds,
+        metavar="S",
+        help="consume like a trainer whose step takes S seconds (sleep S after each batch); "
+        "reports the wait and workers_needed at that step time",
+    )
     p.set_defaults(func=run)
+
+
+def step_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--step-time must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"--step-time must be a finite number of seconds >= 0, got {text!r}"
+        )
+    return value

@@ -12,11 +12,12 @@ def load(path: str) -> Any:
     return load_recipe(path)
 
 
-def backend_line(recipe: Any, info: Any) -> tuple[str, list[Any]]:
+def backend_line(recipe: Any, info: Any) -> tuple[str, list[Any], list[Any] | None]:
     """`tokenizer backend: ...` as build_loader would choose it (and caching the verdict
-    where build_loader looks for it), and the `DataError` of every source that could not be
-    listed (none where all could). Sources that cannot be listed (files not there yet) leave
-    the stress text alone to check, which the line says."""
+    where build_loader looks for it), the `DataError` of every source that could not be
+    listed (none where all could), and the sources' tables (None unless all could). Sources
+    that cannot be listed (files not there yet) leave the stress text alone to check, which
+    the line says."""
     from mixer.cache.store import tokenizer_info_dir
     from mixer.core.errors import DataError
     from mixer.sources import list_source
@@ -34,4 +35,4 @@ def backend_line(recipe: Any, info: Any) -> tuple[str, list[Any]]:
             except DataError as exc:
                 problems.append(exc)
     choice = resolve_backend(recipe, info, tables, info_cache=tokenizer_info_dir(recipe))
-    return f"tokenizer backend: {choice.describe()}", problems
+    return f"tokenizer backend: {choice.describe()}", problems, tables

@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
                 ("read_amplification", "read amp."),
                 ("worst_resume_bytes", "worst resume B"),
                 ("skipped_at_listing", "skipped"),
+                ("skipped_in_sample", "bad in sample"),
             ],
         )
     )
@@ -52,6 +53,12 @@ def run(args: argparse.Namespace) -> int:
                 f"lanes sharing it: {row['lanes_without_documents']} of {report['lanes']} "
                 "lanes get none of it, so it gets less than its weight (give it at least as "
                 "many files as lanes)"
+            )
+        if row["skipped_in_sample"]:
+            print(
+                f"warning: source {row['name']!r}: {row['skipped_in_sample']} bad input(s) in "
+                f"the sample, skipped (on_error: skip) and left out of its estimates; the "
+                f"first: {row['first_skipped']}"
             )
         if row["worst_resume_bytes"]:
             print(

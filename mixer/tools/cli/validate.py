@@ -2,7 +2,8 @@
 
 A source whose path matches no files is a warning, not an error: a recipe can be checked
 before its data exists (`mixer inspect` and the loader refuse it). A file that is there but
-cannot be used (empty, unreadable) is an error, as in `inspect`."""
+cannot be used (empty, unreadable) is an error, as in `inspect`, and so is a text field that
+none of the first records of a source's first split has (the only records read)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,18 @@ from mixer.tools.cli.common import backend_line, load
 def run(args: argparse.Namespace) -> int:
     from mixer.images.select import layout_for
     from mixer.sources.listing import NO_FILES
-    from mixer.tokenize import resolve_tokenizer
+    from mixer.tokenize import Encoder, resolve_tokenizer
+    from mixer.tools.sampling import first_records
 
     recipe = load(args.recipe)
     info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
     layout_for(recipe, info)  # an image layout checks that the tokenizer has its tokens
-    backend, problems = backend_line(recipe, info)
+    backend, problems, tables = backend_line(recipe, info)
     for problem in problems:
         if problem.message != NO_FILES:
             raise problem
+    for index, table in enumerate(tables or []):
+        first_records(recipe, index, table, Encoder(info))
     print(
         f"ok: {len(recipe.sources)} source(s), seq_len {recipe.seq_len}, "
         f"batch_size {recipe.batch_size}, lanes {recipe.lanes}"

@@ -1,6 +1,5 @@
-"""Hostile inputs, round 3 (issue 20): a huge single-line document in every text format, a
-zstd bomb, thousands of one-record shards, an elongated image, webdataset sources without a
-usable sample, `load_state_dict` while iterating, `set_weights` onto a spent source.
+"""Oversized and hostile inputs cost bounded memory and fail by name: a huge single-line
+document in every text format, a zstd bomb, an elongated image.
 
 Memory is measured in one child process (this file run as a script): per case, the peak
 resident size above the size before it (the peak is reset between cases through
@@ -13,31 +12,23 @@ import gzip
 import io
 import itertools
 import json
-import logging
 import os
 import resource
 import subprocess
 import sys
 import tarfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import pytest
 import zstandard
-from deadline import deadline
 from helpers import (
-    batch_digest,
-    corpus,
     doc_text,
-    expected_counts,
     make_tokenizer,
     token_counts,
     word_id,
-    write_docs,
 )
 from image_data import make_vlm_tokenizer
 from PIL import Image
@@ -393,7 +384,7 @@ def measured(tmp_path_factory) -> dict[str, dict]:
     return measure_in_children(_cases(tmp_path_factory.mktemp("big")))
 
 
-# -- 1. a huge single-line document in every text format -------------------------------------
+# -- a huge single-line document in every text format -------------------------------------
 
 STREAMED = ["jsonl", "gz", "zst", "text", "wds_txt", "wds_json", "bomb"]
 LOCATIONS = {
@@ -468,7 +459,7 @@ def test_zstd_jsonl_holds_little_however_well_it_compresses(measured, case):
     assert measured[case]["growth"] < 40 * MB, measured[case]
 
 
-# -- 2. a zstd bomb ------------------------------------------------------------------------------
+# -- a zstd bomb ------------------------------------------------------------------------------
 
 
 def test_a_zstd_bomb_costs_the_time_of_decompressing_it_not_more(measured):
@@ -515,70 +506,7 @@ def test_zstd_stream_decompresses_as_zstandard_and_refuses_truncated_files(case)
             assert stream.read() == (b"" if case == "empty" else payload)
 
 
-# -- 3. thousands of one-record shards ---------------------------------------------------------
-
-
-def _descriptors(pid: int | str = "self") -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-@pytest.fixture(scope="module")
-def many_shards(tmp_path_factory) -> tuple[Path, list[tuple[int, int]]]:
-    folder = tmp_path_factory.mktemp("many")
-    (folder / "j").mkdir()
-    (folder / "t").mkdir()
-    docs = [(d, 1 + d % 3) for d in range(8000)]
-    for d, n in docs[:5000]:
-        (folder / "j" / f"{d:05d}.jsonl").write_text(json.dumps({"text": doc_text(d, n)}) + "\n")
-    for d, n in docs[5000:]:
-        with tarfile.open(folder / "t" / f"{d:05d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
-            data = doc_text(d, n).encode()
-            info = tarfile.TarInfo(f"s{d}.txt")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    make_tokenizer(folder / "tokenizer.json")
-    return folder, docs
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_thousands_of_shards_start_fast_and_leak_no_descriptor(many_shards, workers):
-    folder, docs = many_shards
-    recipe = {
-        "tokenizer": str(folder / "tokenizer.json"),
-        "seq_len": 16,
-        "batch_size": 4,
-        "lanes": 8,
-        "sources": [
-            {
-                "name": "many",
-                "weight": 1,
-                "epochs": 1,
-                "path": [str(folder / "j" / "*.jsonl"), str(folder / "t" / "*.tar")],
-            }
-        ],
-    }
-    before = _descriptors()
-    start = time.monotonic()
-    loader = mixer.build_loader(recipe, num_workers=workers)
-    batches = iter(loader)
-    got = [next(batches)]
-    assert time.monotonic() - start < 15  # listing every shard, and the first batch
-    opened = [_descriptors()]
-    children = []
-    for batch in batches:
-        got.append(batch)
-        if len(got) % 50 == 0:
-            opened.append(_descriptors())
-            children += [_descriptors(p.pid) for p in psutil.Process().children()]
-    loader.close()
-    assert token_counts(got) == expected_counts(docs)
-    # A DataLoader's pipes and queues, nothing per shard (each worker opens its shards in turn)
-    assert max(opened) - before <= 16, opened
-    assert max(children, default=0) <= 32, children
-    assert _descriptors() == before
-
-
-# -- 4. an elongated image ------------------------------------------------------------------------
+# -- an elongated image ------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -652,212 +580,6 @@ def test_the_crop_of_an_elongated_image_is_the_whole_resizes_crop(size):
     got = processing.pixels(image, processing.plan(w, h))
     levels = np.abs(got - want) * np.array(processing.settings.image_std)[:, None, None] * 255
     assert got.shape == (3, 336, 336) and levels.max() < 1.01  # float32 box: a level at most
-
-
-# -- 5. webdataset sources without a usable sample ------------------------------------------
-
-
-def _tars(folder: Path, members: list[tuple[str, bytes]]) -> Path:
-    folder.mkdir()
-    for k in range(3):
-        with tarfile.open(folder / f"{k}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
-            for j in range(2):
-                for name, data in members:
-                    info = tarfile.TarInfo(name.format(f"{k}_{j}"))
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-    return folder / "*.tar"
-
-
-HOLLOW = {  # members of every sample; images block; what on_error: raise names
-    "bad UTF-8": ([("s{}.txt", b"\xff\xfe")], None, "not valid UTF-8"),
-    "no text": ([("s{}.png", b"png"), ("s{}.cls", b"1")], "qwen2_vl", "sample without text"),
-    "json without the field": ([("s{}.json", b'{"other": 1}')], None, "sample without text"),
-    "images without an images block": (
-        [("s{}.png", b"png"), ("s{}.txt", b"w1")],
-        None,
-        "no `images:` block",
-    ),
-    "corrupt images": (
-        [("s{}.png", b"\x89PNG\r\n\x1a\n" + b"\0" * 40), ("s{}.txt", b"w1")],
-        "llava",
-        "image",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", list(HOLLOW))
-@pytest.mark.parametrize("on_error", ["skip", "raise"])
-def test_an_unlimited_webdataset_source_without_a_usable_sample_is_an_error_not_a_hang(
-    tmp_path, vlm, case, on_error
-):
-    members, layout, words = HOLLOW[case]
-    write_docs(tmp_path / "good.jsonl", corpus(0, 20), "jsonl")
-    recipe = {
-        "tokenizer": str(vlm),
-        "seq_len": 64,
-        "batch_size": 1,
-        "lanes": 2,
-        "sources": [
-            {"name": "good", "path": str(tmp_path / "good.jsonl"), "weight": 1},
-            {
-                "name": "hollow",
-                "path": str(_tars(tmp_path / "w", members)),
-                "weight": 1,
-                "on_error": on_error,
-            },
-        ],
-    }
-    if layout is not None:
-        recipe["images"] = IMAGE_LAYOUTS[layout]
-    expected = "yields no document" if on_error == "skip" else words
-    workers = 2 if case == "no text" else 0
-    with deadline(60), pytest.raises(mixer.DataError, match=expected) as err:
-        for _ in mixer.build_loader(recipe, num_workers=workers):
-            pass
-    assert err.value.source == "hollow"
-
-
-# -- 6. load_state_dict while iterating --------------------------------------------------------
-
-
-@pytest.fixture
-def text_recipe(tmp_path, tokenizer_path) -> dict:
-    write_docs(tmp_path / "a.jsonl", corpus(0, 300), "jsonl")
-    write_docs(tmp_path / "b.jsonl", corpus(1000, 100, min_len=5, max_len=60), "jsonl")
-    return {
-        "tokenizer": str(tokenizer_path),
-        "seq_len": 8,
-        "batch_size": 2,
-        "lanes": 2,
-        "sources": [
-            {"name": "a", "path": str(tmp_path / "a.jsonl"), "weight": 2},
-            {"name": "b", "path": str(tmp_path / "b.jsonl"), "weight": 1},
-        ],
-    }
-
-
-def _digests(batches) -> list[str]:
-    return [batch_digest(b) for b in batches]
-
-
-def _state_after(recipe: dict, batches: int) -> dict:
-    loader = mixer.build_loader(recipe)
-    for _ in itertools.islice(loader, batches):
-        pass
-    return loader.state_dict()
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_load_state_dict_while_iterating_continues_from_the_loaded_state(text_recipe, workers):
-    reference = _digests(itertools.islice(mixer.build_loader(text_recipe), 30))
-    loader = mixer.build_loader(text_recipe, num_workers=workers)
-    batches = iter(loader)
-    got = _digests(itertools.islice(batches, 3))
-    earlier = loader.state_dict()
-    got += _digests(itertools.islice(batches, 4))
-    loader.load_state_dict(earlier)  # the same iterator goes back
-    got += _digests(itertools.islice(batches, 5))
-    loader.load_state_dict(_state_after(text_recipe, 20))  # and forward
-    got += _digests(itertools.islice(batches, 5))
-    assert got == reference[:7] + reference[3:8] + reference[20:25]
-    assert loader.state_dict() == _state_after(text_recipe, 25)
-
-
-def test_load_state_dict_inside_a_for_loop_and_after_the_end(text_recipe):
-    finite = {**text_recipe, "sources": [{**s, "epochs": 1} for s in text_recipe["sources"]]}
-    reference = _digests(mixer.build_loader(finite))
-    loader = mixer.build_loader(finite)
-    got: list[str] = []
-    saved, loaded = None, False
-    for batch in loader:
-        got.append(batch_digest(batch))
-        if len(got) == 4:
-            saved = loader.state_dict()
-        if len(got) == 9 and not loaded:
-            loader.load_state_dict(saved)
-            loaded = True
-    assert got == reference[:9] + reference[4:]
-    loader.load_state_dict(saved)  # the stream ended: a new iteration from the state
-    assert _digests(loader) == reference[4:]
-
-
-# -- 7. set_weights onto a spent source in a finite run ---------------------------------------
-
-
-@pytest.fixture
-def finite_recipe(tmp_path, tokenizer_path) -> tuple[dict, dict]:
-    docs = {
-        "prose": corpus(0, 120, max_len=20),
-        "code": corpus(1000, 40, max_len=30, seed=1),
-        "web": corpus(2000, 30, max_len=6, seed=2),
-    }
-    for name, items in docs.items():
-        for part in range(2):
-            write_docs(tmp_path / name / f"{part}.jsonl", items[part::2], "jsonl")
-    recipe = {
-        "tokenizer": str(tokenizer_path),
-        "seq_len": 8,
-        "batch_size": 2,
-        "lanes": 4,
-        "sources": [
-            {"name": n, "path": str(tmp_path / n / "*.jsonl"), "weight": w, "epochs": 1}
-            for n, w in (("prose", 0.5), ("code", 0.2), ("web", 0.3))
-        ],
-    }
-    return recipe, docs
-
-
-def _run_spending_web(recipe: dict, weights: dict, workers: int) -> tuple[list, int, dict]:
-    """Batches of a run that calls set_weights once `web` has run out in every lane; the
-    number handed out before the call, and the state right after it."""
-    loader = mixer.build_loader(recipe, num_workers=workers)
-    batches = iter(loader)
-    out: list = []
-    for batch in batches:
-        out.append(batch)
-        if loader.metrics()["epochs"]["web"] >= 1:
-            break
-    loader.set_weights(weights)
-    state = json.loads(json.dumps(loader.state_dict()))
-    calls = len(out)
-    with deadline(30):
-        out += list(itertools.islice(batches, 10_000))
-    return out, calls, state
-
-
-@pytest.mark.parametrize("weights", [{"web": 1}, {"web": 1, "prose": 1}])
-def test_set_weights_onto_a_spent_source_is_exact_and_loses_no_batch(
-    finite_recipe, weights, caplog
-):
-    recipe, docs = finite_recipe
-    plain = _digests(mixer.build_loader(recipe))
-    with caplog.at_level(logging.WARNING, logger="mixer.runtime.loader"):
-        runs = {w: _run_spending_web(recipe, weights, w) for w in (0, 2)}
-    left = [r.getMessage() for r in caplog.records if "documents left" in r.getMessage()]
-    (out, calls, state), (out2, _, _) = runs[0], runs[2]
-    assert _digests(out) == _digests(out2)  # worker-count independent
-    assert _digests(out[:calls]) == plain[:calls]  # nothing before the call changed
-    resumed = mixer.build_loader(recipe)
-    resumed.load_state_dict(state)
-    assert _digests(resumed) == _digests(out[calls:])  # the state holds the call
-    counts = token_counts(out)
-    if "prose" in weights:
-        # the spent source drops out, the named one is delivered exactly once, the rest stops
-        wanted = expected_counts(docs["prose"])
-        assert all(counts[t] == n for t, n in wanted.items() if t != 0)
-    else:
-        assert len(out) == calls  # nothing can be drawn: the run ends
-    assert len(left) == 2 and "code" in left[0]  # once per run, naming what is left
-    assert ("prose" in left[0]) == ("prose" not in weights)
-
-
-def test_a_finite_run_that_ends_normally_warns_of_nothing(finite_recipe, caplog):
-    recipe, docs = finite_recipe
-    with caplog.at_level(logging.WARNING, logger="mixer.runtime.loader"):
-        got = list(mixer.build_loader(recipe))
-    assert token_counts(got) == sum((expected_counts(d) for d in docs.values()), Counter())
-    assert not [r for r in caplog.records if r.name == "mixer.runtime.loader"]
 
 
 if __name__ == "__main__":
