@@ -20,7 +20,7 @@ from helpers import batch_digest, corpus, make_tokenizer, write_docs  # noqa: E4
 import mixer  # noqa: E402
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
