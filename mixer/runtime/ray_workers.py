@@ -38,9 +38,9 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -181,7 +181,7 @@ class LaneActor:
 
     def stop(self) -> None:
         if self._batches is not None:
-            self._batches.close()  # closes the lanes' readers
+            cast(Generator, self._batches).close()  # closes the lanes' readers
             self._batches = None
 
 
