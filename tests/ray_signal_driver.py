@@ -15,7 +15,7 @@ recipe = json.loads(sys.argv[1])
 loader = mixer.build_loader(recipe, workers=mixer.RayWorkers(actors=2, cpus_per_actor=0.5))
 try:
     n = 0
-    for batch in loader:
+    for _batch in loader:
         n += 1
         if n == 4:
             assert loader._pool is not None
