@@ -1,8 +1,9 @@
 """A signal to the whole process group of a driver using Ray actors (what a batch scheduler
 sends to every process of a job step, or a terminal's Ctrl-C) ends it quietly: SIGTERM with
 status 143 (-15 here), SIGINT as a KeyboardInterrupt the driver's loop catches, no traceback
-from the actors' death, and the actors stopped. Real processes, a real local cluster the
-driver starts (tests/ray_signal_driver.py), real signals."""
+from the actors' death, and the actors and the local cluster's processes (its agents too)
+stopped. Real processes, a real local cluster the driver starts
+(tests/ray_signal_driver.py), real signals."""
 
 from __future__ import annotations
 
@@ -74,9 +75,11 @@ def test_a_signal_to_the_process_group_ends_the_driver_quietly(recipe, sig, stat
         for word in ("Traceback", "Error", "died", "replacing"):
             assert word not in err, err
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and set(actors) & set(session_processes(driver.pid)):
+        while time.monotonic() < deadline and session_processes(driver.pid):
             time.sleep(0.2)
-        assert not set(actors) & set(session_processes(driver.pid)), "actors outlived it"
+        left = session_processes(driver.pid)
+        assert not set(actors) & set(left), f"actors outlived the driver: {left}"
+        assert not left, f"the local cluster's processes outlived the driver: {left}"
     finally:
         if driver.poll() is None:
             driver.kill()

@@ -129,11 +129,35 @@ def connect(spec: RayWorkers) -> Any:
             ray.init()
         else:
             ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
+            if on_term == signal.SIG_DFL:
+                # The local cluster's agents outlive a driver that the signal kills outright.
+                on_term = _ending_local_cluster(ray)
         if on_term is not None:
             # ray.init makes SIGTERM raise SystemExit(15) wherever the driver is: a job
             # scheduler's SIGTERM then ends in tracebacks instead of exit status 143.
             signal.signal(signal.SIGTERM, on_term)
     return ray
+
+
+def _ending_local_cluster(ray: Any) -> Any:
+    """A SIGTERM handler for a driver that started its own cluster: end it (its actors and
+    agents, which would outlive a driver the signal kills outright), then die of the signal
+    as by default (status 143, no traceback); at most `_END_S` seconds."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        stuck = threading.Timer(_END_S, os._exit, (128 + signal.SIGTERM,))
+        stuck.daemon = True
+        stuck.start()
+        try:
+            ray.shutdown()
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return on_term
+
+
+_END_S = 20.0
 
 
 # -- the actor's side ------------------------------------------------------------------------
