@@ -18,8 +18,10 @@ step it was asked for: the stream is unchanged. An actor that is not running wit
 `placement_timeout` of its start (no node offers what it asks for) raises a `MixerError`
 naming what it asked for and what the nodes offer. Actors are owned by the driver (not
 detached), so Ray ends them when the driver's process dies; `close()` and an exit hook end
-them sooner. A loader that starts a local cluster keeps the process's own SIGTERM handling
-(Ray's would turn the signal into `SystemExit(15)` in the middle of a batch).
+them sooner. A loader keeps the process's own SIGTERM handling (Ray's would turn the
+signal into `SystemExit(15)` in the middle of a batch); one that starts a local cluster in a
+process with the default handling ends that cluster on SIGTERM (its agents would outlive a
+driver killed outright) and then dies of the signal.
 
 How many actors run is the loader's (`resize_workers`, autoscaling): the pool starts or
 ends actors to that count whenever the loader (re)starts the lanes on it.
