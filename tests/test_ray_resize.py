@@ -131,10 +131,13 @@ def test_autoscaling_grows_while_the_consumer_waits_and_shrinks_while_actors_idl
         got += consume(hungry, lambda loader: False, 0.0, 0.3)  # (an iterator goes on)
     grow = [r.getMessage() for r in caplog.records if "Ray actors" in r.getMessage()]
     assert len(grow) == 1 and grow[0].startswith("Ray actors 1 → 2 (the consumer waited")
-    # a sleeping consumer: put on 2 actors, the autoscaler brings them back to 1 and stays
+    # a sleeping consumer stays at `actors` for more than a window; put on 2 actors, the
+    # autoscaler brings them back to 1 and stays
     with ray_loader(recipe, actors=1, max_actors=2, in_flight=1) as sated:
+        slow = consume(sated, lambda loader: False, 0.2, 2.5)
+        assert sated.metrics()["workers"] == {"kind": "ray", "count": 1, "resizes": 0}
         sated.resize_workers(2)
-        slow = consume(sated, lambda loader: count(loader) == 1, 0.2, 20)
+        slow += consume(sated, lambda loader: count(loader) == 1, 0.2, 20)
         assert count(sated) == 1
         slow += consume(sated, lambda loader: False, 0.2, 2.5)  # a whole window more: no growth
         assert sated.metrics()["workers"] == {"kind": "ray", "count": 1, "resizes": 2}

@@ -1,5 +1,5 @@
-"""Sizing the Ray actors from the consumer's side: how long the caller waits inside `next()`
-(`ConsumerWait`), and when to add or remove actors (`Autoscaler`).
+"""When to add or remove Ray actors (`Autoscaler`), from the consumer's wait inside `next()`
+as the loader's profile measures it (`profile.WaitClock`) and the actors' busy seconds.
 
 Growth: while the consumer waits more than `GROW_ABOVE` of its time over a window, the next
 count the lanes rule allows. Shrinking: while it waits under `SHRINK_BELOW` and the actors are
@@ -12,55 +12,14 @@ Torch- and Ray-free; the clock is the process's monotonic one, never a stream in
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
+
+from mixer.runtime.profile import WaitClock
 
 WINDOW_S = 2.0
 GROW_ABOVE = 0.05
 SHRINK_BELOW = 0.01
 IDLE_ABOVE = 0.5
-
-
-class ConsumerWait:
-    """The time spent inside `next()` over the wall time of a window of batches. The waits for
-    the first `skip` batches after a `restart` are left out (the last of them starts the
-    window)."""
-
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.clock = clock
-        self._asked = 0.0
-        self.start: float | None = None  # when the window's first batch arrived
-        self.wait_s = 0.0
-        self.batches = 0  # after the first
-        self._skip = 1
-
-    def asked(self) -> None:
-        """The consumer called `next()`."""
-        self._asked = self.clock()
-
-    def got(self) -> None:
-        """`next()` has its batch."""
-        now = self.clock()
-        if self.start is None:
-            self._skip -= 1
-            if self._skip <= 0:
-                self.start = now
-            return
-        self.wait_s += now - self._asked
-        self.batches += 1
-
-    def wall_s(self) -> float:
-        return 0.0 if self.start is None else self.clock() - self.start
-
-    def share(self) -> float:
-        wall = self.wall_s()
-        return self.wait_s / wall if wall > 0 else 0.0
-
-    def restart(self, skip: int = 0) -> None:
-        """A new window: now, or (`skip` > 0) when the `skip`-th batch from now arrives."""
-        self.wait_s, self.batches, self._skip = 0.0, 0, skip
-        self.start = None if skip > 0 else self.clock()
 
 
 @dataclass(frozen=True)
@@ -75,33 +34,44 @@ class Change:
 
 class Autoscaler:
     """Decides the actor count among `counts` (the allowed ones from the starting count to
-    `max_actors`, ascending) from the consumer's wait and the actors' busy seconds."""
+    `max_actors`, ascending) from the consumer's waits on `clock` and the actors' busy
+    seconds. A window runs from one handed batch to a later one: the waits of the batches
+    after its first, over the seconds between them."""
 
-    def __init__(
-        self, counts: list[int], in_flight: int, clock: Callable[[], float] = time.perf_counter
-    ) -> None:
+    def __init__(self, counts: list[int], in_flight: int, clock: WaitClock) -> None:
         self.counts = counts
         self.in_flight = in_flight
-        self.wait = ConsumerWait(clock)
-        self._busy_start: float | None = None  # the actors' busy seconds at the window start
+        self.clock = clock
+        self._opens_at = 0  # the handed batch (count) that opens the window
+        self._origin: tuple[int, float, float] | None = None  # batches, wait_s, at
+        self._busy_start = 0.0  # the actors' busy seconds at the window's opening
 
     def restart(self, count: int) -> None:
         """A new window once each of `count` actors has delivered its first call of batches
         (after the lanes start on them)."""
-        self.wait.restart(count * max(1, self.in_flight // 2))
-        self._busy_start = None
+        self._open(count * max(1, self.in_flight // 2))
+
+    def _open(self, after: int) -> None:
+        self._opens_at = self.clock.handed_count + after
+        self._origin = None
 
     def decide(self, count: int, busy_s: float) -> Change | None:
-        """After a batch arrived (`wait.got()`): a change of `count`, or None. `busy_s`: the
+        """After a batch was handed over: a change of `count`, or None. `busy_s`: the
         seconds the actors have spent making batches so far, all together."""
-        if self._busy_start is None or self.wait.batches == 0:
-            self._busy_start = busy_s  # the window's start
-        wall = self.wait.wall_s()
-        if wall < WINDOW_S or self.wait.batches < 2 * self.in_flight * count:
+        clock = self.clock
+        if self._origin is None:
+            if clock.handed_count >= self._opens_at:
+                self._origin = (clock.batches, clock.wait_s, clock.latest_at)
+                self._busy_start = busy_s
             return None
-        share = self.wait.share()
+        batches0, wait0, at0 = self._origin
+        wall = clock.latest_at - at0
+        if wall < WINDOW_S or clock.batches - batches0 < 2 * self.in_flight * count:
+            return None
+        share = (clock.wait_s - wait0) / wall
         idle = max(0.0, 1.0 - (busy_s - self._busy_start) / (count * wall))
-        self.wait.restart()
+        self._open(0)
+        self.decide(count, busy_s)  # this batch opens the next window
         above = [c for c in self.counts if c > count]
         below = [c for c in self.counts if c < count]
         if share > GROW_ABOVE and above:

@@ -287,22 +287,20 @@ class Loader:
             return None
         counts = valid_workers(self.recipe.lanes, self.world_size)
         return Autoscaler(
-            [c for c in counts if spec.actors <= c <= spec.max_actors], spec.in_flight
+            [c for c in counts if spec.actors <= c <= spec.max_actors], spec.in_flight, self._wait
         )
 
     def _scaled(
         self, batches: Generator[dict[str, torch.Tensor], None, bool], scaler: Autoscaler
     ) -> Generator[dict[str, torch.Tensor], None, bool]:
-        """`batches`, with the consumer's wait inside `next()` measured and the actors
-        resized by `scaler` between batches; returns what `batches` returns."""
+        """`batches`, with the actors resized by `scaler` between batches (from the waits
+        the profile's clock measured); returns what `batches` returns."""
         try:
             while True:
-                scaler.wait.asked()
                 try:
                     batch = next(batches)
                 except StopIteration as end:
                     return end.value
-                scaler.wait.got()
                 assert self._pool is not None
                 change = scaler.decide(self._actors, self._pool.busy_s)
                 if change is not None:

@@ -55,6 +55,16 @@ class WaitClock:
         self._latest_at = now
 
     @property
+    def handed_count(self) -> int:
+        """Batches handed over so far, the first included."""
+        return self.batches + (self._first_at is not None)
+
+    @property
+    def latest_at(self) -> float:
+        """When the latest batch was handed over (`perf_counter` seconds)."""
+        return self._latest_at
+
+    @property
     def wall_s(self) -> float:
         """Seconds between the first and the latest batch."""
         return 0.0 if self._first_at is None else self._latest_at - self._first_at

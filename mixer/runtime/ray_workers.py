@@ -18,8 +18,10 @@ step it was asked for: the stream is unchanged. An actor that is not running wit
 `placement_timeout` of its start (no node offers what it asks for) raises a `MixerError`
 naming what it asked for and what the nodes offer. Actors are owned by the driver (not
 detached), so Ray ends them when the driver's process dies; `close()` and an exit hook end
-them sooner. A loader that starts a local cluster keeps the process's own SIGTERM handling
-(Ray's would turn the signal into `SystemExit(15)` in the middle of a batch).
+them sooner. A loader keeps the process's own SIGTERM handling (Ray's would turn the
+signal into `SystemExit(15)` in the middle of a batch); one that starts a local cluster in a
+process with the default handling ends that cluster on SIGTERM (its agents would outlive a
+driver killed outright) and then dies of the signal.
 
 How many actors run is the loader's (`resize_workers`, autoscaling): the pool starts or
 ends actors to that count whenever the loader (re)starts the lanes on it.
@@ -38,9 +40,9 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -129,11 +131,35 @@ def connect(spec: RayWorkers) -> Any:
             ray.init()
         else:
             ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
+            if on_term == signal.SIG_DFL:
+                # The local cluster's agents outlive a driver that the signal kills outright.
+                on_term = _ending_local_cluster(ray)
         if on_term is not None:
             # ray.init makes SIGTERM raise SystemExit(15) wherever the driver is: a job
             # scheduler's SIGTERM then ends in tracebacks instead of exit status 143.
             signal.signal(signal.SIGTERM, on_term)
     return ray
+
+
+def _ending_local_cluster(ray: Any) -> Any:
+    """A SIGTERM handler for a driver that started its own cluster: end it (its actors and
+    agents, which would outlive a driver the signal kills outright), then die of the signal
+    as by default (status 143, no traceback); at most `_END_S` seconds."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        stuck = threading.Timer(_END_S, os._exit, (128 + signal.SIGTERM,))
+        stuck.daemon = True
+        stuck.start()
+        try:
+            ray.shutdown()
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return on_term
+
+
+_END_S = 20.0
 
 
 # -- the actor's side ------------------------------------------------------------------------
@@ -181,7 +207,7 @@ class LaneActor:
 
     def stop(self) -> None:
         if self._batches is not None:
-            self._batches.close()  # closes the lanes' readers
+            cast(Generator, self._batches).close()  # closes the lanes' readers
             self._batches = None
 
 
