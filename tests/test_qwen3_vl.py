@@ -335,6 +335,7 @@ def test_packed_rows_train_like_their_documents_alone(corpus):
     assert seen["packed_rows"] > 0, seen
 
 
+@pytest.mark.slow  # (DataLoader workers start)
 def test_same_batches_with_workers_after_resume_and_elastic(corpus):
     recipe = recipe_of(corpus)
     reference = digests(take(mixer.build_loader(recipe), 8))
@@ -345,3 +346,83 @@ def test_same_batches_with_workers_after_resume_and_elastic(corpus):
     again.load_state_dict(state)
     assert head + digests(take(again, 5)) == reference
     assert_elastic_resume(recipe, reference, steps=2, rest=4, rank_workers=1, single_workers=2)
+
+
+def test_a_long_video_is_lowered_to_fit_and_stays_consistent(corpus, tmp_path):
+    """A document whose video does not fit seq_len at the recipe's plan gets a lower
+    per-video pixel budget, then fewer frames (never cut, never over seq_len); its tokens,
+    grid, pixels and positions stay those the model expects."""
+    from vlm_models import assert_packed_equals_alone, tiny_qwen3_vl
+
+    _, tokenizer = corpus
+    write_docs_tar(
+        tmp_path / "long" / "a.tar", [Doc("s000009", "long: <video>", [], [(128, 96, 60)])]
+    )
+    video = {**VIDEO, "max_pixels": 12 * 128 * 128}
+    recipe = recipe_of(corpus, packing="pad", epochs=1, video=video)
+    recipe["sources"][0]["path"] = str(tmp_path / "long" / "*.tar")
+    full = take(mixer.build_loader(recipe), None)
+    assert [b["video_grid_thw"].tolist() for b in full] == [[[8, 6, 8]]]  # 15 frames
+    ids = ids_of(tokenizer)
+    model = tiny_qwen3_vl(
+        Tokenizer.from_file(str(tokenizer)).get_vocab_size(),
+        ids["<|image_pad|>"],
+        ids["<|vision_start|>"],
+        ids["<|vision_end|>"],
+        ids["<|video_pad|>"],
+    )
+    for seq_len, lowered in ((128, False), (48, True)):
+        recipe["seq_len"] = seq_len
+        (batch,) = take(mixer.build_loader(recipe), None)
+        t, h, w = batch["video_grid_thw"][0].tolist()
+        real = int((batch["source_ids"][0] >= 0).sum())
+        assert 0 < real <= seq_len
+        assert t * h * w < 8 * 6 * 8
+        assert (t < 8) == lowered  # past the lowest budget: fewer frames
+        assert int((batch["input_ids"][0] == ids["<|vision_start|>"]).sum()) == t
+        assert_packed_equals_alone(model, batch, "qwen3_vl", require_coverage=False)
+
+
+def test_images_without_a_video_block(corpus):
+    """qwen3_vl without `images.video`: image documents equal the processor's; a video is
+    bad input, as under qwen2_vl."""
+    _, tokenizer = corpus
+    processor = _processor(tokenizer, VIDEO, IMAGES)
+    recipe = recipe_of(corpus, packing="pad", epochs=1)
+    recipe["images"].pop("video")
+    recipe["sources"][0]["on_error"] = "skip"
+    recipe["batch_size"] = 1
+    delivered = 0
+    for batch in take(mixer.build_loader(recipe), None):
+        real = int((batch["source_ids"][0] >= 0).sum())
+        assert "pixel_values_videos" not in batch
+        doc = next(
+            d
+            for d in DOCS
+            if not d.videos and _expected(processor, d)["input_ids"].shape[1] == real - 1
+        )
+        want = _expected(processor, doc)
+        assert batch["input_ids"][0, : real - 1].tolist() == want["input_ids"][0].tolist()
+        delivered += 1
+    assert delivered == sum(not d.videos for d in DOCS)
+
+
+def test_bundled_qwen3_vl_demo_previews_and_inspects(capsys):
+    """recipes/qwen3_vl_demo.yaml on the bundled clips: preview shows timestamps before
+    each video's first temporal patch and <video F×W×H @2 fps → N tokens> as its grid."""
+    import re
+
+    from test_cli_images import ROOT
+
+    from mixer.tools.cli import main
+
+    recipe = str(ROOT / "recipes" / "qwen3_vl_demo.yaml")
+    assert main(["inspect", recipe, "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["sources"]}
+    assert rows["clips"]["videos_per_doc"] >= 1 and rows["clips"]["frames_per_video"] >= 4
+    assert main(["preview", recipe, "-n", "1", "--chars", "300"]) == 0
+    out = capsys.readouterr().out
+    shown = re.findall(r"<(\d+\.\d) seconds><video (\d+)×(\d+)×(\d+) @2 fps → (\d+) tokens>", out)
+    assert shown and "[clips]" in out
+    for _, frames, width, height, tokens in shown:
+        assert int(tokens) == int(frames) // 2 * (int(width) // 32) * (int(height) // 32)
