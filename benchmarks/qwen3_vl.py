@@ -61,11 +61,11 @@ def processor_pixels(data: bytes, processor) -> tuple[np.ndarray, int]:
         cap_pixels_per_frame=False,
         return_tensors="np",
     )
-    return out["pixel_values_videos"], len(meta.frames_indices)
+    return out["pixel_values_videos"], len(meta.frames_indices or [])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
@@ -75,7 +75,9 @@ def main() -> None:
 
     torch.set_num_threads(1)
     processor = Qwen3VLVideoProcessor()
-    processing = Qwen3VideoProcessing(ImageSettings(layout="qwen3_vl", video={}))
+    processing = Qwen3VideoProcessing(
+        ImageSettings.model_validate({"layout": "qwen3_vl", "video": {}})
+    )
     data = make_clip(args.seconds, 640, 360, 30, gop=60)
     best = {"mixer": float("inf"), "pyav + processor": float("inf")}
     frames = {}
