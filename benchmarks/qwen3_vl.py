@@ -61,7 +61,8 @@ def processor_pixels(data: bytes, processor) -> tuple[np.ndarray, int]:
         cap_pixels_per_frame=False,
         return_tensors="np",
     )
-    return out["pixel_values_videos"], len(meta.frames_indices or [])
+    indices = meta.frames_indices
+    return out["pixel_values_videos"], 0 if indices is None else len(indices)
 
 
 def main() -> None:
