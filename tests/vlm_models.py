@@ -24,7 +24,7 @@ from transformers import (
     Qwen2VLForConditionalGeneration,
 )
 
-QWEN_LAYOUTS = ("qwen2_vl", "qwen2_5_vl")
+QWEN_LAYOUTS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 # Weights wider than transformers' default (std 0.02) so that attention is far from uniform
 # and a wrong position or a leaked token moves the logits by much more than the tolerance.
@@ -112,6 +112,74 @@ def tiny_qwen2_vl(
         video_token_id=vocab_size + 1 if video_pad_id is None else video_pad_id,
     )
     model = model_class._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    return _finish(model, seed)
+
+
+def tiny_qwen3_vl(
+    vocab_size: int,
+    image_pad_id: int,
+    vision_start_id: int,
+    vision_end_id: int,
+    video_pad_id: int,
+    *,
+    hidden_size: int = 32,
+    num_layers: int = 1,
+    num_heads: int = 2,
+    patch_size: int = 16,
+    temporal_patch_size: int = 2,
+    spatial_merge_size: int = 2,
+    seed: int = 0,
+):
+    """A random float32 Qwen3-VL (sdpa, no cache): a vision tower of depth 1 with one deepstack
+    layer, interleaved M-RoPE over a Qwen3 of `num_layers`."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    head_dim = hidden_size // num_heads
+    if head_dim % 8:
+        raise ValueError("hidden_size // num_heads must be a multiple of 8 (M-RoPE sections)")
+    half = head_dim // 2
+    section = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
+    torch.manual_seed(seed)
+    config = Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_heads,
+            head_dim=head_dim,
+            max_position_embeddings=1 << 16,
+            use_cache=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": section,
+                "mrope_interleaved": True,
+            },
+        ),
+        vision_config=dict(
+            depth=1,
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_heads=num_heads,
+            patch_size=patch_size,
+            temporal_patch_size=temporal_patch_size,
+            spatial_merge_size=spatial_merge_size,
+            out_hidden_size=hidden_size,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        ),
+        image_token_id=image_pad_id,
+        video_token_id=video_pad_id,
+        vision_start_token_id=vision_start_id,
+        vision_end_token_id=vision_end_id,
+    )
+    model = Qwen3VLForConditionalGeneration._from_config(
+        config, attn_implementation="sdpa", dtype=torch.float32
+    )
     return _finish(model, seed)
 
 
@@ -205,11 +273,15 @@ def _assign_images(
     """Hand each unit its images (or videos) by counting placeholders in order; returns how
     many."""
     ids = batch["input_ids"]
+    owners: list[int] | None = None  # qwen3_vl videos: the video of each run of pads
     if layout in QWEN_LAYOUTS:
         grids = batch[f"{kind}_grid_thw"].tolist() if f"{kind}_grid_thw" in batch else []
         merge = model.config.vision_config.spatial_merge_size
         pad = getattr(model.config, f"{kind}_token_id")
         sizes = [t * h * w // merge**2 for t, h, w in grids]
+        if layout == "qwen3_vl" and kind == "video":  # one run per temporal patch
+            owners = [i for i, (t, _, _) in enumerate(grids) for _ in range(t)]
+            sizes = [h * w // merge**2 for t, h, w in grids for _ in range(t)]
     else:
         vision = model.config.vision_config
         pad = model.config.image_token_id
@@ -235,11 +307,14 @@ def _assign_images(
                 f"row {unit.row}, token {unit.start + index}: {kind} {image} needs "
                 f"{sizes[image]} placeholders inside one unit"
             )
-            (unit.videos if kind == "video" else unit.images).append(image)
+            found = unit.videos if kind == "video" else unit.images
+            medium = image if owners is None else owners[image]
+            if medium not in found:
+                found.append(medium)
             image += 1
             index += count
     assert image == len(sizes), f"{len(sizes)} {kind}s in the batch, {image} placeholder groups"
-    return image
+    return image if owners is None else len(set(owners))
 
 
 def _offsets(grids: torch.Tensor) -> list[int]:

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from mixer.config.fields import Float, Int, _Frozen
+from mixer.config.qwen3_vl import with_qwen3_vl_defaults
 from mixer.config.video import VideoSettings
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -17,7 +18,7 @@ MAX_IMAGE_SIDE = 1 << 15
 class ImageSettings(_Frozen):
     """The `images:` block: how images become pixels and sequence tokens (docs/recipes.md)."""
 
-    layout: Literal["qwen2_vl", "qwen2_5_vl", "llava"] = Field(
+    layout: Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava"] = Field(
         description="Batch layout and image tokens."
     )
     patch_size: Int = Field(default=14, ge=1, le=1024, description="Vision patch side (pixels).")
@@ -78,6 +79,11 @@ class ImageSettings(_Frozen):
         default=2, ge=1, le=1 << 20, description="qwen2_5_vl: temporal positions per second."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _layout_defaults(cls, data: object) -> object:
+        return with_qwen3_vl_defaults(data)  # (qwen3_vl: its processors' defaults)
+
     @field_validator("image_std")
     @classmethod
     def _positive_std(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
@@ -99,7 +105,9 @@ class ImageSettings(_Frozen):
         if self.layout == "llava" and (
             self.video is not None or self.max_videos_per_batch is not None
         ):
-            raise ValueError("images.video: only the qwen2_vl and qwen2_5_vl layouts take videos")
+            raise ValueError(
+                "images.video: only the qwen2_vl, qwen2_5_vl and qwen3_vl layouts take videos"
+            )
         if self.video is not None and self.video_marker == self.marker:
             raise ValueError(
                 f"images.video_marker is images.marker ({self.marker!r}): a "

@@ -18,4 +18,6 @@ video_decode.py  videos (PyAV): header facts (size, rate, frames; limits) and th
                frames at sampled indices, seeking to keyframes
 video.py       frame sampling, VideoPlan, VideoProcessing (the processor's resize,
                normalize and patches) and LazyVideo
+qwen3_vl.py    the qwen3_vl layout: Qwen3-VL's video sampling, volume resize, timestamped
+               temporal patches and M-RoPE grids, on top of qwen2_vl's
 """

@@ -19,6 +19,7 @@ import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -42,6 +43,7 @@ class VisionTokens:
     placeholder: int  # repeated plan.tokens times
     before: tuple[int, ...] = ()  # e.g. <|vision_start|>
     after: tuple[int, ...] = ()  # e.g. <|vision_end|>
+    lead: ClassVar[str] = ""  # text the layout writes before the span, tokenized with the text
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -51,10 +53,14 @@ class VisionTokens:
     def extra(self) -> int:
         return len(self.before) + len(self.after)
 
-    def span(self, plan: ImagePlan) -> np.ndarray:
+    def span(self, plan: ImagePlan | VideoPlan) -> np.ndarray:
         return np.array(
             [*self.before, *[self.placeholder] * plan.tokens, *self.after], dtype=np.int64
         )
+
+    def length(self, plan: ImagePlan | VideoPlan) -> int:
+        """Tokens of `span(plan)`."""
+        return plan.tokens + self.extra
 
 
 class ImageDocuments:
@@ -135,10 +141,11 @@ class ImageDocuments:
                     )
                 )
                 continue
-            split = self._split(text, media)
-            parts.append(
-                self._error(split[0], file, where, split[1]) if isinstance(split[0], str) else split
-            )
+            pieces, placed = self._split(text, media)
+            if isinstance(pieces, str) or isinstance(placed, str):
+                parts.append(self._error(str(pieces), file, where, str(placed)))
+            else:
+                parts.append((self._with_leads(pieces, placed), placed))
         flat = [piece for p in parts if not isinstance(p, Rejected) for piece in p[0]]
         encoded = iter(self.encoder.encode_raw(flat) if flat else [])
         out: list[Document | Rejected] = []
@@ -187,6 +194,22 @@ class ImageDocuments:
         queues = {marker: iter(imgs), video_marker: iter(videos)}
         placed = tuple(next(queues[m]) for m in pieces[1::2])
         return [""] * len(first) + pieces[0::2], first + placed
+
+    def _with_leads(self, pieces: list[str], media: tuple[EncodedImage, ...]) -> list[str]:
+        """The text pieces with each video's `lead` after the piece before it."""
+        lead = self.video_vision.lead if self.video_vision is not None else ""
+        if not lead:
+            return pieces
+        return [
+            piece + lead if i < len(media) and isinstance(media[i], EncodedVideo) else piece
+            for i, piece in enumerate(pieces)
+        ]
+
+    def _tokens(self, plan) -> VisionTokens:
+        """How the plan's medium is written: the video tokens for a video, else the image's."""
+        if isinstance(plan, VideoPlan) and self.video_vision is not None:
+            return self.video_vision
+        return self.vision
 
     def _error(self, message: str, file: str, where: str, reason: str = "bad_image") -> Rejected:
         return Rejected(
@@ -315,10 +338,10 @@ class ImageDocuments:
         last: list = []
         for plans in self._media_plans(sizes):
             last = plans
-            media_tokens = sum(p.tokens + self.vision.extra for p in plans)
+            media_tokens = sum(self._tokens(p).length(p) for p in plans)
             if self._fits_caps(plans) and text_tokens + media_tokens <= self.seq_len:
                 return self._assemble(head, pieces, media, sizes, plans, file, eos)
-        media_tokens = sum(p.tokens + self.vision.extra for p in last)
+        media_tokens = sum(self._tokens(p).length(p) for p in last)
         through_last = text_tokens - len(pieces[-1]) - 1 + media_tokens
         if self._fits_caps(last) and through_last <= self.seq_len:
             # Cut the text after the last medium (no EOS then: the document is truncated).
@@ -347,7 +370,7 @@ class ImageDocuments:
                 size,
                 plan,
                 self.videos,
-                extra_tokens=self.vision.extra,
+                extra_tokens=self._tokens(plan).length(plan) - plan.tokens,
                 source=self.source,
                 file=file,
             )
@@ -356,7 +379,7 @@ class ImageDocuments:
             size,
             plan,
             self.processing,
-            extra_tokens=self.vision.extra,
+            extra_tokens=self._tokens(plan).length(plan) - plan.tokens,
             source=self.source,
             file=file,
             max_source_pixels=self.settings.max_source_pixels,
@@ -379,9 +402,7 @@ class ImageDocuments:
             chunks.append(np.array(piece, dtype=np.int64))
             at += len(piece)
             if i < len(media):
-                span = (self.video_vision if isinstance(plans[i], VideoPlan) else self.vision).span(
-                    plans[i]
-                )
+                span = self._tokens(plans[i]).span(plans[i])
                 handle = self._handle(media[i], sizes[i], plans[i], file)
                 placements.append(Placement(handle, at, len(span)))
                 chunks.append(span)

@@ -168,7 +168,7 @@ class VideoProcessing:
         current = [self.plan(info) for info in infos]
         yield list(current)
         budgets = [self.max_pixels(plan.frames) for plan in current]
-        floors = [min(self.video.min_pixels, p.width * p.height) for p in current]
+        floors = [min(self.video.min_pixels, self.volume(p.frame, p.frames)) for p in current]
         steps = [
             self.frame_processing(plan.frames).lower_steps(i, info.width, info.height)
             for i, (info, plan) in enumerate(zip(infos, current))
@@ -176,7 +176,7 @@ class VideoProcessing:
         for _, group in itertools.groupby(heapq.merge(*steps), key=lambda step: step[0]):
             changed = False
             for negative, i, _, frame in group:
-                if frame.width * frame.height >= floors[i]:
+                if self.volume(frame, current[i].frames) >= floors[i]:
                     current[i] = self._with_frame(infos[i], current[i].frames, frame)
                     budgets[i], changed = -negative, True
             if changed:
@@ -194,6 +194,13 @@ class VideoProcessing:
 
     def empty_pixels(self) -> np.ndarray:
         return np.zeros((0, *self.row_shape), dtype=np.float32)
+
+    def volume(self, frame: ImagePlan, frames: int) -> int:
+        """The pixels that min_pixels and max_pixels bound: one frame's."""
+        return frame.width * frame.height
+
+    def finish_pixels(self, out: np.ndarray, plan: VideoPlan) -> None:
+        """Complete `out` once every sampled frame is in (nothing to do here)."""
 
     def resized(self, rgb: np.ndarray, plan: VideoPlan) -> np.ndarray:
         """One decoded (H, W, 3) uint8 frame at the plan's size, (3, h, w) uint8."""
@@ -276,6 +283,7 @@ class LazyVideo(LazyMedia[VideoPlan, VideoProcessing]):
             processing.put_frame(out, i, processing.resized(rgb, plan))
 
         decode_frames(self.encoded, plan.indices, keep, source=self.source, file=self.file)
+        processing.finish_pixels(out, plan)
         return out.reshape(plan.rows, processing.row_shape[0])
 
     def __repr__(self) -> str:

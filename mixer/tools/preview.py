@@ -71,12 +71,22 @@ class RowRenderer:
             batch["second_per_grid_ts"].tolist() if "second_per_grid_ts" in batch else None
         )
         self.next_video = 0
+        # qwen3_vl writes a video as one run per temporal patch, timestamps between them: the
+        # first run stands for the video, the rest are skipped
+        self.patch_runs = getattr(layout, "name", "") == "qwen3_vl"
+        self.runs_left = 0
 
-    def _video(self, run: int) -> VideoRef:
+    def _video(self, run: int) -> VideoRef | None:
         s = self.settings
         assert s is not None and s.video is not None  # a batch with videos has their settings
+        if self.runs_left:
+            self.runs_left -= 1
+            return None
         index = self.next_video
         t, h, w = self.video_grids[index]
+        if self.patch_runs:
+            self.runs_left = t - 1
+            run *= t
         fps = (
             s.temporal_patch_size / self.seconds[index] if self.seconds is not None else s.video.fps
         )
@@ -131,7 +141,9 @@ class RowRenderer:
                 pieces.append(self.encoder.decode(text))
                 text = []
             if pad == self.video_pad:
-                pieces.append(self._video(k - j))
+                video = self._video(k - j)
+                if video is not None:
+                    pieces.append(video)
             else:
                 pieces.extend(self._image(k - j))
             image_tokens += k - j
