@@ -172,6 +172,7 @@ def test_batches_equal_qwen2_audio_processor_document_by_document(corpus, proces
     assert seen["documents"] == len(samples) and seen["clips"] >= 6 and seen["marked"] >= 1
 
 
+@pytest.mark.slow
 def test_same_batches_with_any_worker_count_after_resume_and_elastic(corpus):
     recipe = recipe_of(corpus)
     reference = digests(take(mixer.build_loader(recipe), 8))

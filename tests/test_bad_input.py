@@ -46,6 +46,7 @@ SURROGATE = '{"text": "w1 \\ud800 w1"}\n'
 DEEP = '{"text": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codec", ["", "gz", "zst"])
 @pytest.mark.parametrize(
     "bad_line,why", [(SURROGATE, "not valid Unicode"), (DEEP, "nested too deeply")]
@@ -73,6 +74,7 @@ def test_text_file_with_bad_utf8_names_the_byte_offset(tmp_path, tokenizer_path)
     assert err.value.location == "byte offset 6"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "jsonl.zst", "parquet", "text"])
 @pytest.mark.parametrize("how", ["deleted", "directory"])
 @pytest.mark.parametrize("workers", [0, 2])

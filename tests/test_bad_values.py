@@ -116,6 +116,7 @@ def _recipe(path: Path, tokenizer: Path, folder: Path, fmt: str, on_error: str) 
     return recipe
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 @settings(
     max_examples=EXAMPLES,
@@ -193,6 +194,7 @@ def _lines(first: int, count: int) -> bytes:
     ).encode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["jsonl.gz", "jsonl.zst", "jsonl.zst-frames", "cached-gz"])
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_epochs_grow_inside_whole_compressed_files(tmp_path, tokenizer, fmt, num_workers):

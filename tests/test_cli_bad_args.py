@@ -18,6 +18,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import procs
+import pytest
 import yaml
 
 from mixer.runtime import topology
@@ -227,6 +228,7 @@ def test_every_bad_argument_is_one_error_line(tmp_path, three_sources, monkeypat
     assert not (tmp_path / "missing").exists() and not (tmp_path / "report.png").exists()
 
 
+@pytest.mark.slow
 def test_console_script_bad_arguments(tmp_path, three_sources):
     places = _places(tmp_path, three_sources)
     mixer = str(Path(sys.executable).with_name("mixer"))

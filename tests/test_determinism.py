@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import procs
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -42,6 +43,7 @@ def test_permutation_is_a_permutation(n, key):
     assert sorted(permutation(n, key)) == list(range(n))
 
 
+@pytest.mark.slow
 def test_same_batches_across_processes_and_hash_seeds(three_sources):
     from helpers import batch_digest
 

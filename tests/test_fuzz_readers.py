@@ -120,6 +120,7 @@ def _run(path: Path, tokenizer: Path, on_error: str, manifest: Path | None) -> N
             assert "no readable files" in str(err), err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 @settings(

@@ -142,6 +142,7 @@ def _golden() -> dict:
     return json.loads(GOLDEN.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_batches_and_states_match_the_golden_digests(case, tmp_path):
     got, golden = compute(case, tmp_path), _golden()[case]

@@ -67,6 +67,7 @@ def test_it_reads_what_gzip_reads(parts, sizes, piece):
 reads = st.lists(st.integers(1, 1 << 20), min_size=1, max_size=5)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(members, reads, reads, pieces)
 def test_the_file_position_after_n_bytes_does_not_depend_on_the_reads(parts, a, b, piece):

@@ -56,6 +56,7 @@ HOLLOW = {  # members of every sample; images block; what on_error: raise names
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(HOLLOW))
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
 def test_an_unlimited_webdataset_source_without_a_usable_sample_is_an_error_not_a_hang(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -57,6 +58,7 @@ def expected_plans(sizes: list[tuple[int, int]]) -> list[list]:
 sizes = st.lists(st.tuples(st.integers(20, 1600), st.integers(20, 1600)), min_size=1, max_size=4)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(sizes)
 def test_every_image_steps_down_its_own_ladder(image_sizes):

@@ -180,6 +180,7 @@ QWEN_SETTINGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(QWEN_SETTINGS))
 def test_qwen_matches_processor_over_sizes(name):
     settings = QWEN_SETTINGS[name]
@@ -187,6 +188,7 @@ def test_qwen_matches_processor_over_sizes(name):
         check_against_oracle(encode(make_image(w, h, seed=i), "PNG"), settings)
 
 
+@pytest.mark.slow
 def test_qwen_large_downscale_and_exif_orientation_ignored():
     image = make_image(3000, 2000, seed=7)
     exif = image.getexif()
@@ -209,6 +211,7 @@ LLAVA_SIZES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "settings",
     [

@@ -201,6 +201,7 @@ def _bad_members() -> dict[str, tuple[list[tuple[str, bytes]], str, str]]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(_bad_members()))
 def test_bad_image_bytes_are_named_errors_or_counted_skips(tmp_path, tokenizer, case):
     bad, member, words = _bad_members()[case]
@@ -245,6 +246,7 @@ def _held() -> list[LazyImage]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", ["best_fit", "concat"])
 def test_pixels_made_ahead_stay_within_the_process_budget(tmp_path, tokenizer, packing):
     # best_fit draws a whole packing window of documents; each used to keep its decoded
@@ -321,6 +323,7 @@ def mixed(tmp_path, tokenizer):
     return recipe
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", ["concat", "best_fit", "pad"])
 def test_resume_at_every_batch_over_several_epochs_with_caps(mixed, packing):
     recipe = mixed(packing)
@@ -503,6 +506,7 @@ def test_a_sample_larger_than_max_document_bytes_in_all_is_refused_before_it_is_
     assert loader.metrics()["skipped"]["src"] == 1
 
 
+@pytest.mark.slow
 def test_a_tar_on_s3_gives_the_local_batches_and_resumes_on_the_local_copy(
     tmp_path, tokenizer, s3_endpoint
 ):
@@ -593,6 +597,7 @@ def test_validate_refuses_a_tokenizer_without_the_layouts_image_tokens(tmp_path,
             mixer.build_loader(recipe)
 
 
+@pytest.mark.slow
 def test_the_pixel_budget_is_given_back_by_release_and_by_dropped_handles():
     from mixer.config.images import ImageSettings
     from mixer.core.records import EncodedImage

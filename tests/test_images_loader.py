@@ -212,6 +212,7 @@ def test_pixels_equal_the_transformers_processor(corpus):
     assert compared == sum(len(s.sizes) for s in samples)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["qwen2_vl", "llava"])
 def test_same_batches_with_any_worker_count_and_after_resume(corpus, layout):
     recipe = recipe_of(corpus, layout=layout)
@@ -363,6 +364,7 @@ def test_corrupt_image_is_a_data_error_naming_member_or_a_counted_skip(corpus, t
     assert loader.metrics()["skipped"]["bad"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["qwen2_vl", "llava"])
 def test_loader_batches_train_like_their_documents_alone(corpus, layout):
     """The real loader's packed rows, fed to tiny random models: every document's logits in

@@ -66,6 +66,7 @@ def test_load_state_dict_while_iterating_continues_from_the_loaded_state(text_re
     assert loader.state_dict() == _state_after(text_recipe, 25)
 
 
+@pytest.mark.slow
 def test_load_state_dict_inside_a_for_loop_and_after_the_end(text_recipe):
     finite = {**text_recipe, "sources": [{**s, "epochs": 1} for s in text_recipe["sources"]]}
     reference = _digests(mixer.build_loader(finite))
@@ -128,6 +129,7 @@ def _run_spending_web(recipe: dict, weights: dict, workers: int) -> tuple[list, 
     return out, calls, state
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", [{"web": 1}, {"web": 1, "prose": 1}])
 def test_set_weights_onto_a_spent_source_is_exact_and_loses_no_batch(
     finite_recipe, weights, caplog

@@ -48,6 +48,7 @@ def test_stream_does_not_depend_on_num_workers(three_sources, workers):
     assert digests(take(mixer.build_loader(recipe, num_workers=workers), 30)) == reference
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [0, 1, 5, 13, 40])
 def test_resume_after_k_batches_with_prefetching_workers(three_sources, k):
     recipe = {**three_sources[0], "shuffle_window": 5}
@@ -101,6 +102,7 @@ def test_state_is_small_json_with_a_fixed_shape_before_the_first_batch(three_sou
     assert digests(take(replay, 3)) == digests(take(mixer.build_loader(recipe), 3))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world,workers", [(1, 0), (2, 2), (4, 1)])
 def test_finite_recipe_delivers_every_document_exactly_once(three_sources, world, workers):
     recipe, docs = three_sources
@@ -145,6 +147,7 @@ def test_resume_inside_a_finite_stream_keeps_exactly_once(three_sources):
     assert token_counts(before + list(after)) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", ["concat", "best_fit"])
 def test_a_resume_late_in_a_finite_stream_ends_as_the_uninterrupted_run(
     three_sources, caplog, packing
@@ -350,6 +353,7 @@ def test_close_from_another_thread_ends_the_iteration(three_sources, monkeypatch
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", ["concat", "best_fit"])
 def test_metrics_after_a_resume_inside_windows_are_the_uninterrupted_runs(
     tokenizer_path, tmp_path, packing

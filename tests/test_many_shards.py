@@ -45,6 +45,7 @@ def many_shards(tmp_path_factory) -> tuple[Path, list[tuple[int, int]]]:
     return folder, docs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_thousands_of_shards_start_fast_and_leak_no_descriptor(many_shards, workers):
     folder, docs = many_shards

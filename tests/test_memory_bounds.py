@@ -122,6 +122,7 @@ def test_many_compressed_sources_and_lanes_stay_under_the_limit(
     assert bounded == unbounded and bounded_state == state
 
 
+@pytest.mark.slow
 def test_many_small_compressed_sources_stay_at_the_limit_within_the_rebuild_budget(
     tmp_path, tokenizer_path, monkeypatch
 ):

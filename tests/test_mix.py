@@ -46,6 +46,7 @@ def _worst_rank_error_of(raw: list[int], topology: tuple[int, int], batch: int) 
 TOPOLOGIES = [(4, 1), (4, 2), (4, 4), (8, 2), (16, 4), (64, 8), (64, 2)]
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(
     raw=st.lists(st.integers(1, 100), min_size=2, max_size=4),
@@ -56,6 +57,7 @@ def test_deficit_rule_keeps_every_rank_within_one_point(raw, topology, batch):
     assert _worst_rank_error_of(raw, topology, batch) <= 0.01
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     raw=st.lists(st.integers(1, 100), min_size=5, max_size=6),
@@ -76,6 +78,7 @@ def test_five_sources_at_batch_size_4_can_exceed_one_point():
     assert _worst_rank_error_of([1, 1, 1, 80, 80], (4, 1), 4) <= 0.01
 
 
+@pytest.mark.slow
 def test_realized_shares_per_rank_with_documents_longer_than_seq_len(tmp_path, tokenizer_path):
     write_docs(tmp_path / "short.jsonl", corpus(0, 400, max_len=10), "jsonl")
     write_docs(tmp_path / "long.jsonl", corpus(1000, 80, min_len=200, max_len=900), "jsonl")

@@ -319,6 +319,7 @@ def test_resume_continues_the_same_batches_and_weights(base, reference_run, cut)
     assert got == (digests[cut:], mixes[cut:])
 
 
+@pytest.mark.slow
 def test_merged_rank_states_resume_on_one_rank_with_their_pending_sums(base, reference_run):
     """Two ranks (world 2) up to before the first update, their states merged, resumed on one
     rank with two workers: the update combines both ranks' sums, as the one-rank run did."""
@@ -441,6 +442,7 @@ def test_ado_state_resumes_exactly(base):
     assert train(resumed, steps - cut) == (digests[cut:], mixes[cut:])
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_two_rank_torchrun_job_mixes_as_one_rank_and_resumes_on_one(base, tmp_path):
     """Under torchrun the ranks' sums are combined at each update: the 2-rank job's global

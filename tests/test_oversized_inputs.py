@@ -399,6 +399,7 @@ LOCATIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", STREAMED + ["parquet"])
 def test_an_over_long_document_is_a_named_too_long_skip(measured, fmt):
     got = measured[f"{fmt}-skip"]

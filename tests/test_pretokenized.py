@@ -390,6 +390,7 @@ def test_missing_or_changed_index_is_refused(tmp_path, tokenizer_path):
 # -- storage, manifests, inspect ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_megatron_source_on_s3_reads_only_its_splits(mixture, tmp_path, s3_endpoint):
     from conftest import s3_options
 

@@ -23,6 +23,7 @@ child.wait()
 """
 
 
+@pytest.mark.slow
 def test_a_stuck_job_fails_in_time_with_every_process_stack():
     started = time.monotonic()
     with pytest.raises(TimeoutError) as info:
@@ -50,6 +51,7 @@ def test_a_quick_job_returns_its_output_and_status():
 ORPHANING_JOB = JOB.replace("child.wait()", "")
 
 
+@pytest.mark.slow
 def test_an_orphan_holding_the_pipes_is_found_and_ended():
     with pytest.raises(TimeoutError) as info:
         procs.run([sys.executable, "-c", ORPHANING_JOB], timeout=3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from helpers import corpus, expected_counts, make_tokenizer, token_counts, write_docs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -44,6 +45,7 @@ def setups(draw):
     }
 
 
+@pytest.mark.slow
 @settings(
     max_examples=25,
     deadline=None,

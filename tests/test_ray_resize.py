@@ -62,6 +62,7 @@ def ray_loader(recipe: dict, **spec) -> mixer.Loader:
     )
 
 
+@pytest.mark.slow
 def test_resizes_mid_stream_keep_the_stream(cluster, recipe, caplog):
     """2 → 4 → 1 actors between batches; the state taken after them resumes without Ray."""
     want = reference(recipe, 40)
@@ -120,6 +121,7 @@ def consume(loader: mixer.Loader, until, sleep: float, seconds: float) -> list[s
     return got
 
 
+@pytest.mark.slow
 def test_autoscaling_grows_while_the_consumer_waits_and_shrinks_while_actors_idle(
     cluster, recipe, caplog
 ):

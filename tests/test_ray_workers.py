@@ -83,6 +83,7 @@ def actor_nodes(loader: mixer.Loader) -> list[str]:
     return [table[actor._actor_id.hex()]["Address"]["NodeID"] for actor in loader._pool.actors]
 
 
+@pytest.mark.slow
 def test_resources_place_the_actors_on_the_data_node(cluster, three_sources):
     """Placed by a custom resource; batches in groups of 4 (in_flight 8); the actors never
     import torch (seconds of their start)."""
@@ -103,6 +104,7 @@ def test_resources_place_the_actors_on_the_data_node(cluster, three_sources):
         )
 
 
+@pytest.mark.slow
 def test_text_stream_is_the_local_stream_and_close_ends_the_actors(cluster, three_sources):
     recipe = three_sources[0]
     reference = take(mixer.build_loader(recipe), 30)
@@ -119,6 +121,7 @@ def test_text_stream_is_the_local_stream_and_close_ends_the_actors(cluster, thre
     assert actor_states(ids) == ["DEAD", "DEAD"]
 
 
+@pytest.mark.slow
 def test_image_stream_is_the_local_stream(cluster):
     recipe = str(ROOT / "recipes" / "multimodal_demo.yaml")
     reference = take(mixer.build_loader(recipe), 6)
@@ -131,6 +134,7 @@ def test_image_stream_is_the_local_stream(cluster):
         del got, batches
 
 
+@pytest.mark.slow
 def test_states_cross_between_ray_and_local_and_world_sizes(cluster, three_sources):
     recipe = three_sources[0]
     full = take(mixer.build_loader(recipe), 40)
@@ -160,6 +164,7 @@ def test_states_cross_between_ray_and_local_and_world_sizes(cluster, three_sourc
     assert take(single, 10) == full[10:20]
 
 
+@pytest.mark.slow
 def test_dead_actors_are_replaced_and_the_stream_is_unchanged(cluster, three_sources):
     recipe = {**three_sources[0], "shuffle_window": 5}
     reference = take(mixer.build_loader(recipe), 36)
@@ -176,6 +181,7 @@ def test_dead_actors_are_replaced_and_the_stream_is_unchanged(cluster, three_sou
     loader.close()
 
 
+@pytest.mark.slow
 def test_more_deaths_than_max_restarts_name_the_lanes(cluster, three_sources):
     loader = ray_loader(three_sources[0], max_restarts=1)
     batches = iter(loader)
@@ -230,6 +236,7 @@ def test_topology_errors(three_sources):
         mixer.RayWorkers(actors=2, in_flight=0)
 
 
+@pytest.mark.slow
 def test_set_weights_and_metrics_as_local(cluster, three_sources):
     recipe = three_sources[0]
     local, remote = mixer.build_loader(recipe, num_workers=2), ray_loader(recipe)
@@ -267,6 +274,7 @@ def cache_stats(actor) -> dict:
     return ray.get(actor.__ray_call__.remote(read))
 
 
+@pytest.mark.slow
 def test_schedule_and_token_cache_as_local(cluster, three_sources, tmp_path):
     """Weights over global tokens change at batch 10; the actors fill the cache, and new
     actors are served from it: the same batches and metrics as one local process."""
@@ -297,6 +305,7 @@ def test_schedule_and_token_cache_as_local(cluster, three_sources, tmp_path):
     assert len(list((tmp_path / "cache").glob("??/*.bin"))) == cold["writes"]
 
 
+@pytest.mark.slow
 def test_torchrun_ranks_share_the_cluster(cluster, three_sources, tmp_path):
     """Two gloo ranks join the cluster through RAY_ADDRESS: each one's stream, the summed
     metrics and the gathered state equal those of DataLoader workers in the same job, and
@@ -342,6 +351,7 @@ def test_torchrun_ranks_share_the_cluster(cluster, three_sources, tmp_path):
     assert take(resumed, 4) == after
 
 
+@pytest.mark.slow
 def test_killed_driver_leaves_no_actor(cluster, three_sources):
     driver = spawn(
         [

@@ -85,6 +85,7 @@ def _mapped(address: int) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_DONTFORK"), reason="Linux only")
 @pytest.mark.parametrize("keep", [True, False])
 def test_a_ring_dropped_in_a_later_fork_leaves_that_process_memory_alone(keep):
@@ -215,6 +216,7 @@ def _recipe(name: str, **changes) -> dict:
     return {**data, "base_dir": str(ROOT / "recipes"), **changes}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "changes"),
     [

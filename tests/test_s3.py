@@ -116,6 +116,7 @@ def local_digests(shards):
     return digests(mixer.build_loader(recipe(shards, str(shards[0]))))
 
 
+@pytest.mark.slow
 def test_s3_stream_equals_local_disk_and_states_are_interchangeable(
     shards, s3_endpoint, local_digests
 ):
@@ -133,6 +134,7 @@ def test_s3_stream_equals_local_disk_and_states_are_interchangeable(
     assert digests(local) == local_digests[7:]
 
 
+@pytest.mark.slow
 def test_faults_are_retried_at_the_current_offset(shards, s3_endpoint, local_digests):
     proxy = FaultProxy(s3_endpoint, stall_s=2.5)
     try:
@@ -149,6 +151,7 @@ def test_faults_are_retried_at_the_current_offset(shards, s3_endpoint, local_dig
         proxy.close()
 
 
+@pytest.mark.slow
 def test_workers_and_resume_over_s3(shards, s3_endpoint, local_digests):
     r = recipe(shards, f"s3://{BUCKET}/data", s3_options(s3_endpoint))
     first = mixer.build_loader(r, num_workers=2)
@@ -247,6 +250,7 @@ def test_standard_aws_environment_variables_are_the_fallback(
     assert digests(mixer.build_loader(r)) == local_digests
 
 
+@pytest.mark.slow
 def test_manifest_skips_listing_at_start_up_and_catches_changed_objects(
     shards, s3_endpoint, tmp_path, local_digests
 ):
@@ -279,6 +283,7 @@ def test_manifest_skips_listing_at_start_up_and_catches_changed_objects(
         proxy.close()
 
 
+@pytest.mark.slow
 def test_one_rank_lists_under_torchrun(shards, s3_endpoint, tmp_path):
     from test_torchrun import ROOT, torchrun
 

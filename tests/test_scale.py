@@ -90,6 +90,7 @@ def test_finite_recipe_delivers_every_document_once_over_64_ranks(job):
     assert token_counts(seen) == expected
 
 
+@pytest.mark.slow
 def test_each_of_64_ranks_gets_the_weights_within_a_point(job):
     recipe, _ = job
     # Invariant 6: within 1 point once a rank holds 25 · (lanes / world) · batch_size · seq_len
@@ -108,6 +109,7 @@ def test_each_of_64_ranks_gets_the_weights_within_a_point(job):
     assert worst <= 0.01
 
 
+@pytest.mark.slow
 def test_merged_state_of_64_ranks_resumes_on_16_exactly(job):
     recipe, _ = job
     before, after = 2, 2

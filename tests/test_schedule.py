@@ -73,6 +73,7 @@ STEP = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_step_schedule_stretches_hold_their_weights(data, world):
     steps = 6 * STRETCH // BATCH_TOKENS // world
@@ -86,6 +87,7 @@ def test_step_schedule_stretches_hold_their_weights(data, world):
     assert counts[2 * per : 3 * per, 0].sum() == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_linear_schedule_follows_the_mean_target_over_each_stretch(data, world):
     end = 8 * STRETCH
@@ -108,6 +110,7 @@ def test_linear_schedule_follows_the_mean_target_over_each_stretch(data, world):
         assert np.abs(realized - target).max() <= 0.01, (start, realized, target)
 
 
+@pytest.mark.slow
 def test_schedule_stream_is_independent_of_ranks_and_workers(data):
     r = recipe(data, STEP)
     steps = 2 * STRETCH // BATCH_TOKENS  # crosses the first change point
@@ -120,6 +123,7 @@ def digests(loader, n: int) -> list[str]:
     return [batch_digest(b) for b in itertools.islice(loader, n)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offset", [-1, 0, 1])
 def test_resume_at_just_before_and_just_after_a_change_point(data, offset):
     r = recipe(data, STEP)

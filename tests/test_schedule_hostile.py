@@ -138,6 +138,7 @@ def test_set_weights_before_iter_right_after_iter_and_with_prefetching_workers(d
         loader.close()
 
 
+@pytest.mark.slow
 def test_set_weights_repeatedly_is_worker_independent_and_resumable(data):
     r = recipe(data)
     calls = {
@@ -416,6 +417,7 @@ def test_a_state_with_damaged_override_weights_is_refused(data, weights):
         mixer.build_loader(recipe(data)).load_state_dict(state)
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
     raises=Hang,
@@ -573,6 +575,7 @@ calls_strategy = st.dictionaries(
 )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(
     calls=calls_strategy,

@@ -168,6 +168,7 @@ def test_large_photos_are_the_bottleneck(photos, workers):
     assert metrics["stages"]["media"]["share"] > 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_ray_actors_send_their_stage_seconds_with_the_batches(photos):
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"

@@ -78,6 +78,7 @@ def test_a_damaged_encoding_is_a_state_error_naming_where(edit, message):
         decode_lanes(encoded)
 
 
+@pytest.mark.slow
 def test_8192_lanes_of_a_long_run_fit_in_a_megabyte(three_sources):
     """A 1,024-rank × 8-worker job: its merged state lands in every rank's checkpoint.
 

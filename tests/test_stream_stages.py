@@ -144,6 +144,7 @@ class _Calls:
         return self.encoder(texts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", [0, 300, 100_000])
 def test_the_process_budget_of_text_ahead_changes_no_call_and_no_token(setup, monkeypatch, limit):
     """Windows (one per stream) consumed in turn, within a process budget of text queued
@@ -210,6 +211,7 @@ def test_a_loader_within_a_tiny_budget_of_text_ahead_gives_the_same_batches(
     assert asked and not all(asked)  # (some chunks were left to be encoded when needed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", [0, 300, 5_000])
 def test_the_process_budget_of_tokens_held_bounds_them_and_changes_no_token(
     setup, monkeypatch, limit

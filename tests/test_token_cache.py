@@ -325,6 +325,7 @@ def test_a_corrupt_block_met_after_a_resume_reads_the_source_from_there(
     assert CACHE_STATS.corrupt == 0 and CACHE_STATS.misses == 0
 
 
+@pytest.mark.slow
 def test_two_processes_filling_one_cache_at_once(data, tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -362,6 +363,7 @@ def test_unwritable_cache_warns_once_and_keeps_the_stream(data, tmp_path, caplog
     assert "cannot be written" in warnings_of(caplog)[0].getMessage()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
 def test_full_or_read_only_cache_warns_once_and_reads_what_it_has(
     data, tmp_path, caplog, monkeypatch, code
@@ -458,6 +460,7 @@ def test_s3_cache_url(data, tmp_path, s3_endpoint):
     assert CACHE_STATS.hits > 0 and CACHE_STATS.corrupt == 0
 
 
+@pytest.mark.slow
 def test_cache_under_torchrun_ranks_share_the_splits(data, tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -531,6 +534,7 @@ def test_image_recipes_bypass_the_cache_and_say_so(caplog, tmp_path):
     assert len(warnings_of(caplog)) == 1 and "image" in warnings_of(caplog)[0].getMessage()
 
 
+@pytest.mark.slow
 def test_a_run_caches_seekable_splits_read_over_many_windows(tmp_path, monkeypatch):
     """Parquet row groups and plain-jsonl ranges close their reader at every full window (as
     without a cache) while the stream writes their entries: a later run replays every one.
@@ -699,6 +703,7 @@ def test_a_window_resumed_past_its_start_writes_no_entry(tmp_path, monkeypatch):
     assert max(ahead, default=0) < 64
 
 
+@pytest.mark.slow
 def test_a_forked_child_that_exits_normally_leaves_the_entry_intact(tmp_path):
     """A child forked mid-split (exiting through the interpreter, finalizers and all) writes
     nothing into its parent's temporary files: the entry the parent stores replays the same

@@ -429,6 +429,7 @@ def test_fastokens_raising_after_verification_leaves_the_stream_as_tokenizers_ma
         assert "Max stack size" in line and "tokenizers (the same ids)" in line
 
 
+@pytest.mark.slow
 def test_a_megabyte_of_spaces_that_fastokens_cannot_split_is_encoded_all_the_same(tmp_path):
     """A pre-tokenizer fastokens runs on a backtracking engine (digits, then byte-level with its
     regex: StarCoder's) raises on a run of a million spaces, after verification passed."""
@@ -688,6 +689,7 @@ loader = mixer.build_loader(sys.argv[1])   # warm: fastokens still loading on it
 """
 
 
+@pytest.mark.slow
 def test_a_process_that_ends_while_fastokens_loads_exits_cleanly(recipe, tmp_path):
     mixer.build_loader(recipe)  # the verdict kept (in this test's XDG_CACHE_HOME)
     (tmp_path / "r.json").write_text(json.dumps(recipe))
@@ -813,6 +815,7 @@ print(json.dumps({"workers": got, "main": [os.environ["FASTOKENS_BPE_THREADS"], 
 """
 
 
+@pytest.mark.slow
 def test_fastokens_threads_follow_mixers_budget(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"}
     out = procs.run(
@@ -859,6 +862,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_without_fastokens_auto_falls_back_and_everything_works(recipe, tmp_path):
     (tmp_path / "r.json").write_text(json.dumps(recipe))
     out = procs.run(
@@ -909,6 +913,7 @@ def test_an_unknown_backend_is_a_recipe_error(recipe):
     assert mixer.load_recipe(recipe).tokenizer_backend == "auto"
 
 
+@pytest.mark.slow
 def test_workers_fork_once_fastokens_has_loaded_and_building_does_not_wait_for_it(
     recipe, monkeypatch
 ):

@@ -117,6 +117,7 @@ def test_video_batches_have_every_key_and_consistent_videos(corpus, layout):
     assert seen > 0
 
 
+@pytest.mark.slow
 def test_same_batches_with_any_worker_count_after_resume_and_elastic(corpus):
     recipe = recipe_of(corpus)
     reference = digests(take(mixer.build_loader(recipe), 12))

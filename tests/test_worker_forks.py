@@ -42,6 +42,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_worker_crash_prints_its_python_stack_under_faulthandler():
     # torch puts its own SIGSEGV handler in each worker, which prints no stack; the workers
     # mixer starts put faulthandler's back where the parent had it on.
@@ -56,6 +57,7 @@ def test_a_worker_crash_prints_its_python_stack_under_faulthandler():
     assert "parent saw:" in run.stdout  # and the loader still reports the dead worker
 
 
+@pytest.mark.slow
 def test_a_worker_crash_is_still_reported_where_stderr_has_no_descriptor():
     # faulthandler cannot write to such a stderr: torch's handler stays, which says at
     # least that the worker crashed
@@ -81,6 +83,7 @@ class _Witness:
             out.write(f"{os.getpid()}\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("app_froze", [False, True])
 def test_workers_never_finalize_garbage_their_parent_had_not_collected(
     tmp_path, monkeypatch, app_froze

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from helpers import batch_digest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -80,6 +81,7 @@ def test_text_batches_go_several_to_an_item_and_image_batches_one(three_sources,
     assert batches_per_item(images, layout_for(images, mixer.build_loader(vlm).tokenizer)) == 1
 
 
+@pytest.mark.slow
 def test_a_resume_and_set_weights_between_items_keep_the_stream(three_sources):
     """State taken, and weights changed, in the middle of a worker's item: the batches after
     it are those of num_workers 0."""

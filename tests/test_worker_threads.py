@@ -53,6 +53,7 @@ def test_without_a_usable_setting_the_budget_is_the_cpus_this_process_may_use(mo
     assert _worker_pools(2) == [str(max(1, cpus // 2))] * 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("off", ["false", "FALSE", "off", "0", "no", ""])
 def test_a_tokenizer_told_not_to_parallelize_is_left_so(monkeypatch, off):
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", off)

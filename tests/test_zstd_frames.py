@@ -77,6 +77,7 @@ def test_frame_groups_partition_the_lines(tmp_path_factory, lengths, cuts, split
     assert texts == [doc_text(d, n) for d, n in docs]
 
 
+@pytest.mark.slow
 def test_frames_become_splits_and_resume_reads_one_split(tmp_path, tokenizer_path):
     docs = corpus(0, 3000, max_len=10)
     data = write_frames(tmp_path / "x.jsonl.zst", docs, list(range(0, 10**6, 997)))
