@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	# the CPU build of torch on local disk; any other spec downloads gigabytes
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test,lint,docs,report,ray,hf,lightning,tensorboard,video]' \
+	$(PY) -m pip install --quiet -e '.[test,lint,docs,report,ray,hf,lightning,tensorboard,video,audio]' \
 		'torchdata>=0.11' 'tyro>=0.9' 'spmd_types==0.2.3'
 	# the [torchtitan] extra without torchtitan's own requirements (see pyproject.toml)
 	$(PY) -m pip install --quiet --no-deps 'torchtitan==0.3.0'
@@ -58,6 +58,8 @@ demo: setup
 	$(VENV)/bin/mixer inspect recipes/video_demo.yaml
 	$(VENV)/bin/mixer preview recipes/video_demo.yaml -n 3 --chars 400
 	$(VENV)/bin/mixer bench recipes/video_demo.yaml --batches 30 --num-workers 2 --no-progress
+	# Qwen3-VL: the same clips and pictures with timestamped temporal patches
+	$(VENV)/bin/mixer preview recipes/qwen3_vl_demo.yaml -n 2 --chars 400
 
 lint: $(VENV)/.lint-installed
 	$(VENV)/bin/ruff check mixer tests benchmarks examples
