@@ -231,6 +231,30 @@ def test_bad_clips_are_errors_naming_the_member_or_counted_skips(corpus, tmp_pat
     assert loader.metrics()["skipped_by_reason"]["bad"] == {"bad_audio": 3}
 
 
+def test_a_clip_over_30_seconds_is_cut_to_its_first_30_or_refused(corpus, tmp_path):
+    """Through the loader, a 31.5 s clip becomes the features and 750 tokens of its first
+    30 s (as Qwen2AudioProcessor truncates it); under `long_clips: refuse` it is bad_audio."""
+    wave = tone(31.5, freq=250.0)
+    data = encode(wave, 16000, "wav")
+    path = write_audio_tar(tmp_path / "long.tar", [Sample(1, 3, [Clip(data, "wav")])])
+    recipe = recipe_of(corpus, epochs=1)
+    recipe["seq_len"] = 800
+    recipe["sources"] = [
+        {"name": "long", "path": str(path), "weight": 1, "epochs": 1, "on_error": "skip"}
+    ]
+    ids = vision_ids(corpus[1], AUDIO_TOKENS)
+    (batch,) = take(mixer.build_loader(recipe), None)
+    assert batch["input_features"].shape[0] == 1
+    assert int(batch["feature_attention_mask"].sum()) == 3000
+    assert int((batch["input_ids"] == ids["<|AUDIO|>"]).sum()) == 750
+    first = np.clip(np.round(wave[: 30 * 16000] * 32768), -32768, 32767) / 32768
+    want = log_mel(first.astype(np.float32))
+    assert np.abs(batch["input_features"][0].numpy() - want).max() <= 1e-5
+    loader = mixer.build_loader({**recipe, "audio": {**recipe["audio"], "long_clips": "refuse"}})
+    assert take(loader, None) == []
+    assert loader.metrics()["skipped_by_reason"]["long"] == {"bad_audio": 1}
+
+
 def test_markers_not_as_many_as_clips_long_documents_and_audio_without_a_block(corpus, tmp_path):
     clip = Clip(encode(tone(1.0), 16000, "wav"), "wav")  # 25 <|AUDIO|> tokens
     samples = [
@@ -271,6 +295,7 @@ def test_recipe_refuses_images_with_audio_and_a_state_resumes_only_the_same_audi
     mixer.build_loader(recipe).load_state_dict(state)
 
 
+@pytest.mark.slow
 def test_loader_audio_batches_train_like_their_documents_alone(corpus):
     """The real loader's packed rows with clips, fed to a tiny random Qwen2-Audio: each
     document's logits in the packed batch equal its logits run alone with its clips."""

@@ -4,7 +4,7 @@ Estimates come from the first documents of up to 8 splits spread over each sourc
 (`tools.sampling`). Under an image layout the sampled records go through the layout's
 document builder, as in training: each image's cost is planned from its header (resized size,
 tokens), never decoded, and token estimates include image tokens (weights are over sequence
-tokens).
+tokens). Under the audio layout each sampled clip is decoded once to learn its tokens.
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ def inspect_recipe(recipe: Recipe, *, training_tokens: int = 10**9) -> dict[str,
             rows[-1].update(_image_columns(sample, docs))
         if recipe.images is not None and recipe.images.video is not None:
             rows[-1].update(_video_columns(sample, docs))
+        if recipe.audio is not None:
+            rows[-1].update(_audio_columns(sample, docs))
     return {
         "training_tokens": training_tokens,
         "lanes": recipe.lanes,
@@ -117,4 +119,23 @@ def _video_columns(sample: dict[str, float], docs: float) -> dict[str, Any]:
         "video_token_share": (
             tokens_per_doc / sample["tokens_per_doc"] if sample["tokens_per_doc"] else 0.0
         ),
+    }
+
+
+def _audio_columns(sample: dict[str, float], docs: float) -> dict[str, Any]:
+    """Audio estimates of one source: clips and their `<|AUDIO|>` tokens (each sampled clip
+    decoded once, as the loader plans it)."""
+    per_doc = sample.get("audios_per_doc", 0.0)
+    tokens_per_doc = sample.get("audio_tokens_per_doc", 0.0)
+    return {
+        "sampled_documents": sample["docs"],
+        "clips_per_doc": per_doc,
+        "audio_tokens_per_doc": tokens_per_doc,
+        "est_clips": round(docs * per_doc),
+        "est_audio_tokens": round(docs * tokens_per_doc),
+        "audio_token_share": (
+            tokens_per_doc / sample["tokens_per_doc"] if sample["tokens_per_doc"] else 0.0
+        ),
+        "sampled_oversize": sample.get("oversize", 0),
+        "sampled_rejected": sample.get("rejected", 0),
     }

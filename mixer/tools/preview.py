@@ -10,6 +10,8 @@ batches do not carry it: the recipe's `images.video.fps`) and its placeholder to
 images are the
 model's input turned back into pixels (patches reassembled, normalization undone), so they
 show exactly what a batch carries: the resized image, transparency composited on white.
+An audio clip (qwen2_audio) prints as `<audio 1.37 s → 35 tokens>`: its length as its
+`feature_attention_mask` row gives it (10 ms frames) and its `<|AUDIO|>` tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mixer.audio.layout import Qwen2AudioLayout
 from mixer.pipeline.batch import BatchLayout
 from mixer.tokenize import Encoder
 
@@ -55,6 +58,18 @@ class VideoRef:
         )
 
 
+@dataclass(frozen=True)
+class AudioRef:
+    """One audio clip of a batch: its index in `input_features` and its mask frames."""
+
+    index: int
+    frames: int
+    tokens: int
+
+    def __str__(self) -> str:
+        return f"<audio {self.frames / 100:.2f} s → {self.tokens} tokens>"
+
+
 class RowRenderer:
     """Renders the rows of a batch in order (images are numbered across the batch's rows)."""
 
@@ -75,6 +90,16 @@ class RowRenderer:
         # first run stands for the video, the rest are skipped
         self.patch_runs = getattr(layout, "name", "") == "qwen3_vl"
         self.runs_left = 0
+        self.audio_frames: list[int] | None = None
+        if isinstance(layout, Qwen2AudioLayout):
+            self.vision = layout.audio
+            self.audio_frames = batch["feature_attention_mask"].sum(dim=1).tolist()
+
+    def _audio(self, run: int) -> AudioRef:
+        assert self.audio_frames is not None
+        index = self.next_image
+        self.next_image += 1
+        return AudioRef(index, int(self.audio_frames[index]), run)
 
     def _video(self, run: int) -> VideoRef | None:
         s = self.settings
@@ -111,14 +136,14 @@ class RowRenderer:
         self.next_image += len(refs)
         return refs
 
-    def render(self, ids: list[int]) -> tuple[list[str | ImageRef | VideoRef], int]:
-        """Pieces of the row (decoded text, images and videos) and its number of image and
-        video tokens."""
+    def render(self, ids: list[int]) -> tuple[list[str | ImageRef | VideoRef | AudioRef], int]:
+        """Pieces of the row (decoded text, images, videos and audio clips) and its number of
+        image, video and audio tokens."""
         if self.vision is None:
             return [self.encoder.decode(ids)], 0
         pads = {self.vision.placeholder, self.video_pad} - {None}
         before, after = list(self.vision.before), list(self.vision.after)
-        pieces: list[str | ImageRef | VideoRef] = []
+        pieces: list[str | ImageRef | VideoRef | AudioRef] = []
         text: list[int] = []
         image_tokens = i = 0
         while i < len(ids):
@@ -140,7 +165,9 @@ class RowRenderer:
             if text:
                 pieces.append(self.encoder.decode(text))
                 text = []
-            if pad == self.video_pad:
+            if self.audio_frames is not None:
+                pieces.append(self._audio(k - j))
+            elif pad == self.video_pad:
                 video = self._video(k - j)
                 if video is not None:
                     pieces.append(video)
@@ -153,7 +180,7 @@ class RowRenderer:
         return pieces, image_tokens
 
 
-def join(pieces: list[str | ImageRef | VideoRef], chars: int) -> str:
+def join(pieces: list[str | ImageRef | VideoRef | AudioRef], chars: int) -> str:
     """The row as text, cut after `chars` characters (0: no cut); placeholders stay whole."""
     out, length = [], 0
     for piece in pieces:

@@ -228,7 +228,10 @@ def summarize(
 
     out["tokens_per_doc"] = mean("tokens")
     if builder is not None and not any(s.stored for s in read):
-        for key in ("images", "image_tokens", "videos", "video_frames", "video_tokens"):
+        for key in (
+            *("images", "image_tokens", "videos", "video_frames", "video_tokens"),
+            *("audios", "audio_tokens"),
+        ):
             out[f"{key}_per_doc"] = mean(key)
         out["oversize"] = sum(part["oversize"] for part in sums)
         out["rejected"] = sum(part["rejected"] for part in sums)
@@ -272,6 +275,8 @@ def _build(builder: Any, texts: list[str], images: list, files: list[str]) -> di
         "videos": 0,
         "video_frames": 0,
         "video_tokens": 0,
+        "audios": 0,  # audio clips (`LazyAudio.kind`)
+        "audio_tokens": 0,
         "oversize": 0,
         "rejected": 0,
     }

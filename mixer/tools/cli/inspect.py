@@ -65,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
                 f"note: source {row['name']!r} has compressed splits; resuming "
                 f"inside one decompresses up to {row['worst_resume_bytes']:,} stored bytes"
             )
-    if report["layout"] != "text":
+    if report["sources"] and "clips_per_doc" in report["sources"][0]:
+        _print_audio(report)
+    elif report["layout"] != "text":
         _print_images(report)
     if recipe.token_cache is not None:
         _print_cache(recipe, report["token_cache"])
@@ -147,6 +149,45 @@ def _print_images(report: dict[str, Any]) -> None:
                 f"{row['sampled_documents']} sampled documents do not fit seq_len "
                 f"{report['seq_len']} even at the lowest resolution (or the per-batch image "
                 "caps); they are skipped and counted in metrics()['oversize']"
+            )
+        if row["sampled_rejected"]:
+            print(
+                f"note: source {row['name']!r}: {row['sampled_rejected']} of "
+                f"{row['sampled_documents']} sampled documents are bad input (errors, or "
+                "skipped with on_error: skip)"
+            )
+
+
+def _print_audio(report: dict[str, Any]) -> None:
+    """The audio table of `inspect` under the audio layout."""
+    print(
+        f"\naudio under the {report['layout']} layout (sampled from up to 8 splits of each "
+        "source; each sampled clip decoded\nonce for its length; audio tokens are <|AUDIO|> "
+        "tokens; ~tokens above include them):"
+    )
+    print(
+        format_table(
+            report["sources"],
+            [
+                ("name", "source"),
+                ("sampled_documents", "sampled docs"),
+                ("clips_per_doc", "clips/doc"),
+                ("audio_tokens_per_doc", "audio tok/doc"),
+                ("est_clips", "~clips"),
+                ("est_audio_tokens", "~audio tokens"),
+                ("audio_token_share", "audio tok share"),
+                ("sampled_oversize", "oversize"),
+                ("sampled_rejected", "rejected"),
+            ],
+        )
+    )
+    for row in report["sources"]:
+        if row["sampled_oversize"]:
+            print(
+                f"note: source {row['name']!r}: {row['sampled_oversize']} of "
+                f"{row['sampled_documents']} sampled documents do not fit seq_len "
+                f"{report['seq_len']} (or audio.max_audio_per_batch); they are skipped and "
+                "counted in metrics()['oversize']"
             )
         if row["sampled_rejected"]:
             print(

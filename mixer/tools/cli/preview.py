@@ -12,7 +12,15 @@ from mixer.tools.cli.common import load
 def run(args: argparse.Namespace) -> int:
     from mixer.runtime.loader import build_loader
     from mixer.tokenize import Encoder
-    from mixer.tools.preview import ImageRef, RowRenderer, VideoRef, batch_images, join, save_images
+    from mixer.tools.preview import (
+        AudioRef,
+        ImageRef,
+        RowRenderer,
+        VideoRef,
+        batch_images,
+        join,
+        save_images,
+    )
 
     recipe = load(args.recipe)
     loader = build_loader(recipe, num_workers=0)
@@ -34,9 +42,11 @@ def run(args: argparse.Namespace) -> int:
                 pieces, image_tokens = renderer.render(real)
                 refs = [p for p in pieces if isinstance(p, ImageRef)]
                 videos = sum(isinstance(p, VideoRef) for p in pieces)
+                clips = sum(isinstance(p, AudioRef) for p in pieces)
                 media = ([f"{len(refs)} image(s)"] if refs else []) + (
                     [f"{videos} video(s)"] if videos else []
                 )
+                media += [f"{clips} audio clip(s)"] if clips else []
                 extra = f", {' and '.join(media)} of {image_tokens} tokens" if media else ""
                 print(f"--- sequence {shown} [{label}] {len(real)} tokens{extra}")
                 print(join(pieces, args.chars))
@@ -56,7 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "preview",
         help="print the first sequences, decoded, with sources; "
         "images as <image WxH → N tokens>, videos as "
-        "<video F×W×H @R fps → N tokens>",
+        "<video F×W×H @R fps → N tokens>, audio as <audio S s → N tokens>",
     )
     p.add_argument("recipe")
     p.add_argument(
