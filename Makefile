@@ -60,6 +60,11 @@ demo: setup
 	$(VENV)/bin/mixer bench recipes/video_demo.yaml --batches 30 --num-workers 2 --no-progress
 	# Qwen3-VL: the same clips and pictures with timestamped temporal patches
 	$(VENV)/bin/mixer preview recipes/qwen3_vl_demo.yaml -n 2 --chars 400
+	# audio+text: generated clips (FLAC, WAV, MP3, Vorbis, Opus) with prose (qwen2_audio batches)
+	$(VENV)/bin/mixer validate recipes/audio_demo.yaml
+	$(VENV)/bin/mixer inspect recipes/audio_demo.yaml
+	$(VENV)/bin/mixer preview recipes/audio_demo.yaml -n 3 --chars 400
+	$(VENV)/bin/mixer bench recipes/audio_demo.yaml --batches 30 --num-workers 2 --no-progress
 
 lint: $(VENV)/.lint-installed
 	$(VENV)/bin/ruff check mixer tests benchmarks examples
