@@ -9,8 +9,18 @@ on any world size the recipe's lanes allow. Lightning fetches one batch ahead of
 `_PrefetchDataFetcher`, for loaders without a length): the module keeps the loader's local
 state before each fetched batch and saves the one of the first batch no step has received.
 Every `log_every_n_steps` the loader's metrics go to the trainer's loggers as
-`mixer/<key>/<source>`. Padding batches (`mixer.is_padding_batch`) reach `training_step`:
-weight them by the global token count, or return `None` to skip them (not under DDP).
+`mixer/<key>/<source>`.
+
+The module overrides none of the batch hooks a LightningModule shares with it
+(`on_before_batch_transfer`, `transfer_batch_to_device`, `on_after_batch_transfer`), so the
+module's own run: it adds a callback (`MixerCallback`) to the trainer in `setup` that sees each
+batch a training step receives (`on_train_batch_start`).
+
+A finite recipe's spent stream ends `fit()` (whatever `max_steps` and `max_epochs` say), with
+one INFO line naming the step. An optimizer step (`accumulate_grad_batches` batches) that is
+padding on every rank is left out before Lightning sees it: no step, no optimizer or scheduler
+step. Padding batches of a step where only some ranks pad reach `training_step` (its labels
+are all -100: weight the loss by the global token count so it is zero, not NaN).
 """
 
 from __future__ import annotations
@@ -24,12 +34,12 @@ import torch
 import torch.distributed as torch_dist
 
 try:
-    from lightning.pytorch import LightningDataModule
+    from lightning.pytorch import Callback, LightningDataModule
 except ImportError:  # the standalone package
-    from pytorch_lightning import LightningDataModule
+    from pytorch_lightning import Callback, LightningDataModule
 
 from mixer.config.recipe import Recipe, load_recipe
-from mixer.integrations.common import flat_metrics
+from mixer.integrations.common import flat_metrics, steps_with_data
 from mixer.runtime.loader import Loader, build_loader
 from mixer.runtime.state import merge_states
 
@@ -39,21 +49,33 @@ log = logging.getLogger(__name__)
 class _Fetched:
     """The loader as Lightning iterates it; remembers the state before each fetched batch."""
 
-    def __init__(self, loader: Loader) -> None:
-        self.loader = loader
+    def __init__(self, loader: Loader, module: MixerDataModule) -> None:
+        self.loader, self.module = loader, module
         self.before: deque[dict] = deque()  # local states of fetched, not yet received batches
+        self.spent = False  # the stream ended (a finite recipe's data is exhausted)
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        self.before.clear()
+    def _with_states(self) -> Iterator[tuple[dict, dict[str, torch.Tensor]]]:
         it = iter(self.loader)
         while True:
-            self.before.append(self.loader.local_state_dict())
+            state = self.loader.local_state_dict()
             try:
                 batch = next(it)
             except StopIteration:
-                self.before.pop()
                 return
-            yield batch
+            yield state, batch
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self.before.clear()
+        trainer = self.module.trainer
+        per_step = max(int(trainer.accumulate_grad_batches), 1) if trainer is not None else 1
+        finite = self.loader.recipe.finite
+        for step in steps_with_data(self._with_states(), per_step, finite, lambda i: i[1]):
+            for state, batch in step:
+                self.before.append(state)
+                yield batch
+        self.spent = True
+        if trainer is not None:
+            trainer.should_stop = True  # every rank: the stream ends at one global batch
 
     def received(self) -> None:
         if self.before:
@@ -74,6 +96,7 @@ class MixerDataModule(LightningDataModule):
         self._fetched: _Fetched | None = None
         self._to_load: dict | None = None
         self._logged_step = -1
+        self._said_spent = False
 
     def setup(self, stage: str) -> None:
         if self.loader is not None:
@@ -91,7 +114,10 @@ class MixerDataModule(LightningDataModule):
             self.loader = build_loader(
                 self.recipe, rank=rank, world_size=world, num_workers=self.num_workers
             )
-        self._fetched = _Fetched(self.loader)
+        self._fetched = _Fetched(self.loader, self)
+        trainer = self.trainer
+        if trainer is not None and not any(isinstance(c, MixerCallback) for c in trainer.callbacks):
+            trainer.callbacks.append(MixerCallback(self))
         if self._to_load is not None:
             self._load(self._to_load)
             self._to_load = None
@@ -134,20 +160,43 @@ class MixerDataModule(LightningDataModule):
             self.loader.next_global_batch,
         )
 
-    # -- per batch ---------------------------------------------------------------------------
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        trainer = self.trainer
-        if trainer is None or not trainer.training or self._fetched is None:
-            return batch
+    # -- per batch (through MixerCallback) ---------------------------------------------------
+    def _received(self, trainer: Any) -> None:
+        if self._fetched is None:
+            return
         self._fetched.received()
         step = trainer.global_step
         if step % max(trainer.log_every_n_steps, 1) == 0 and step != self._logged_step:
             self._logged_step = step
             self._log_metrics(trainer, step)
-        return batch
+
+    def _epoch_ended(self, trainer: Any) -> None:
+        if self._fetched is not None and self._fetched.spent and not self._said_spent:
+            self._said_spent = True
+            log.info(
+                "mixer: the recipe's data is exhausted after step %d (global batch %d): fit() ends",
+                trainer.global_step,
+                self._fetched.loader.next_global_batch,
+            )
 
     def _log_metrics(self, trainer: Any, step: int) -> None:
         metrics = flat_metrics(self.loader.metrics(all_ranks=True))  # every rank, same step
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
+
+
+class MixerCallback(Callback):  # pyright: ignore[reportGeneralTypeIssues]
+    """What `MixerDataModule` does per training batch and at an epoch's end; `setup` adds it
+    to the trainer (a LightningModule's batch hooks stay the module's)."""
+
+    def __init__(self, datamodule: MixerDataModule) -> None:
+        self.datamodule = datamodule
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.datamodule._received(trainer)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self.datamodule._epoch_ended(trainer)
