@@ -136,7 +136,7 @@ def test_hf_evaluate_keeps_the_eval_sets_attention_mask(finite_recipe, tmp_path)
     rows = []
     for length in (9, 16, 5, 12):
         ids = torch.randint(0, 8000, (16,))
-        mask = (torch.arange(16) < length).long()
+        mask = (torch.arange(16) >= 16 - length).long()  # left padding: pads are attended
         rows.append(
             {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
         )
