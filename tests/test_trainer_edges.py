@@ -228,5 +228,32 @@ def test_lightning_ends_fit_on_the_spent_stream_without_padding_steps(
     assert module.hooked == real  # the LightningModule's own batch hook runs
 
 
+@pytest.mark.distributed
+def test_ddp_keeps_steps_where_only_some_ranks_pad_and_leaves_out_the_rest(finite_recipe, tmp_path):
+    """2 gloo processes, 8 lanes: lanes run out at different times on the two ranks."""
+    import os
+
+    import procs
+
+    recipe = yaml.safe_load(finite_recipe.read_text())
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({**recipe, "lanes": 8}))
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    result = procs.run(
+        [*launch, "integ_padding_job.py", str(path)],
+        timeout=120,
+        env=env,
+        cwd=Path(__file__).parent,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    lines = sorted(line.split() for line in result.stdout.splitlines() if line.startswith("RANK"))
+    (_, _, zero, weights0), (_, _, one, weights1) = lines
+    assert len(zero) == len(one) and weights0 == weights1  # in step, the same weights
+    steps = list(zip(zero, one))
+    assert ("P", "P") not in steps  # padding on every rank: left out
+    assert ("P", ".") in steps or (".", "P") in steps  # padding on some: a normal DDP step
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
