@@ -61,8 +61,8 @@ def padding_loss(t: MixerTrainer) -> None:
     batch = next(iter(t.mixer_loader))
     batch["labels"].fill_(-100)
     t.model.zero_grad()
-    loss = t.compute_loss(t.model, batch, num_items_in_batch=None)
-    loss.backward()
+    t.current_gradient_accumulation_steps = 1
+    loss = t.training_step(t.model, batch, None)  # forward and backward
     grads = [p.grad for p in t.model.parameters() if p.grad is not None]
     finite = all(bool(g.isfinite().all()) and not g.any() for g in grads)
     print("PADDING_LOSS", abs(float(loss)), "zero grads:", finite and len(grads) > 0)

@@ -105,8 +105,9 @@ def test_hf_trainer_resumes_the_stream_on_2_and_1_processes(recipe, reference, t
     assert "resuming the stream at global batch 6 " in log
     assert "resuming the stream at global batch 7 " in log
     assert "Fast-forwarding" not in log  # the Trainer replayed nothing
-    assert "'mixer/realized_share/prose'" in log and "'mixer/epochs/changelog'" in log
-    assert "'mixer/skipped/prose'" in log
+    assert "'mixer/realized_share/prose'" in log and "'mixer/target_share/changelog'" in log
+    assert "'mixer/skipped/prose'" in log and "'mixer/wait/share'" in log
+    assert "'mixer/epochs/" not in log and "'mixer/tokens/" not in log  # left to metrics()
     assert not (out / "killed-run" / f"checkpoint-{STEPS}").exists()
     # SIGKILLed after checkpoint-3; 2 -> 1: its global state resumes the stream on 1 process
     one = job("integ_hf_job.py", *args, "elastic")
@@ -150,9 +151,13 @@ def test_torchtitan_batches_are_next_token_aligned_and_the_builder_checks_the_tr
     assert labels[:, :-1].equal(batches[0]["labels"][:, 1:])  # torchtitan's loss never shifts
     assert (labels[:, -1] == -100).all()
     config = MixerDataLoader.Config(recipe=str(recipe))
-    with pytest.raises(mixer.RecipeError, match=r"training.seq_len is 64 .* batches of 32"):
+    with pytest.raises(
+        mixer.RecipeError, match=r"training.seq_len is 64 but .* has seq_len: 32 \(tokens per row\)"
+    ):
         config.build(dp_world_size=1, dp_rank=0, seq_len=64, local_batch_size=2)
-    with pytest.raises(mixer.RecipeError, match=r"training.local_batch_size is 8 .* of 2"):
+    with pytest.raises(
+        mixer.RecipeError, match=r"training.local_batch_size is 8 but .* has batch_size: 2 \(rows"
+    ):
         config.build(dp_world_size=1, dp_rank=0, seq_len=32, local_batch_size=8)
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(ROOT / "data"))  # the recipe's
     loader = config.build(

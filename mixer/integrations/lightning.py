@@ -9,8 +9,18 @@ on any world size the recipe's lanes allow. Lightning fetches one batch ahead of
 `_PrefetchDataFetcher`, for loaders without a length): the module keeps the loader's local
 state before each fetched batch and saves the one of the first batch no step has received.
 Every `log_every_n_steps` the loader's metrics go to the trainer's loggers as
-`mixer/<key>/<source>`. Padding batches (`mixer.is_padding_batch`) reach `training_step`:
-weight them by the global token count, or return `None` to skip them (not under DDP).
+`mixer/<key>/<source>`.
+
+The module overrides none of the batch hooks a LightningModule shares with it
+(`on_before_batch_transfer`, `transfer_batch_to_device`, `on_after_batch_transfer`), so the
+module's own run: it adds a callback (`MixerCallback`) to the trainer in `setup` that sees each
+batch a training step receives (`on_train_batch_start`).
+
+A finite recipe's spent stream ends `fit()` (whatever `max_steps` and `max_epochs` say), with
+one INFO line naming the step. An optimizer step (`accumulate_grad_batches` batches) that is
+padding on every rank is left out before Lightning sees it: no step, no optimizer or scheduler
+step. Padding batches of a step where only some ranks pad reach `training_step` (its labels
+are all -100: weight the loss by the global token count so it is zero, not NaN).
 """
 
 from __future__ import annotations
@@ -24,13 +34,13 @@ import torch
 import torch.distributed as torch_dist
 
 try:
-    from lightning.pytorch import LightningDataModule
+    from lightning.pytorch import Callback, LightningDataModule
 except ImportError:  # the standalone package
-    from pytorch_lightning import LightningDataModule
+    from pytorch_lightning import Callback, LightningDataModule
 
 from mixer.config.recipe import Recipe, load_recipe
-from mixer.integrations.common import flat_metrics
-from mixer.integrations.online_mixing import LateReports, causal_token_loss, summed
+from mixer.integrations.common import flat_metrics, steps_with_data
+from mixer.integrations.online_mixing import LateReports, Sums, causal_token_loss, summed
 from mixer.runtime.loader import Loader, build_loader
 from mixer.runtime.state import merge_states
 
@@ -40,33 +50,48 @@ log = logging.getLogger(__name__)
 class _Fetched:
     """The loader as Lightning iterates it; remembers the state before each fetched batch."""
 
-    def __init__(self, loader: Loader) -> None:
-        self.loader = loader
+    def __init__(self, loader: Loader, module: MixerDataModule) -> None:
+        self.loader, self.module = loader, module
         self.before: deque[dict] = deque()  # local states of fetched, not yet received batches
+        # (state, the reports' running sums when it was taken) of fetched, unreceived batches
+        self.before: deque[tuple[dict, Sums]] = deque()
         self.late = LateReports(loader)  # online mixing: losses reported after those states
+        self.spent = False  # the stream ended (a finite recipe's data is exhausted)
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        self.before.clear()
-        self.late.clear()
+    def _with_states(self) -> Iterator[tuple[dict, Sums, dict[str, torch.Tensor]]]:
         it = iter(self.loader)
         while True:
-            self.before.append(self.loader.local_state_dict())
-            self.late.taken()
+            state, mark = self.loader.local_state_dict(), self.late.mark()
             try:
                 batch = next(it)
             except StopIteration:
-                self.before.pop()
                 return
             self.late.fetched()
-            yield batch
+            yield state, mark, batch
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self.before.clear()
+        trainer = self.module.trainer
+        per_step = max(int(trainer.accumulate_grad_batches), 1) if trainer is not None else 1
+        finite = self.loader.recipe.finite
+        for step in steps_with_data(self._with_states(), per_step, finite, lambda i: i[2]):
+            for state, mark, batch in step:
+                self.before.append((state, mark))
+                yield batch
+        self.spent = True
+        if trainer is not None:
+            trainer.should_stop = True  # every rank: the stream ends at one global batch
 
     def received(self) -> None:
         if self.before:
             self.before.popleft()
-            self.late.used()
 
     def local_state(self) -> dict:
-        return self.before[0] if self.before else self.loader.local_state_dict()
+        return self.before[0][0] if self.before else self.loader.local_state_dict()
+
+    def late_sums(self) -> Sums:
+        """The losses reported since the state `local_state` returns was taken."""
+        return self.late.since(self.before[0][1]) if self.before else self.late.zero()
 
 
 class MixerDataModule(LightningDataModule):
@@ -81,6 +106,7 @@ class MixerDataModule(LightningDataModule):
         self._to_load: dict | None = None
         self._logged_step = -1
         self._late_losses: list | None = None  # online mixing: reported after the saved state
+        self._said_spent = False
 
     def setup(self, stage: str) -> None:
         if self.loader is not None:
@@ -98,7 +124,10 @@ class MixerDataModule(LightningDataModule):
             self.loader = build_loader(
                 self.recipe, rank=rank, world_size=world, num_workers=self.num_workers
             )
-        self._fetched = _Fetched(self.loader)
+        self._fetched = _Fetched(self.loader, self)
+        trainer = self.trainer
+        if trainer is not None and not any(isinstance(c, MixerCallback) for c in trainer.callbacks):
+            trainer.callbacks.append(MixerCallback(self))
         if self._to_load is not None:
             self._load(self._to_load)
             self._to_load = None
@@ -122,13 +151,13 @@ class MixerDataModule(LightningDataModule):
         late = self._fetched.late
         if torch_dist.is_initialized() and self.loader.world_size > 1:
             gathered: list[Any] = [None] * torch_dist.get_world_size()
-            torch_dist.all_gather_object(gathered, (local, late.after_oldest()))
+            torch_dist.all_gather_object(gathered, (local, self._fetched.late_sums()))
             state: dict[str, Any] = {"mixer": merge_states([g[0] for g in gathered])}
             if late.on:
                 state["mixer_late_losses"] = summed([g[1] for g in gathered])
             return state
         if late.on:
-            return {"mixer": local, "mixer_late_losses": late.after_oldest()}
+            return {"mixer": local, "mixer_late_losses": self._fetched.late_sums()}
         return {"mixer": local}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -167,20 +196,43 @@ class MixerDataModule(LightningDataModule):
         as transformers' models): `self.trainer.datamodule.report_logits(out.logits, batch)`."""
         self.report_loss(causal_token_loss(logits, batch["labels"]), batch)
 
-    # -- per batch ---------------------------------------------------------------------------
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        trainer = self.trainer
-        if trainer is None or not trainer.training or self._fetched is None:
-            return batch
+    # -- per batch (through MixerCallback) ---------------------------------------------------
+    def _received(self, trainer: Any) -> None:
+        if self._fetched is None:
+            return
         self._fetched.received()
         step = trainer.global_step
         if step % max(trainer.log_every_n_steps, 1) == 0 and step != self._logged_step:
             self._logged_step = step
             self._log_metrics(trainer, step)
-        return batch
+
+    def _epoch_ended(self, trainer: Any) -> None:
+        if self._fetched is not None and self._fetched.spent and not self._said_spent:
+            self._said_spent = True
+            log.info(
+                "mixer: the recipe's data is exhausted after step %d (global batch %d): fit() ends",
+                trainer.global_step,
+                self._fetched.loader.next_global_batch,
+            )
 
     def _log_metrics(self, trainer: Any, step: int) -> None:
         metrics = flat_metrics(self.loader.metrics(all_ranks=True))  # every rank, same step
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
+
+
+class MixerCallback(Callback):  # pyright: ignore[reportGeneralTypeIssues]
+    """What `MixerDataModule` does per training batch and at an epoch's end; `setup` adds it
+    to the trainer (a LightningModule's batch hooks stay the module's)."""
+
+    def __init__(self, datamodule: MixerDataModule) -> None:
+        self.datamodule = datamodule
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.datamodule._received(trainer)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self.datamodule._epoch_ended(trainer)

@@ -13,7 +13,6 @@ losses a trainer reports after the loader has already fetched the next batch.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import torch
@@ -70,41 +69,34 @@ def require_online_mixing(loader: Loader, who: str) -> None:
 
 
 class LateReports:
-    """Per state taken before a fetch and not yet used by a step: the sums reported since."""
+    """The running sums of the losses reported through it, so that the sums reported since
+    any state was taken are known (`mark` when taking it, `since(mark)` later)."""
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader
         self.count = len(loader.recipe.names)
-        self.since: deque[Sums] = deque()
+        self.total: Sums = self.zero()
         self.give_back: Sums | None = None  # a resumed run's, added after its first fetch
 
     @property
     def on(self) -> bool:
         return self.loader.recipe.online_mixing is not None
 
-    def taken(self) -> None:
-        """A state was taken before a fetch."""
-        self.since.append([[0, 0] for _ in range(self.count)])
+    def mark(self) -> Sums:
+        """The running sums now (taken with a state)."""
+        return [list(s) for s in self.total]
 
-    def used(self) -> None:
-        if self.since:
-            self.since.popleft()
-
-    def clear(self) -> None:
-        self.since.clear()
+    def since(self, mark: Sums) -> Sums:
+        """The sums reported since `mark` was taken."""
+        return [[t[0] - m[0], t[1] - m[1]] for t, m in zip(self.total, mark)]
 
     def report(self, token_loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
-        """`loader.report_loss`, remembered for every state taken before it."""
+        """`loader.report_loss`, added to the running sums."""
         self.loader.report_loss(token_loss, batch)
         sums = [(to_fixed(s), t) for s, t in source_sums(token_loss, batch, self.count)]
-        for pending in self.since:
-            for slot, (loss, tokens) in zip(pending, sums):
-                slot[0] += loss
-                slot[1] += tokens
-
-    def after_oldest(self) -> Sums:
-        """The sums reported since the oldest state still kept was taken."""
-        return [list(s) for s in self.since[0]] if self.since else self.zero()
+        for slot, (loss, tokens) in zip(self.total, sums):
+            slot[0] += loss
+            slot[1] += tokens
 
     def zero(self) -> Sums:
         return [[0, 0] for _ in range(self.count)]

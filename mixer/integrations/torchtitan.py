@@ -11,6 +11,11 @@ position_ids}, labels)` with the labels next-token aligned (shifted left by one,
 column -100: torchtitan's loss does not shift), so a masked document boundary
 (`mask_document_boundaries`) never lets a document's last token predict the next document.
 
+An optimizer step's `batches_per_step` batches (torchtitan's gradient accumulation steps ×
+pipeline microbatches) that are padding on every DP rank (a finite recipe's exhausted lanes,
+`mixer.is_padding_batch`) are left out of the iteration, so the loop never steps the
+optimizer or the scheduler on them; a step where only some ranks pad comes whole.
+
 In a job config: `dataloader=MixerDataLoader.Config(recipe="recipes/pretrain.yaml")`; the
 trainer's `config.dataloader.build(dp_world_size=..., dp_rank=..., tokenizer=..., seq_len=...,
 local_batch_size=...)` goes to `build_mixer_dataloader`, which checks those against the recipe.
@@ -29,6 +34,7 @@ from torchtitan.components.dataloader import BaseDataLoader
 
 from mixer.config.recipe import Recipe, load_recipe
 from mixer.core.errors import RecipeError, TopologyError
+from mixer.integrations.common import steps_with_data
 from mixer.integrations.online_mixing import next_token_loss, require_online_mixing
 from mixer.runtime import dist
 from mixer.runtime.loader import Loader, build_loader
@@ -56,13 +62,25 @@ class MixerDataLoader(BaseDataLoader):
         num_workers: int = 0
         """DataLoader worker processes per rank (num_workers x DP degree must divide lanes)."""
 
+        batches_per_step: int = 1
+        """Batches one optimizer step takes per DP rank (gradient accumulation steps x
+        pipeline microbatches): steps of padding on every DP rank are left out whole."""
+
         def build(self, **kwargs: Any) -> MixerDataLoader:
             return build_mixer_dataloader(self, **kwargs)
 
     def __init__(
-        self, recipe: Recipe | dict | str, dp_rank: int, dp_world_size: int, num_workers: int = 0
+        self,
+        recipe: Recipe | dict | str,
+        dp_rank: int,
+        dp_world_size: int,
+        num_workers: int = 0,
+        batches_per_step: int = 1,
     ) -> None:
         recipe = load_recipe(recipe)
+        if batches_per_step < 1:
+            raise ValueError(f"batches_per_step must be at least 1, got {batches_per_step}")
+        self.batches_per_step = batches_per_step
         if recipe.images is not None:
             raise RecipeError(
                 "MixerDataLoader serves text recipes; this one has `images:` "
@@ -90,10 +108,12 @@ class MixerDataLoader(BaseDataLoader):
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         mixing = self.loader.recipe.online_mixing is not None
         self._unreported: deque[dict[str, torch.Tensor]] = deque()
-        for batch in self.loader:
-            if mixing:  # (for mixing_loss: the batches whose loss is not computed yet)
-                self._unreported.append(batch)
-            yield titan_batch(batch)
+        finite = self.loader.recipe.finite
+        for step in steps_with_data(self.loader, self.batches_per_step, finite):
+            for batch in step:
+                if mixing:  # (for mixing_loss: the batches whose loss is not computed yet)
+                    self._unreported.append(batch)
+                yield titan_batch(batch)
 
     def mixing_loss(self, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
         """`loss_fn` (torchtitan's, `(pred, labels, ...)`) that also reports each batch's
@@ -162,16 +182,22 @@ def build_mixer_dataloader(
     `snapshot_every_n_steps` is not needed: the state is exact at every step. Other keywords
     a later torchtitan passes are ignored, as its own loaders do."""
     recipe = load_recipe(config.recipe)
-    for name, theirs, ours in (
-        ("seq_len", seq_len, recipe.seq_len),
-        ("local_batch_size", local_batch_size, recipe.batch_size),
+    for name, theirs, field, ours, meaning in (
+        ("seq_len", seq_len, "seq_len", recipe.seq_len, "tokens per row"),
+        ("local_batch_size", local_batch_size, "batch_size", recipe.batch_size, "rows per DP rank"),
     ):
         if theirs is not None and theirs != ours:
             raise RecipeError(
-                f"training.{name} is {theirs} but the recipe {config.recipe} "
-                f"makes batches of {ours} (batch_size x seq_len per DP rank)"
+                f"training.{name} is {theirs} but the recipe {config.recipe} has "
+                f"{field}: {ours} ({meaning}): set one to the other"
             )
-    loader = MixerDataLoader(recipe, dp_rank, dp_world_size, num_workers=config.num_workers)
+    loader = MixerDataLoader(
+        recipe,
+        dp_rank,
+        dp_world_size,
+        num_workers=config.num_workers,
+        batches_per_step=config.batches_per_step,
+    )
     eos = getattr(tokenizer, "eos_id", None)
     if eos is not None and eos != loader.loader.tokenizer.eos_id:
         loader.close()
