@@ -36,6 +36,7 @@ from mixer.runtime.lane_dataset import as_batch
 from mixer.runtime.loss_sums import source_sums
 from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics, warn_left_over
 from mixer.runtime.mixing_state import MixingLoop, to_fixed
+from mixer.runtime.pixel_slots import receive_pixels
 from mixer.runtime.profile import (
     StageTotals,
     WaitClock,
@@ -518,6 +519,7 @@ class Loader:
                     raise meta["error"]
                 self._stages.worker(meta["worker"], meta.get("stages"))
                 took = perf_counter()
+                receive_pixels(dataset.pixel_slots, data)
                 data = self._receive(dataset.ring, data, meta["padding"])
                 self._stages.own_transfer += perf_counter() - took
                 expected = global_batch(self._next_global, len(held), self.rank, self.world_size)

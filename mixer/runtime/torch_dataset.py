@@ -18,10 +18,12 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from mixer.config.recipe import Recipe
+from mixer.images.shared_pixels import use_allocator
 from mixer.pipeline.batch import Batch, BatchLayout, Wire
 from mixer.runtime import worker_processes
-from mixer.runtime.lane_dataset import LaneDataset
-from mixer.runtime.ring import BatchRing
+from mixer.runtime.lane_dataset import LaneDataset, Send
+from mixer.runtime.pixel_slots import PixelSlots
+from mixer.runtime.ring import BatchRing, InRing
 from mixer.tokenize.backends import finish_preloads
 
 PREFETCH = 2  # items each DataLoader worker makes ahead
@@ -35,9 +37,14 @@ def batches_per_item(recipe: Recipe, layout: BatchLayout) -> int:
     """How many batches a worker sends as one DataLoader item: text batches up to
     `ITEM_BYTES` together; image batches one by one (their decoding is ordered and bounded
     per batch: the pixel budget, the soonest-needed image first)."""
-    if getattr(recipe, "images", None) is not None or getattr(recipe, "audio", None) is not None:
+    if has_pixels(recipe):
         return 1
     return max(1, min(MAX_ITEM_BATCHES, ITEM_BYTES // layout.wire_bytes(recipe.batch_size)))
+
+
+def has_pixels(recipe: Recipe) -> bool:
+    """Whether the recipe's batches carry pixels (or audio features)."""
+    return getattr(recipe, "images", None) is not None or getattr(recipe, "audio", None) is not None
 
 
 class TorchLaneDataset(LaneDataset, IterableDataset):
@@ -47,13 +54,17 @@ class TorchLaneDataset(LaneDataset, IterableDataset):
     fork), batches cross through its slots."""
 
     ring: BatchRing | None = None
+    pixel_slots: PixelSlots | None = None
     group: int = 1
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         if info is None:
             return self.produce(0, 1, None)
-        send = _wire if self.ring is None else functools.partial(self.ring.send, info.id)
+        send: Send = _wire if self.ring is None else functools.partial(self.ring.send, info.id)
+        if self.pixel_slots is not None:
+            use_allocator(functools.partial(self.pixel_slots.allocate, info.id))
+            send = functools.partial(_with_pixel_slots, self.pixel_slots, send)
         return _grouped(self.produce(info.id, info.num_workers, send), self.group)
 
 
@@ -64,6 +75,8 @@ def worker_batches(dataset: TorchLaneDataset, layout: BatchLayout, num_workers: 
     dataset.ring = BatchRing.for_layout(
         layout, dataset.recipe.batch_size, num_workers, (PREFETCH + 2) * dataset.group
     )
+    if has_pixels(dataset.recipe):
+        dataset.pixel_slots = PixelSlots.for_workers(num_workers)
     with worker_processes.inherit_no_garbage():
         items = iter(
             DataLoader(
@@ -78,8 +91,9 @@ def worker_batches(dataset: TorchLaneDataset, layout: BatchLayout, num_workers: 
         )
     assert isinstance(items, _MultiProcessingDataLoaderIter)  # (num_workers > 0)
     worker_processes.adopt(items._workers)  # stopped at exit even if never closed
-    if dataset.ring is not None:
-        dataset.ring.keep_from_later_forks()
+    for shared in (dataset.ring, dataset.pixel_slots):
+        if shared is not None:
+            shared.keep_from_later_forks()
     return InOrder(items, num_workers)
 
 
@@ -129,6 +143,15 @@ class InOrder:
 
 def _wire(layout: BatchLayout, batch: Batch) -> Wire:
     return layout.to_wire(batch)
+
+
+def _with_pixel_slots(
+    slots: PixelSlots, send: Send, layout: BatchLayout, batch: Batch
+) -> InRing | Wire:
+    """`send`'s item, its pixels made in a slot sent as the slot's number."""
+    item = send(layout, batch)
+    slots.send(item.wire if isinstance(item, InRing) else item)
+    return item
 
 
 def sent_as_is(item: Any) -> Any:
