@@ -20,6 +20,7 @@ from image_data import make_vlm_tokenizer, vision_ids
 from test_images_loader import assert_elastic_resume, digests, take
 
 import mixer
+from mixer.audio.features import log_mel
 from mixer.audio.handle import AudioProcessing
 from mixer.config.audio import AudioSettings
 from mixer.core.records import EncodedAudio
