@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from mixer.core.records import EncodedImage
 
 
+MediaKind = Literal["image", "video", "audio"]
+"""Which batch keys a medium goes to: images, videos or audio features."""
+
+
 class MediaPlan(Protocol):
     """What a medium becomes, known before its pixels are made."""
 
@@ -35,8 +39,8 @@ class MediaHandle(Protocol):
     """An image or a video of a document, decoded only when its pixels are needed."""
 
     @property
-    def kind(self) -> Literal["image", "video"]:
-        """Which batch keys the medium goes to: images or videos."""
+    def kind(self) -> MediaKind:
+        """Which batch keys the medium goes to: images, videos or audio features."""
         ...
 
     @property

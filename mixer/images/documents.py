@@ -288,7 +288,9 @@ class ImageDocuments:
         image_plans = self._plans(image_sizes)
         base = next(image_plans)
         lowest: list = []
-        for lowest in self.videos.lowered(infos) if infos else [[]]:
+        if infos:
+            assert self.videos is not None  # (`build` rejected the sample otherwise)
+        for lowest in self.videos.lowered(infos) if self.videos and infos else [[]]:
             yield merged(base, lowest)
         for plans in image_plans:
             yield merged(plans, lowest)
@@ -363,8 +365,9 @@ class ImageDocuments:
             oversize=True,
         )
 
-    def _handle(self, medium: EncodedImage, size, plan, file: str) -> LazyImage:
+    def _handle(self, medium: EncodedImage, size, plan, file: str) -> LazyImage | LazyVideo:
         if isinstance(plan, VideoPlan):
+            assert self.videos is not None  # (a video plan is made only with video settings)
             return LazyVideo(
                 medium,
                 size,

@@ -18,15 +18,18 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as torch_dist
 
-try:
+if TYPE_CHECKING:  # (checked against one package: the two classes are distinct types)
     from lightning.pytorch import LightningDataModule
-except ImportError:  # the standalone package
-    from pytorch_lightning import LightningDataModule
+else:
+    try:
+        from lightning.pytorch import LightningDataModule
+    except ImportError:  # the standalone package
+        from pytorch_lightning import LightningDataModule
 
 from mixer.config.recipe import Recipe, load_recipe
 from mixer.integrations.common import flat_metrics
@@ -85,8 +88,8 @@ class MixerDataModule(LightningDataModule):
     def setup(self, stage: str) -> None:
         if self.loader is not None:
             return
-        strategy = self.trainer.strategy if self.trainer is not None else None
-        rank, world = (strategy.global_rank, strategy.world_size) if strategy else (0, 1)
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
         if world > 1 and torch_dist.is_initialized():
             self.loader = build_loader(self.recipe, num_workers=self.num_workers)
             if (self.loader.rank, self.loader.world_size) != (rank, world):
@@ -106,6 +109,7 @@ class MixerDataModule(LightningDataModule):
     def train_dataloader(self) -> _Fetched:
         if self._fetched is None:
             self.setup("fit")
+        assert self._fetched is not None  # (`setup` made it)
         return self._fetched
 
     def teardown(self, stage: str) -> None:
@@ -120,7 +124,7 @@ class MixerDataModule(LightningDataModule):
             return {"mixer": self._to_load} if self._to_load else {}
         local = self._fetched.local_state()
         late = self._fetched.late
-        if torch_dist.is_initialized() and self.loader.world_size > 1:
+        if torch_dist.is_initialized() and self._fetched.loader.world_size > 1:
             gathered: list[Any] = [None] * torch_dist.get_world_size()
             torch_dist.all_gather_object(gathered, (local, late.after_oldest()))
             state: dict[str, Any] = {"mixer": merge_states([g[0] for g in gathered])}
@@ -150,7 +154,7 @@ class MixerDataModule(LightningDataModule):
         log.info(
             "mixer: resuming the stream at global batch %d (state loaded: no batch "
             "skipped by replay)",
-            self.loader.next_global_batch,
+            loader.next_global_batch,
         )
 
     # -- online mixing -----------------------------------------------------------------------
@@ -174,13 +178,17 @@ class MixerDataModule(LightningDataModule):
             return batch
         self._fetched.received()
         step = trainer.global_step
-        if step % max(trainer.log_every_n_steps, 1) == 0 and step != self._logged_step:
+        # (lightning's Trainer declares no `log_every_n_steps`: its logger connector sets it)
+        every = trainer.log_every_n_steps  # pyright: ignore[reportAttributeAccessIssue]
+        if step % max(every, 1) == 0 and step != self._logged_step:
             self._logged_step = step
             self._log_metrics(trainer, step)
         return batch
 
     def _log_metrics(self, trainer: Any, step: int) -> None:
-        metrics = flat_metrics(self.loader.metrics(all_ranks=True))  # every rank, same step
+        assert self._fetched is not None  # (called once set up)
+        loader = self._fetched.loader
+        metrics = flat_metrics(loader.metrics(all_ranks=True))  # every rank, same step
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
