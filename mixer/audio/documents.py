@@ -20,7 +20,7 @@ import numpy as np
 from mixer.audio.handle import AudioPlan, AudioProcessing, LazyAudio
 from mixer.config.audio import AudioSettings
 from mixer.core.document import Document, Placement, Rejected
-from mixer.core.errors import DataError
+from mixer.core.errors import DataError, SkipReason, bad_media
 from mixer.core.records import EncodedAudio, EncodedImage, EncodedVideo
 from mixer.images.documents import VisionTokens
 from mixer.tokenize import Encoder
@@ -84,7 +84,7 @@ class AudioDocuments:
                 "carries no pixels (an `images:` block does)",
                 file,
                 f"member {others[0].member} at byte offset {others[0].offset}",
-                f"bad_{what}",
+                bad_media(what),
             )
         marker = self.settings.marker
         count = text.count(marker)
@@ -99,7 +99,9 @@ class AudioDocuments:
             return [""] * len(media) + [text], media
         return text.split(marker), media
 
-    def _error(self, message: str, file: str, where: str, reason: str = "bad_audio") -> Rejected:
+    def _error(
+        self, message: str, file: str, where: str, reason: SkipReason = "bad_audio"
+    ) -> Rejected:
         return Rejected(
             DataError(message, source=self.source, file=file, location=where, reason=reason)
         )

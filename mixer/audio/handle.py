@@ -18,6 +18,7 @@ import numpy as np
 from mixer.audio.decode import audio_error, decode_clip
 from mixer.audio.features import audio_tokens, feature_frames, log_mel
 from mixer.config.audio import CHUNK_SAMPLES, N_FRAMES, N_MELS, SAMPLING_RATE, AudioSettings
+from mixer.core.document import MediaKind
 from mixer.core.records import EncodedImage
 from mixer.images.handle import LazyImage
 
@@ -82,7 +83,7 @@ class AudioProcessing:
 class LazyAudio(LazyImage):
     """A clip of a document: a `LazyImage` whose pixels are its (128, 3000) log-mel features."""
 
-    kind = "audio"
+    kind: MediaKind = "audio"
 
     def __init__(
         self,

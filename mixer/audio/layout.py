@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from mixer.audio.documents import AudioDocuments
-from mixer.audio.handle import AudioPlan, AudioProcessing
+from mixer.audio.handle import AudioPlan, AudioProcessing, LazyAudio
 from mixer.config.audio import N_FRAMES
 from mixer.config.recipe import Recipe
-from mixer.core.document import Budget
+from mixer.core.document import Budget, MediaHandle
 from mixer.core.errors import RecipeError
 from mixer.core.token_info import TokenizerInfo
 from mixer.images.documents import VisionTokens
@@ -86,7 +86,7 @@ class Qwen2AudioLayout(BatchLayout):
 
     def finish(self, arrays: dict[str, np.ndarray], rows: list[Row | None], padding: bool) -> Batch:
         handles = [
-            placement.image
+            _clip(placement.image)
             for row in rows
             if row is not None
             for piece in row.pieces
@@ -118,3 +118,10 @@ class Qwen2AudioLayout(BatchLayout):
 def audio_layout(recipe: Recipe, tokenizer: TokenizerInfo) -> Qwen2AudioLayout:
     """The layout the recipe's `audio.layout` names (its tokens checked in the tokenizer)."""
     return Qwen2AudioLayout(recipe, tokenizer)
+
+
+def _clip(handle: MediaHandle) -> LazyAudio:
+    """A placed medium of an audio document: always a clip (`AudioDocuments` makes them)."""
+    if not isinstance(handle, LazyAudio):
+        raise TypeError(f"an audio layout got a {handle.kind} handle ({type(handle).__name__})")
+    return handle

@@ -8,13 +8,17 @@ sequence tokens before any pixel is decoded, so packing can plan a row without d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 
 import numpy as np
 
 if TYPE_CHECKING:
     from mixer.core.errors import DataError
     from mixer.core.records import EncodedImage
+
+
+MediaKind = Literal["image", "video", "audio"]
+"""Which batch keys a medium goes to: images, videos or audio features."""
 
 
 class MediaPlan(Protocol):
@@ -35,8 +39,8 @@ class MediaHandle(Protocol):
     """An image or a video of a document, decoded only when its pixels are needed."""
 
     @property
-    def kind(self) -> Literal["image", "video"]:
-        """Which batch keys the medium goes to: images or videos."""
+    def kind(self) -> MediaKind:
+        """Which batch keys the medium goes to: images, videos or audio features."""
         ...
 
     @property
@@ -126,6 +130,24 @@ class Document:
         return not self.images
 
 
+class _StreamPosition(TypedDict):
+    epoch: int
+    window: int
+    slot: int
+    index: int
+    offset: int
+    pos: int
+    skipped: int
+    done: int  # 0 or 1
+
+
+class StreamState(_StreamPosition, total=False):
+    """A source stream's position before its next document: plain ints (JSON as it is)."""
+
+    oversize: int  # image recipes: oversize documents seen
+    reasons: dict[str, int]  # skipped records per reason, when any
+
+
 class DocumentSource(Protocol):
     """What a packer draws documents from (a `SourceStream`, or any resumable iterator)."""
 
@@ -139,9 +161,9 @@ class DocumentSource(Protocol):
 
     def next_document(self) -> Document | None: ...
 
-    def state_dict(self) -> dict[str, int]: ...
+    def state_dict(self) -> StreamState: ...
 
-    def load_state_dict(self, state: dict[str, int] | None) -> None: ...
+    def load_state_dict(self, state: StreamState | None) -> None: ...
 
 
 @dataclass

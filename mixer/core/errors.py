@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 
 class MixerError(Exception):
     """Base class of all errors raised by mixer."""
@@ -13,7 +15,7 @@ class RecipeError(MixerError, ValueError):
 
 # Why a record was skipped, as `metrics()["skipped_by_reason"]` counts it (docs/metrics.md):
 # each `DataError` names one at its raise site.
-REASONS = (
+SkipReason = Literal[
     "too_long",
     "malformed",
     "bad_text",
@@ -24,7 +26,18 @@ REASONS = (
     "corrupt",
     "unreadable",
     "other",
-)
+]
+REASONS: tuple[SkipReason, ...] = get_args(SkipReason)
+_BAD_MEDIA: dict[str, SkipReason] = {
+    "image": "bad_image",
+    "video": "bad_video",
+    "audio": "bad_audio",
+}
+
+
+def bad_media(what: str) -> SkipReason:
+    """The reason of a bad medium: `what` is "image", "video" or "audio"."""
+    return _BAD_MEDIA[what]
 
 
 MISSING_TEXT_FIELD = "missing text field"  # how every reader's message for it begins
@@ -55,7 +68,7 @@ class DataError(MixerError):
         source: str | None = None,
         file: str | None = None,
         location: str | None = None,
-        reason: str = "other",
+        reason: SkipReason = "other",
     ) -> None:
         # Without a source the message is taken as is: that is how torch's DataLoader
         # re-raises a worker's error in the main process, keeping its type.
@@ -72,7 +85,7 @@ class DataError(MixerError):
         self.source = source
         self.file = file
         self.location = location
-        self.reason = reason
+        self.reason: SkipReason = reason
 
     def __reduce__(self) -> tuple:
         # Pickled whole (message, place and reason) so an error raised in a DataLoader
@@ -97,7 +110,7 @@ def _restore_data_error(
     source: str | None,
     file: str | None,
     location: str | None,
-    reason: str = "other",
+    reason: SkipReason = "other",
     message: str | None = None,
 ) -> DataError:
     err = cls.__new__(cls)

@@ -25,7 +25,7 @@ import numpy as np
 
 from mixer.config.images import ImageSettings
 from mixer.core.document import Document, Placement, Rejected
-from mixer.core.errors import DataError
+from mixer.core.errors import DataError, SkipReason
 from mixer.core.stages import MEDIA, timed
 from mixer.images.decode import probe
 from mixer.images.handle import LazyImage
@@ -143,7 +143,8 @@ class ImageDocuments:
                 continue
             pieces, placed = self._split(text, media)
             if isinstance(pieces, str) or isinstance(placed, str):
-                parts.append(self._error(str(pieces), file, where, str(placed)))
+                reason = placed if isinstance(placed, str) else "bad_image"  # (both are, then)
+                parts.append(self._error(str(pieces), file, where, reason))
             else:
                 parts.append((self._with_leads(pieces, placed), placed))
         flat = [piece for p in parts if not isinstance(p, Rejected) for piece in p[0]]
@@ -159,7 +160,7 @@ class ImageDocuments:
 
     def _split(
         self, text: str, media: tuple[EncodedImage, ...]
-    ) -> tuple[list[str], tuple[EncodedImage, ...]] | tuple[str, str]:
+    ) -> tuple[list[str], tuple[EncodedImage, ...]] | tuple[str, SkipReason]:
         """(text pieces, media in their order), or (error message, reason). Each kind of
         medium is placed by its markers, one per medium; a kind whose markers the text does
         not hold comes first (images, then videos), before the text."""
@@ -211,7 +212,9 @@ class ImageDocuments:
             return self.video_vision
         return self.vision
 
-    def _error(self, message: str, file: str, where: str, reason: str = "bad_image") -> Rejected:
+    def _error(
+        self, message: str, file: str, where: str, reason: SkipReason = "bad_image"
+    ) -> Rejected:
         return Rejected(
             DataError(message, source=self.source, file=file, location=where, reason=reason)
         )
@@ -288,7 +291,9 @@ class ImageDocuments:
         image_plans = self._plans(image_sizes)
         base = next(image_plans)
         lowest: list = []
-        for lowest in self.videos.lowered(infos) if infos else [[]]:
+        if infos:
+            assert self.videos is not None  # (`build` rejected the sample otherwise)
+        for lowest in self.videos.lowered(infos) if self.videos and infos else [[]]:
             yield merged(base, lowest)
         for plans in image_plans:
             yield merged(plans, lowest)
@@ -363,8 +368,9 @@ class ImageDocuments:
             oversize=True,
         )
 
-    def _handle(self, medium: EncodedImage, size, plan, file: str) -> LazyImage:
+    def _handle(self, medium: EncodedImage, size, plan, file: str) -> LazyImage | LazyVideo:
         if isinstance(plan, VideoPlan):
+            assert self.videos is not None  # (a video plan is made only with video settings)
             return LazyVideo(
                 medium,
                 size,

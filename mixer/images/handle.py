@@ -26,10 +26,11 @@ import os
 import threading
 import weakref
 from concurrent.futures import Future
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from mixer.core.document import MediaKind
 from mixer.core.errors import DataError
 from mixer.core.records import EncodedImage
 from mixer.core.resources import PerProcess
@@ -193,7 +194,7 @@ class LazyMedia(Generic[PlanT, ProcessingT]):
     """An image or video of a document (implements `mixer.core.document.MediaHandle`): the
     budgeted, prefetching machinery; subclasses make the pixels (`_make`)."""
 
-    kind: Literal["image", "video"]
+    kind: MediaKind
 
     def __init__(
         self,
@@ -335,7 +336,7 @@ class LazyMedia(Generic[PlanT, ProcessingT]):
 class LazyImage(LazyMedia[ImagePlan, Processing]):
     """An image of a document."""
 
-    kind: Literal["image", "video"] = "image"
+    kind: MediaKind = "image"
 
     @classmethod
     def probe(

@@ -58,6 +58,7 @@ class _ImageLayout(BatchLayout):
     """What both image layouts share: the builder, caps, labels and pixels."""
 
     vision: VisionTokens
+    vision_names: dict[int, str]  # token id -> its name, for errors naming a stray token
     video_vision: VisionTokens | None = None
 
     def __init__(self, recipe: Recipe, tokenizer: TokenizerInfo) -> None:

@@ -28,12 +28,12 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from mixer.config.images import ImageSettings
 from mixer.config.video import VideoSettings
+from mixer.core.document import MediaKind
 from mixer.core.errors import DataError
 from mixer.core.records import EncodedImage
 from mixer.images.handle import LazyMedia, stopping
@@ -229,7 +229,7 @@ class VideoProcessing:
 class LazyVideo(LazyMedia[VideoPlan, VideoProcessing]):
     """A video of a document: its pixels are its sampled frames' patches."""
 
-    kind: Literal["image", "video"] = "video"
+    kind: MediaKind = "video"
 
     def __init__(
         self,

@@ -32,7 +32,11 @@ from typing import Any
 
 from transformers import Trainer, TrainingArguments
 from transformers.integrations.integration_utils import TensorBoardCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.trainer_pt_utils import AcceleratorConfig
+from transformers.trainer_utils import (
+    PREFIX_CHECKPOINT_DIR,
+    rotate_checkpoints,
+)
 
 from mixer.config.recipe import Recipe, load_recipe
 from mixer.integrations.common import (
@@ -61,8 +65,13 @@ def _mixer_args(args: TrainingArguments | None, recipe: Recipe) -> TrainingArgum
         )
     args.per_device_train_batch_size = recipe.batch_size  # the recipe's (for the logs)
     args.ignore_data_skip = True  # the loader's state resumes the stream, not a replay
-    args.accelerator_config.dispatch_batches = False
-    args.accelerator_config.split_batches = False
+    # TrainingArguments declares the field `dict | str | None`; its __post_init__ makes it an
+    # AcceleratorConfig (always, with accelerate installed, which Trainer requires).
+    accelerator = args.accelerator_config
+    if not isinstance(accelerator, AcceleratorConfig):
+        raise TypeError("MixerTrainer needs accelerate (TrainingArguments.accelerator_config)")
+    accelerator.dispatch_batches = False
+    accelerator.split_batches = False
     return args
 
 

@@ -28,15 +28,18 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as torch_dist
 
-try:
+if TYPE_CHECKING:  # (checked against one package: the two classes are distinct types)
     from lightning.pytorch import Callback, LightningDataModule
-except ImportError:  # the standalone package
-    from pytorch_lightning import Callback, LightningDataModule
+else:
+    try:
+        from lightning.pytorch import Callback, LightningDataModule
+    except ImportError:  # the standalone package
+        from pytorch_lightning import Callback, LightningDataModule
 
 from mixer.config.recipe import Recipe, load_recipe
 from mixer.integrations.common import flat_metrics, steps_with_data
@@ -52,7 +55,6 @@ class _Fetched:
 
     def __init__(self, loader: Loader, module: MixerDataModule) -> None:
         self.loader, self.module = loader, module
-        self.before: deque[dict] = deque()  # local states of fetched, not yet received batches
         # (state, the reports' running sums when it was taken) of fetched, unreceived batches
         self.before: deque[tuple[dict, Sums]] = deque()
         self.late = LateReports(loader)  # online mixing: losses reported after those states
@@ -111,8 +113,8 @@ class MixerDataModule(LightningDataModule):
     def setup(self, stage: str) -> None:
         if self.loader is not None:
             return
-        strategy = self.trainer.strategy if self.trainer is not None else None
-        rank, world = (strategy.global_rank, strategy.world_size) if strategy else (0, 1)
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
         if world > 1 and torch_dist.is_initialized():
             self.loader = build_loader(self.recipe, num_workers=self.num_workers)
             if (self.loader.rank, self.loader.world_size) != (rank, world):
@@ -125,7 +127,8 @@ class MixerDataModule(LightningDataModule):
                 self.recipe, rank=rank, world_size=world, num_workers=self.num_workers
             )
         self._fetched = _Fetched(self.loader, self)
-        trainer = self.trainer
+        # (Any: Lightning's Trainer gets `callbacks` from its connector, undeclared)
+        trainer: Any = self.trainer
         if trainer is not None and not any(isinstance(c, MixerCallback) for c in trainer.callbacks):
             trainer.callbacks.append(MixerCallback(self))
         if self._to_load is not None:
@@ -135,6 +138,7 @@ class MixerDataModule(LightningDataModule):
     def train_dataloader(self) -> _Fetched:
         if self._fetched is None:
             self.setup("fit")
+        assert self._fetched is not None  # (`setup` made it)
         return self._fetched
 
     def teardown(self, stage: str) -> None:
@@ -149,7 +153,7 @@ class MixerDataModule(LightningDataModule):
             return {"mixer": self._to_load} if self._to_load else {}
         local = self._fetched.local_state()
         late = self._fetched.late
-        if torch_dist.is_initialized() and self.loader.world_size > 1:
+        if torch_dist.is_initialized() and self._fetched.loader.world_size > 1:
             gathered: list[Any] = [None] * torch_dist.get_world_size()
             torch_dist.all_gather_object(gathered, (local, self._fetched.late_sums()))
             state: dict[str, Any] = {"mixer": merge_states([g[0] for g in gathered])}
@@ -179,7 +183,7 @@ class MixerDataModule(LightningDataModule):
         log.info(
             "mixer: resuming the stream at global batch %d (state loaded: no batch "
             "skipped by replay)",
-            self.loader.next_global_batch,
+            loader.next_global_batch,
         )
 
     # -- online mixing -----------------------------------------------------------------------
@@ -202,7 +206,8 @@ class MixerDataModule(LightningDataModule):
             return
         self._fetched.received()
         step = trainer.global_step
-        if step % max(trainer.log_every_n_steps, 1) == 0 and step != self._logged_step:
+        every = trainer.log_every_n_steps
+        if step % max(every, 1) == 0 and step != self._logged_step:
             self._logged_step = step
             self._log_metrics(trainer, step)
 
@@ -216,13 +221,15 @@ class MixerDataModule(LightningDataModule):
             )
 
     def _log_metrics(self, trainer: Any, step: int) -> None:
-        metrics = flat_metrics(self.loader.metrics(all_ranks=True))  # every rank, same step
+        assert self._fetched is not None  # (called once set up)
+        loader = self._fetched.loader
+        metrics = flat_metrics(loader.metrics(all_ranks=True))  # every rank, same step
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
 
 
-class MixerCallback(Callback):  # pyright: ignore[reportGeneralTypeIssues]
+class MixerCallback(Callback):
     """What `MixerDataModule` does per training batch and at an epoch's end; `setup` adds it
     to the trainer (a LightningModule's batch hooks stay the module's)."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 
-from mixer.core.document import Budget, Document, DocumentSource
+from mixer.core.document import Budget, Document, DocumentSource, StreamState
 from mixer.core.errors import StateError
 from mixer.pipeline.packing import BLOCKED, Row, _Blocked, build_row
 
@@ -77,7 +77,7 @@ class BestFitPacker:
         self.mask_boundaries = mask_document_boundaries
         self.window = window
         self.exhausted = False
-        self._start: dict = stream.state_dict()
+        self._start: StreamState = stream.state_dict()
         self._emitted = 0
         self._rows: list[Row] | None = None
         # The stream's progress before and after reading the planned window, and the

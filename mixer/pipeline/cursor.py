@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from mixer.core.document import StreamState
 from mixer.core.errors import StateError
 from mixer.pipeline.slices import SliceItem
 from mixer.sources import Split
@@ -26,9 +27,9 @@ class Cursor:
         self.with_oversize = with_oversize  # image recipes count oversize documents
         self.load_state_dict(None)
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> StreamState:
         """Position before the next document (plain ints)."""
-        state = {
+        state: StreamState = {
             "epoch": self.epoch,
             "window": self.window_index,
             "slot": self.start[0],
@@ -41,10 +42,10 @@ class Cursor:
         if self.with_oversize:
             state["oversize"] = self.oversize
         if self.reasons_before:
-            state["reasons"] = dict(sorted(self.reasons_before.items()))  # type: ignore[assignment]
+            state["reasons"] = dict(sorted(self.reasons_before.items()))
         return state
 
-    def load_state_dict(self, state: dict[str, int] | None) -> None:
+    def load_state_dict(self, state: StreamState | None) -> None:
         state = state or {
             "epoch": 0,
             "window": 0,

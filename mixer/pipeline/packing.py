@@ -14,7 +14,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from mixer.core.document import Budget, Document, DocumentSource
+from mixer.core.document import Budget, Document, DocumentSource, StreamState
 from mixer.core.errors import StateError
 
 IGNORE_INDEX = -100
@@ -174,8 +174,8 @@ def rows_arrays(
 
 
 def _kept(
-    document: Document, offset: int, before: dict, cut: int
-) -> tuple[Document, int, dict, int]:
+    document: Document, offset: int, before: StreamState, cut: int
+) -> tuple[Document, int, StreamState, int]:
     """A pending document as a packer keeps it: a text document's packed front is cut off
     (copied out) once it is at least half the tokens held; every token copied is one that then
     leaves memory, so a document is copied at most about once over."""
@@ -205,7 +205,7 @@ class Packer:
         # before it, tokens cut off its front). A long document's packed front is cut off once
         # it is half of what is held (`_kept`): a packer of a source drawn rarely holds only
         # what it has yet to pack.
-        self._pending: tuple[Document, int, dict, int] | None = None
+        self._pending: tuple[Document, int, StreamState, int] | None = None
         self.exhausted = False
 
     def progress(self) -> float:

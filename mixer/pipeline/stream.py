@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mixer.cache.store import TokenCache
-from mixer.core.document import Document, DocumentBuilder
+from mixer.core.document import Document, DocumentBuilder, StreamState
 from mixer.core.stages import DECODE, timed
 from mixer.pipeline.cursor import STATE_KEYS, Cursor
 from mixer.pipeline.emptiness import Emptiness, source_has_documents
@@ -117,11 +117,11 @@ class SourceStream:
             self._saved = (progress, skipped, dict(reasons))
 
     # -- state -------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> StreamState:
         """Position before the next document (plain ints)."""
         return self.cursor.state_dict()
 
-    def load_state_dict(self, state: dict[str, int] | None) -> None:
+    def load_state_dict(self, state: StreamState | None) -> None:
         self.cursor.load_state_dict(state)
         self._win = None
         self._saved = None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mixer.cache.replay import Replay
-from mixer.core.errors import DataError
+from mixer.core.errors import DataError, bad_media
 from mixer.core.resources import Held
 from mixer.core.rng import derive_key, permutation
 from mixer.pipeline.settings import StreamSettings
@@ -227,7 +227,7 @@ class WindowReader:
             source=self.name,
             file=self.reader.table.files[self.reader.split_of(item).file].url,
             location=f"member {image.member} at byte offset {image.offset}",
-            reason=f"bad_{what}",
+            reason=bad_media(what),
         )
         return Record(record.index, record.offset, None, error)
 

@@ -486,6 +486,7 @@ class Loader:
     def _receive(self, ring: BatchRing | None, data: Any, padding: bool) -> Any:
         """A batch out of the workers' ring (its slot freed at once), or what came as it is."""
         if isinstance(data, InRing):
+            assert ring is not None  # (workers send an InRing only into a dataset's ring)
             return ring.take(data, lambda wire: self.layout.from_wire(wire, padding))
         return data
 

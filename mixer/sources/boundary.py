@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow
 import zstandard
 
-from mixer.core.errors import DataError
+from mixer.core.errors import DataError, SkipReason
 from mixer.core.records import FileEntry, Record, Split
 from mixer.sources.formats.registry import Format
 from mixer.sources.storage import redact
@@ -164,6 +164,6 @@ _CODEC_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-def _reason_of(exc: BaseException) -> str:
+def _reason_of(exc: BaseException) -> SkipReason:
     """The reason of a failure a reader did not name itself, by its type."""
     return "corrupt" if isinstance(exc, _CODEC_ERRORS) else "unreadable"

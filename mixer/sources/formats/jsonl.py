@@ -10,7 +10,7 @@ from typing import IO
 import orjson
 import zstandard
 
-from mixer.core.errors import DataError, missing_text_field
+from mixer.core.errors import DataError, SkipReason, missing_text_field
 from mixer.core.records import FileEntry, Record, Split
 from mixer.sources.formats import deep_json
 from mixer.sources.formats.gzip_stream import GzipStream
@@ -52,9 +52,9 @@ def _read_line(stream: IO[bytes], max_bytes: int) -> tuple[bytes | None, int]:
 class _BadLine(ValueError):
     """A line that is no record: its message and reason (`DataError.reason`)."""
 
-    def __init__(self, message: str, reason: str) -> None:
+    def __init__(self, message: str, reason: SkipReason) -> None:
         super().__init__(message)
-        self.reason = reason
+        self.reason: SkipReason = reason
 
 
 def _parse(line: bytes, text_field: str) -> str:

@@ -7,6 +7,8 @@ import struct
 from collections.abc import Iterator
 from typing import IO
 
+from mixer.core.errors import SkipReason
+
 _BLOCK = 512
 _ZERO = bytes(_BLOCK)
 _MAX_EXTENSION = 1 << 20  # a GNU long name or pax header larger than this is corrupt
@@ -26,10 +28,10 @@ class Broken(Exception):
         guessed: bool = False,
         start: int | None = None,
         *,
-        reason: str = "corrupt",
+        reason: SkipReason = "corrupt",
     ) -> None:
         super().__init__(message)
-        self.reason = reason  # DataError.reason of the break
+        self.reason: SkipReason = reason  # DataError.reason of the break
         self.offset = offset  # the header where it broke
         self.start = offset if start is None else start  # its member's first header
         self.name = name or None  # the member, when its header could be read

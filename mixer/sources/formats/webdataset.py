@@ -32,7 +32,7 @@ import re
 from collections.abc import Iterator
 from typing import IO
 
-from mixer.core.errors import DataError
+from mixer.core.errors import DataError, SkipReason, bad_media
 from mixer.core.records import EncodedAudio, EncodedImage, EncodedVideo, FileEntry, Record, Split
 from mixer.sources.formats import deep_json
 from mixer.sources.formats.tar import Broken, members
@@ -71,11 +71,13 @@ class _Sample:
         self.suffixes: set[str] = set()
         self.images: list[tuple[tuple[int, int], EncodedImage]] = []  # (kind, n), medium
         self.texts: dict[str, tuple[str, int, bytes | None]] = {}  # suffix -> name, offset, data
-        self.error: tuple[str, str, int, str] | None = None  # message, member, offset, reason
+        self.error: tuple[str, str, int, SkipReason] | None = (
+            None  # message, member, offset, reason
+        )
         self.text_from: str | None = None  # the suffix of the member the text came from
         self.size = 0  # bytes of the members read into memory (images and text candidates)
 
-    def fail(self, message: str, member: str, offset: int, reason: str) -> None:
+    def fail(self, message: str, member: str, offset: int, reason: SkipReason) -> None:
         if self.error is None:
             self.error = (message, member, offset, reason)
 
@@ -245,7 +247,7 @@ def read_webdataset(
                 kind, medium, what, made = _medium(suffix)
                 if medium is not None:
                     if size == 0:
-                        sample.fail(f"empty {what} member (0 bytes)", name, at, f"bad_{what}")
+                        sample.fail(f"empty {what} member (0 bytes)", name, at, bad_media(what))
                     elif size > max_bytes:
                         sample.fail(
                             f"{what} member of {size} bytes, longer than "
