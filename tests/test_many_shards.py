@@ -80,5 +80,6 @@ def test_thousands_of_shards_start_fast_and_leak_no_descriptor(many_shards, work
     assert token_counts(got) == expected_counts(docs)
     # A DataLoader's pipes and queues, nothing per shard (each worker opens its shards in turn)
     assert max(opened) - before <= 16, opened
-    assert max(children, default=0) <= 32, children
+    # a forked worker holds what its parent had open (`before`) plus its own few
+    assert max(children, default=0) - before <= 32, (before, children)
     assert _descriptors() == before
