@@ -48,12 +48,23 @@ def run(
 
 
 def spawn(
-    cmd: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None
+    cmd: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    new_session: bool = False,
 ) -> subprocess.Popen:
-    """Start `cmd` with its output captured and faulthandler on (see `finish`)."""
+    """Start `cmd` with its output captured and faulthandler on (see `finish`);
+    `new_session`: in a process group of its own (a job, as a scheduler starts it)."""
     env = {**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"}
     return subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=new_session,
     )
 
 

@@ -87,6 +87,19 @@ def _stop_at_exit(owner: int) -> None:
     _stop(procs)
 
 
+def stop_reporting_worker_deaths() -> None:
+    """This process is being stopped by a signal that its whole job got (a scheduler's or a
+    terminal's SIGTERM or SIGINT to the process group): its DataLoader workers die of the same
+    signal, and torch's SIGCHLD handler would raise that as a worker crash wherever the
+    process is unwinding. From now on a worker's death is not reported (main thread only)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, _child_ended)
+
+
+def _child_ended(signum: int, frame: object) -> None:
+    """A SIGCHLD while stopping: nothing to report (the workers are reaped by their owner)."""
+
+
 @contextlib.contextmanager
 def inherit_no_garbage() -> Iterator[None]:
     """Around forking workers: what this process holds then, garbage not yet collected

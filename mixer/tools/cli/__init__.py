@@ -53,6 +53,11 @@ class Stopped(BaseException):
 
 def _stop(signum: int, frame: object) -> NoReturn:
     signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+    # A signal to the process group stops the DataLoader workers too (started only where this
+    # module was imported: not imported here, which would load torch for every command).
+    workers = sys.modules.get("mixer.runtime.worker_processes")
+    if workers is not None:
+        workers.stop_reporting_worker_deaths()
     raise Stopped(signum)
 
 
