@@ -82,7 +82,7 @@ docs-build: setup
 # two test processes (xdist), a file each at a time: module fixtures are built once
 # (tests/conftest.py gives each one OpenMP thread). A crashed test process ends the run:
 # xdist 3.8 replacing it under --dist loadfile can wait for ever (pytest-xdist#1323).
-test: setup lint
+test: setup lint docs-build
 	$(PY) -m pytest -n 2 --dist loadfile --max-worker-restart=0
 
 # unit tests: no torchrun jobs, Ray clusters, S3 servers or slow cases

@@ -84,7 +84,7 @@ def test_8192_lanes_of_a_long_run_fit_in_a_megabyte(three_sources):
 
     Integer counters and cursors take random long-run values; the float fields (`target`,
     `epochs`) keep the template's values. With random full-precision floats as well the
-    state is about 1.4 MB (see docs/benchmarks.md, "Scale (simulated)")."""
+    state is about 1.4 MB (`benchmarks/scale.py`; docs/benchmarks/scale.md)."""
     recipe, _ = three_sources
     loader = mixer.build_loader(recipe)
     next(iter(loader))
