@@ -12,12 +12,12 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from mixer.cache.store import CACHE_STATS, TokenCache, open_cache, tokenizer_info_dir
+from mixer.cache.store import CACHE_STATS, TokenCache, open_cache
+from mixer.cache.tokenizer_setup import recipe_backend
 from mixer.config.recipe import Recipe
 from mixer.core.errors import RecipeError
 from mixer.sources import FORMATS, SourceTable, Storage, read_split
-from mixer.tokenize.tokenizer import Encoder, TokenizerInfo, resolve_tokenizer
-from mixer.tokenize.verify import resolve_backend
+from mixer.tokenize.tokenizer import Encoder, TokenizerInfo
 
 
 def fill_split(
@@ -90,12 +90,7 @@ def fill_cache(
         raise RecipeError("token_cache: the recipe names no token cache to fill")
     info = tokenizer
     if info is None:  # (the backend as build_loader chooses it: the same ids either way)
-        info = resolve_tokenizer(
-            recipe.resolve(recipe.tokenizer),
-            recipe.eos_token,
-            info_cache=tokenizer_info_dir(recipe),
-        )
-        info = resolve_backend(recipe, info, tables, info_cache=tokenizer_info_dir(recipe)).info
+        info = recipe_backend(recipe, tables).info
     cache = open_cache(recipe, info)
     if cache is None:
         raise RecipeError("token_cache: image recipes bypass the token cache; nothing to fill")

@@ -19,6 +19,7 @@ import numpy.random  # noqa: F401  (imported before forking: workers seed it on 
 import torch
 
 from mixer.cache.store import tokenizer_info_dir
+from mixer.cache.tokenizer_setup import recipe_backend, recipe_tokenizer
 from mixer.config.recipe import Recipe, load_recipe
 from mixer.core.errors import DataError, MixerError, RecipeError, StateError, TopologyError
 from mixer.images.select import layout_for
@@ -57,8 +58,8 @@ from mixer.runtime.topology import (
 from mixer.runtime.torch_dataset import TorchLaneDataset, worker_batches
 from mixer.sources import SourceTable
 from mixer.sources.manifest import list_sources
-from mixer.tokenize import BackendChoice, TokenizerInfo, resolve_backend
-from mixer.tokenize.tokenizer import finish_preloads, resolve_recipe_tokenizer
+from mixer.tokenize import BackendChoice, TokenizerInfo
+from mixer.tokenize.tokenizer import finish_preloads
 from mixer.tokenize.verify import preload
 
 log = logging.getLogger("mixer.loader")
@@ -628,11 +629,11 @@ def build_loader(
         rank = found_rank if rank is None else rank
         world_size = found_world if world_size is None else world_size
     check_workers(recipe.lanes, rank, world_size, num_workers, workers)
-    tokenizer = resolve_recipe_tokenizer(recipe, tokenizer_info_dir(recipe))
+    tokenizer = recipe_tokenizer(recipe)
     preload(recipe, tokenizer, tokenizer_info_dir(recipe))  # on a thread, while listing
     lister = lambda: list_sources(recipe)
     tables = dist.list_once(lister) if distributed and world_size > 1 else lister()
-    choice = resolve_backend(recipe, tokenizer, tables, info_cache=tokenizer_info_dir(recipe))
+    choice = recipe_backend(recipe, tables, tokenizer)
     if workers is not None or choice.info.backend != "fastokens":
         finish_preloads(keep=choice.info.backend == "fastokens")
     # (DataLoader workers: `worker_batches` waits for the load right before they fork, so that

@@ -11,23 +11,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from mixer.cache.store import tokenizer_info_dir
+from mixer.cache.tokenizer_setup import recipe_backend, recipe_tokenizer
 from mixer.config.recipe import Recipe
 from mixer.images.select import layout_for
 from mixer.pipeline.slices import read_amplification
 from mixer.sources import FORMATS
 from mixer.sources.manifest import list_sources
-from mixer.tokenize import Encoder, resolve_backend, resolve_tokenizer
+from mixer.tokenize import Encoder
 from mixer.tools.sampling import lanes_without_documents, sample_source, summarize
 
 
 def inspect_recipe(recipe: Recipe, *, training_tokens: int = 10**9) -> dict[str, Any]:
     """A JSON-able report of every source (no credentials: storage_options are never read out)."""
-    info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
+    info = recipe_tokenizer(recipe)
     layout = layout_for(recipe, info)
     rows = []
     tables = list_sources(recipe)
-    backend = resolve_backend(recipe, info, tables, info_cache=tokenizer_info_dir(recipe))
+    backend = recipe_backend(recipe, tables, info)
     info = backend.info
     encoder = Encoder(info)
     for i, (src, weight, table) in enumerate(zip(recipe.sources, recipe.weights, tables)):

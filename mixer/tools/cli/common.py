@@ -18,11 +18,10 @@ def backend_line(recipe: Any, info: Any) -> tuple[str, list[Any], list[Any] | No
     listed (none where all could), and the sources' tables (None unless all could). Sources
     that cannot be listed (files not there yet) leave the stress text alone to check, which
     the line says."""
-    from mixer.cache.store import tokenizer_info_dir
+    from mixer.cache.tokenizer_setup import recipe_backend
     from mixer.core.errors import DataError
     from mixer.sources import list_source
     from mixer.sources.manifest import list_sources
-    from mixer.tokenize import resolve_backend
 
     problems: list[DataError] = []
     try:
@@ -34,5 +33,5 @@ def backend_line(recipe: Any, info: Any) -> tuple[str, list[Any], list[Any] | No
                 list_source(recipe, src)
             except DataError as exc:
                 problems.append(exc)
-    choice = resolve_backend(recipe, info, tables, info_cache=tokenizer_info_dir(recipe))
+    choice = recipe_backend(recipe, tables, info)
     return f"tokenizer backend: {choice.describe()}", problems, tables

@@ -77,10 +77,10 @@ def run(args: argparse.Namespace) -> int:
 def _cache_rows(recipe: Any) -> list[dict[str, Any]]:
     """Per source: cached splits / splits and bytes of the recipe's token cache."""
     from mixer.cache.fill import cache_summary
+    from mixer.cache.tokenizer_setup import recipe_tokenizer
     from mixer.sources.manifest import list_sources
-    from mixer.tokenize import resolve_tokenizer
 
-    info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
+    info = recipe_tokenizer(recipe)
     return cache_summary(recipe, list_sources(recipe), info)
 
 

@@ -13,13 +13,14 @@ from mixer.tools.cli.common import backend_line, load
 
 
 def run(args: argparse.Namespace) -> int:
+    from mixer.cache.tokenizer_setup import recipe_tokenizer
     from mixer.images.select import layout_for
     from mixer.sources.listing import NO_FILES
-    from mixer.tokenize import Encoder, resolve_tokenizer
+    from mixer.tokenize import Encoder
     from mixer.tools.sampling import first_records
 
     recipe = load(args.recipe)
-    info = resolve_tokenizer(recipe.resolve(recipe.tokenizer), recipe.eos_token)
+    info = recipe_tokenizer(recipe)
     layout_for(recipe, info)  # an image layout checks that the tokenizer has its tokens
     backend, problems, tables = backend_line(recipe, info)
     for problem in problems:
