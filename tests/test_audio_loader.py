@@ -128,6 +128,7 @@ def _units(batch: dict) -> list[tuple[int, int, int]]:
     return out
 
 
+@pytest.mark.slow
 def test_batches_equal_qwen2_audio_processor_document_by_document(corpus, processor):
     """Each document of the batches has the processor's input_ids for its text and clips
     (markers where the text has them, else the clips first; <|AUDIO|> expanded between

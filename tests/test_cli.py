@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import procs
+import pytest
 import yaml
 
 from mixer.tools.cli import main
@@ -47,6 +48,7 @@ def test_preview_and_bench(three_sources, tmp_path, capsys):
     assert set(result["skipped"]) == {"prose", "code", "web"}
 
 
+@pytest.mark.slow
 def test_console_script_reports_errors_with_non_zero_exit(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("seq_len: 4\nbatch_size: 1\nsources: []\n")
@@ -57,6 +59,7 @@ def test_console_script_reports_errors_with_non_zero_exit(tmp_path):
         assert command in help_text
 
 
+@pytest.mark.slow
 def test_the_cli_and_import_mixer_start_without_torch():
     """`mixer --help`, `validate` and `plan` start without importing torch (it is imported
     where a batch is built): a fresh interpreter, so nothing else imported it first."""

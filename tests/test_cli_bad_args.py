@@ -216,6 +216,7 @@ def _in_process(argv: list[str]) -> tuple[object, str, str]:
     return status, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.slow
 def test_every_bad_argument_is_one_error_line(tmp_path, three_sources, monkeypatch):
     places = _places(tmp_path, three_sources)
     monkeypatch.chdir(tmp_path)  # report's default output, report.png, lands here

@@ -168,6 +168,7 @@ def test_help_names_the_image_options(capsys):
     assert "--save-images" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_bundled_multimodal_demo(tmp_path, capsys):
     recipe = str(ROOT / "recipes" / "multimodal_demo.yaml")
     assert main(["inspect", recipe, "--json"]) == 0

@@ -110,6 +110,7 @@ def test_flattened_batches_are_the_collators_of_the_unflattened_stream(text_reci
     assert starts > 3 * BATCHES, "the batches must hold several documents per row"
 
 
+@pytest.mark.slow
 def test_flattened_resume_and_elastic_resume(text_recipe):
     recipe = {**text_recipe, "packing": "best_fit", "flatten": True}
     plain = take(mixer.build_loader({**recipe, "flatten": False}), 12)

@@ -134,6 +134,7 @@ def test_header_fields_are_read_as_gzip_reads_them(flags, fields):
         assert _read(GzipStream(io.BytesIO(data), read_size=read_size), [7, 4096])[0] == expected
 
 
+@pytest.mark.slow
 def test_an_empty_file_is_empty_and_a_bomb_comes_a_piece_at_a_time():
     assert _read(GzipStream(io.BytesIO(b"")), [100]) == (b"", [])
     bomb = gzip.compress(bytes(64 << 20))  # ~64 KB that expand to 64 MB
@@ -174,6 +175,7 @@ def test_sizes_must_be_positive(option):
         GzipStream(io.BytesIO(b""), **{option: 0})
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(members, st.data(), pieces)
 def test_a_damaged_file_of_any_kind_reads_or_fails_as_gzip_does(parts, data, piece):

@@ -145,6 +145,7 @@ TEXT_ERRORS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(TEXT_ERRORS))
 def test_text_errors_name_the_text_member_and_its_offset(tmp_path, tokenizer, case):
     bad, member, words = TEXT_ERRORS[case]
@@ -339,6 +340,7 @@ def test_resume_at_every_batch_over_several_epochs_with_caps(mixed, packing):
         assert head + take(again, 12 - k) == reference, k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", ["concat", "best_fit"])
 def test_elastic_resume_of_a_finite_image_recipe_from_two_ranks(mixed, packing):
     recipe = mixed(packing, epochs=2)

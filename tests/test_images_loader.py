@@ -255,6 +255,7 @@ def assert_elastic_resume(
     assert digests(take(single, rest)) == reference[2 * steps : 2 * steps + rest]
 
 
+@pytest.mark.slow
 def test_elastic_resume_with_images(corpus):
     recipe = recipe_of(corpus)
     reference = digests(take(mixer.build_loader(recipe), 16))
@@ -269,6 +270,7 @@ def _delivered(batches, ids) -> tuple[Counter, Counter]:
     return tokens, Counter()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", ["concat", "best_fit", "pad"])
 def test_finite_recipe_delivers_every_sample_and_image_exactly_once(corpus, packing):
     _, tokenizer, samples, texts = corpus

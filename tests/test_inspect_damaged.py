@@ -87,6 +87,7 @@ def _recipe(tmp_path: Path, damaged: dict[str, Path], kind: str, on_error: str) 
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["inspect", "plan"])
 @pytest.mark.parametrize("kind, where", CASES, ids=[k for k, _ in CASES])
 def test_a_damaged_file_is_named_with_its_offset(tmp_path, damaged, capsys, kind, where, command):

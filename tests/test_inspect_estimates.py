@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers import write_docs
 
 import mixer
@@ -150,6 +151,7 @@ def _share_after(recipe: str, source: str, batches: int = 150) -> float:
     return loader.metrics()["realized_share"][source]
 
 
+@pytest.mark.slow
 def test_lanes_meet_other_splits_in_later_epochs(tmp_path, tokenizer_path, capsys):
     """A lane at stripe position p gets a different split each epoch: it lacks the source
     only when no split has a document at p. Files of 1 and 5 documents over 8 lanes leave

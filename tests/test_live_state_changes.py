@@ -50,6 +50,7 @@ def _state_after(recipe: dict, batches: int) -> dict:
     return loader.state_dict()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_load_state_dict_while_iterating_continues_from_the_loaded_state(text_recipe, workers):
     reference = _digests(itertools.islice(mixer.build_loader(text_recipe), 30))

@@ -62,6 +62,7 @@ def test_resume_after_k_batches_with_prefetching_workers(three_sources, k):
     assert digests(take(resumed, 25)) == full[k:]
 
 
+@pytest.mark.slow
 def test_resume_across_epoch_boundaries_and_twice_in_a_row(three_sources):
     recipe = three_sources[0]  # infinite sources of a few hundred documents: epochs turn over
     full = digests(take(mixer.build_loader(recipe), 180))
@@ -123,6 +124,7 @@ def test_two_epochs_deliver_every_document_twice(three_sources):
     assert token_counts(batches) == expected
 
 
+@pytest.mark.slow
 def test_finite_tail_is_padded_and_workers_keep_order(three_sources):
     recipe = finite(three_sources[0])
     reference = digests(list(mixer.build_loader(recipe)))
@@ -188,6 +190,7 @@ def test_changed_batch_size_loses_and_repeats_nothing(three_sources):
     assert token_counts(before + list(after)) == expected
 
 
+@pytest.mark.slow
 def test_merged_rank_states_resume_on_other_world_sizes(three_sources):
     recipe, _ = three_sources
     reference = digests(take(mixer.build_loader(recipe), 30))

@@ -59,6 +59,7 @@ def _read(
     return out
 
 
+@pytest.mark.slow
 def test_a_suspended_reader_gives_the_same_lines_and_positions(tmp_path):
     data = _lines(4000)  # (gz: ~170 KB, read 16 KB at a time)
     (tmp_path / "a.zst").write_bytes(zstandard.ZstdCompressor(level=3).compress(data))
@@ -81,6 +82,7 @@ def test_a_suspended_reader_gives_the_same_lines_and_positions(tmp_path):
     assert budget.refused and limit.suspended and budget.reserved <= 0.5 * budget.read
 
 
+@pytest.mark.slow
 def test_many_compressed_sources_and_lanes_stay_under_the_limit(
     tmp_path, tokenizer_path, monkeypatch
 ):
@@ -223,6 +225,7 @@ class _Deep:
         return True
 
 
+@pytest.mark.slow
 def test_a_reader_collected_while_the_limit_suspends_another_does_not_deadlock(tmp_path):
     """The garbage collector may close a dropped reader (which leaves the limit) on the
     thread that holds the limit's lock, inside a suspension."""

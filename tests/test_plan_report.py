@@ -134,6 +134,7 @@ def test_capped_source_running_out_in_a_real_run(data):
         assert abs(row["target_tokens"] - realized[name]) <= slack, name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interpolate", ["step", "linear"])
 @pytest.mark.parametrize("cap", [None, 1])
 def test_plan_matches_a_scheduled_run(data, interpolate, cap):

@@ -292,6 +292,7 @@ def test_every_document_once_per_epoch_over_two_ranks(mixture, workers):
     assert token_counts(seen) == everything()
 
 
+@pytest.mark.slow
 def test_same_stream_after_resume_mid_split_and_elastic_resume(mixture):
     reference = [batch_digest(b) for b in take(mixer.build_loader(mixture), 50)]
     loader = mixer.build_loader(mixture, num_workers=2)

@@ -106,6 +106,7 @@ def test_every_document_exactly_epochs_times_across_an_elastic_resume(tmp_path_f
     assert token_counts(seen) == expected
 
 
+@pytest.mark.slow
 @settings(
     max_examples=15,
     deadline=None,

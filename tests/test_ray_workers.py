@@ -203,6 +203,7 @@ def test_more_deaths_than_max_restarts_name_the_lanes(cluster, three_sources):
     loader.close()
 
 
+@pytest.mark.slow
 def test_data_error_inside_an_actor_keeps_its_attributes(cluster, tmp_path, tokenizer_path):
     good = "".join(json.dumps({"text": doc_text(d, n)}) + "\n" for d, n in corpus(0, 5))
     path = tmp_path / "x.jsonl"

@@ -310,6 +310,7 @@ def test_shared_structures_in_dict_recipes_are_bounded_too():
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "text,message",
     [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from helpers import corpus, write_docs
 
 import mixer
@@ -20,6 +21,7 @@ def _records_to_resume(recipe, tables, encoder, lane_index: int, steps: int) -> 
     return [p.stream.records_read for p in resumed.packers]
 
 
+@pytest.mark.slow
 def test_resume_work_is_bounded_and_independent_of_the_step(tmp_path, tokenizer_path):
     # 4 plain files of 2000 docs, cut into byte-range splits of ~20 KB (~250 docs each)
     docs = corpus(0, 8000, max_len=12)

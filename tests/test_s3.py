@@ -164,6 +164,7 @@ def test_workers_and_resume_over_s3(shards, s3_endpoint, local_digests):
     assert head + digests(resumed) == local_digests
 
 
+@pytest.mark.slow
 def test_every_document_once_from_s3(shards, s3_endpoint):
     _, docs, _, _ = shards
     r = recipe(shards, f"s3://{BUCKET}/data", s3_options(s3_endpoint))
@@ -239,6 +240,7 @@ def test_canary_secret_never_leaks(shards, s3_endpoint, tmp_path, capsys, caplog
         assert CANARY not in text
 
 
+@pytest.mark.slow
 def test_standard_aws_environment_variables_are_the_fallback(
     shards, s3_endpoint, monkeypatch, local_digests
 ):

@@ -79,6 +79,7 @@ def ranks(recipe: dict, world: int) -> list[Loader]:
     ]
 
 
+@pytest.mark.slow
 def test_finite_recipe_delivers_every_document_once_over_64_ranks(job):
     recipe, docs = job
     finite = {**recipe, "sources": [{**s, "epochs": 1} for s in recipe["sources"]]}

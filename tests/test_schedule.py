@@ -139,6 +139,7 @@ def test_resume_at_just_before_and_just_after_a_change_point(data, offset):
     assert digests(resumed, 6) == full[cut:]
 
 
+@pytest.mark.slow
 def test_elastic_resume_across_a_change_point_continues_the_global_stream(data):
     r = recipe(data, STEP)
     change = 2 * STRETCH // BATCH_TOKENS

@@ -278,6 +278,7 @@ def global_stream(r: dict, world: int, steps: int, workers: int = 0) -> list[str
     return out
 
 
+@pytest.mark.slow
 @FUZZ
 @given(schedule=schedules(), world=st.sampled_from([2, 4]), workers=st.sampled_from([0, 2]))
 def test_random_schedules_give_one_global_stream_for_any_topology(shared, schedule, world, workers):
@@ -439,6 +440,7 @@ def test_finite_run_does_not_spin_until_a_far_point(data):
             pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world, workers", [(2, 0), (2, 2), (4, 0)])
 def test_set_weights_on_every_rank_at_one_step_matches_one_rank(shared, world, workers):
     r = recipe(

@@ -93,6 +93,7 @@ def check_shapes(metrics: dict, batches: int = BATCHES) -> None:
     assert metrics["bottleneck"] in ("trainer", *STAGES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_sleeping_consumer_is_the_bottleneck(text, workers):
     # 0.2 s a step: the loader's few ms a batch stay under 5 % even on a loaded machine.
@@ -107,6 +108,7 @@ def test_a_sleeping_consumer_is_the_bottleneck(text, workers):
         assert metrics["stages"]["transfer"]["busy_s"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_storage_whose_reads_sleep_is_the_bottleneck(text, workers):
     loader = mixer.build_loader(text_recipe(text, "slowmem://corpus/*.jsonl"), num_workers=workers)

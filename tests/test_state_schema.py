@@ -40,6 +40,7 @@ def with_json(text: str) -> dict:
     return {"format": "mixer.loader", "version": mixer.runtime.state.STATE_VERSION, "json": text}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "text", ["{}", "[]", "null", "1", '"x"', "[" * 100_000, "{" * 3000, "NaN", '{"kind": "global"}']
 )
@@ -49,6 +50,7 @@ def test_state_json_of_the_wrong_shape(saved, text):
         loader.load_state_dict(with_json(text))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "key", ["kind", "fingerprint", "next_global", "world_size", "rank", "lanes", "listing_skipped"]
 )
@@ -59,6 +61,7 @@ def test_state_missing_a_key_names_it(saved, key):
         loader.load_state_dict(pack(payload))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["3", 3.0, True, -1, None, 2**63, [3]])
 def test_next_global_of_the_wrong_type(saved, value):
     loader, _, payload = saved
@@ -200,6 +203,7 @@ def test_fuzz_byte_mutated_and_reshaped_states(saved):
     run()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", [1, 2, 3, 99, None, "4"])
 def test_a_state_of_another_format_version_is_refused_naming_both_versions(saved, version):
     loader, state, _ = saved

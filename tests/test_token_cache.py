@@ -251,6 +251,7 @@ def test_a_warm_run_never_loads_the_tokenizer(data, tmp_path, monkeypatch):
     assert loads == [] and CACHE_STATS.hits > 0 and CACHE_STATS.misses == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["garbage", "tampered", "truncated"])
 def test_a_damaged_tokenizer_info_means_a_real_load(data, tmp_path, monkeypatch, damage):
     fill(data, tmp_path)
@@ -616,6 +617,7 @@ def test_a_writer_holds_only_documents_ahead_of_an_earlier_one(tmp_path_factory,
     assert stored.records[:, 0].tolist() == list(range(count))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["spill", "store"])
 def test_a_disk_that_fills_while_writing_warns_once_and_keeps_the_stream(
     data, tmp_path, caplog, monkeypatch, where
@@ -641,6 +643,7 @@ def test_a_disk_that_fills_while_writing_warns_once_and_keeps_the_stream(
     assert not entries(data) and spill_module._open_files.count == 0
 
 
+@pytest.mark.slow
 def test_spill_files_are_capped_per_process_and_closed_with_the_loader(data, monkeypatch):
     """Beyond its share of file descriptors a writer gives its entry up (the cache stays
     writable: later splits are cached); closing the loader closes every spill file."""

@@ -245,6 +245,7 @@ def test_batches_are_the_same_with_either_backend_at_any_worker_count(recipe):
     assert take(mixer.build_loader(backend(recipe, "fastokens"), num_workers=2), 10) == reference
 
 
+@pytest.mark.slow
 def test_a_state_taken_with_one_backend_resumes_with_the_other(recipe):
     hf, fast = backend(recipe, "hf"), backend(recipe, "fastokens")
     reference = take(mixer.build_loader(hf), 12)
@@ -404,6 +405,7 @@ def test_fastokens_raising_on_a_document_is_a_mismatch(recipe, monkeypatch):
         mixer.build_loader(backend(recipe, "fastokens"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_fastokens_raising_after_verification_leaves_the_stream_as_tokenizers_makes_it(
     recipe, monkeypatch, caplog, workers
@@ -593,6 +595,7 @@ def test_added_tokens_that_trade_whitespace_are_set_side_by_side_in_the_stress_t
     assert "<|endoftext|> the" in dict(stress_sections(["<|endoftext|>"], [" the"]))["added-pairs"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", ["padding", "truncation"])
 def test_padding_and_truncation_in_tokenizer_json_change_no_token(recipe, tmp_path, setting):
     """Whole documents whatever the file says, with either backend."""

@@ -96,6 +96,7 @@ VIDEO_KEYS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["qwen2_vl", "qwen2_5_vl"])
 def test_video_batches_have_every_key_and_consistent_videos(corpus, layout):
     ids = vision_ids(corpus[1], (VIDEO_TOKEN,))
@@ -132,6 +133,7 @@ def test_same_batches_with_any_worker_count_after_resume_and_elastic(corpus):
     assert_elastic_resume(recipe, reference, steps=2, rest=8, rank_workers=1, single_workers=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", ["concat", "best_fit"])
 def test_finite_recipe_delivers_every_sample_and_video_once_within_the_caps(corpus, packing):
     _, tokenizer, samples, texts = corpus
@@ -247,6 +249,7 @@ def test_images_and_videos_in_one_recipe(corpus):
     assert set(types.unique().tolist()) <= {0, 1, 2}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["qwen2_vl", "qwen2_5_vl"])
 def test_loader_video_batches_train_like_their_documents_alone(corpus, layout):
     """The real loader's packed rows with videos, fed to a tiny random Qwen2-VL (Qwen2.5-VL):

@@ -533,6 +533,7 @@ def test_s3_reads_the_same_records_as_local_disk(tmp_path, s3_endpoint, tokenize
     assert [r.text for r in resumed] == [r.text for r in local[3:]]
 
 
+@pytest.mark.slow
 def test_loader_over_a_text_only_webdataset_source_resumes_exactly(tmp_path, tokenizer_path):
     docs = corpus(0, 150, max_len=20)
     (tmp_path / "wds").mkdir()

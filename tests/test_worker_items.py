@@ -105,6 +105,7 @@ def test_a_resume_and_set_weights_between_items_keep_the_stream(three_sources):
     assert run(2) == run(0) == run(1)
 
 
+@pytest.mark.slow
 def test_an_exception_in_a_worker_comes_after_the_batches_made_before_it(
     three_sources, monkeypatch
 ):

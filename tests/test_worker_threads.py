@@ -27,6 +27,7 @@ def _worker_pools(num_workers: int) -> list[str | None]:
     return list(loader)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize(
     ("budget", "num_workers", "share"),

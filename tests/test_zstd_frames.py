@@ -60,6 +60,7 @@ def _texts(recipe):
     return table, out
 
 
+@pytest.mark.slow
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
