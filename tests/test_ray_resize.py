@@ -11,7 +11,7 @@ import time
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import pytest  # noqa: E402
-from helpers import batch_digest, corpus, make_tokenizer, write_docs  # noqa: E402
+from helpers import batch_digest, corpus, make_tokenizer, take_digests, write_docs  # noqa: E402
 
 import mixer  # noqa: E402
 
@@ -50,12 +50,6 @@ def recipe(tmp_path_factory) -> dict:
     }
 
 
-def reference(recipe: dict, n: int) -> list[str]:
-    with mixer.build_loader(recipe) as loader:
-        batches = iter(loader)
-        return [batch_digest(next(batches)) for _ in range(n)]
-
-
 def ray_loader(recipe: dict, **spec) -> mixer.Loader:
     return mixer.build_loader(
         recipe, workers=mixer.RayWorkers(**{"actors": 2, "cpus_per_actor": 0.5, **spec})
@@ -65,7 +59,7 @@ def ray_loader(recipe: dict, **spec) -> mixer.Loader:
 @pytest.mark.slow
 def test_resizes_mid_stream_keep_the_stream(cluster, recipe, caplog):
     """2 → 4 → 1 actors between batches; the state taken after them resumes without Ray."""
-    want = reference(recipe, 40)
+    want = take_digests(mixer.build_loader(recipe), 40)
     caplog.set_level(logging.INFO, logger="mixer.loader")
     with ray_loader(recipe) as loader:
         batches = iter(loader)
@@ -145,5 +139,5 @@ def test_autoscaling_grows_while_the_consumer_waits_and_shrinks_while_actors_idl
         assert sated.metrics()["workers"] == {"kind": "ray", "count": 1, "resizes": 2}
     shrink = [r.getMessage() for r in caplog.records if "Ray actors 2 → 1" in r.getMessage()]
     assert len(shrink) == 1 and "waited" in shrink[0] and "idled" in shrink[0]
-    want = reference(recipe, max(len(got), len(slow)))
+    want = take_digests(mixer.build_loader(recipe), max(len(got), len(slow)))
     assert got == want[: len(got)] and slow == want[: len(slow)]

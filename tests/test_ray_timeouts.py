@@ -15,7 +15,7 @@ import time
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import pytest  # noqa: E402
-from helpers import batch_digest, corpus, make_tokenizer, write_docs  # noqa: E402
+from helpers import batch_digest, corpus, make_tokenizer, take_digests, write_docs  # noqa: E402
 
 import mixer  # noqa: E402
 
@@ -53,14 +53,8 @@ def recipe(tmp_path_factory) -> dict:
     }
 
 
-def reference(recipe: dict, n: int) -> list[str]:
-    with mixer.build_loader(recipe) as loader:
-        batches = iter(loader)
-        return [batch_digest(next(batches)) for _ in range(n)]
-
-
 def test_a_stopped_actor_is_replaced_after_stall_timeout(cluster, recipe, caplog):
-    want = reference(recipe, 30)
+    want = take_digests(mixer.build_loader(recipe), 30)
     spec = mixer.RayWorkers(actors=2, cpus_per_actor=0.5, stall_timeout=2.0)
     loader = mixer.build_loader(recipe, workers=spec)
     batches = iter(loader)
@@ -102,7 +96,7 @@ def node_of(actor) -> str:
 def test_a_lost_data_node_moves_its_actor_or_raises_within_placement_timeout(cluster, recipe):
     """Two nodes offer data_node: losing the actor's node moves it to the other, stream
     unchanged; losing that one too leaves nowhere to place it: a MixerError, not a hang."""
-    want = reference(recipe, 24)
+    want = take_digests(mixer.build_loader(recipe), 24)
     data = {
         n.node_id: n
         for n in (cluster.add_node(num_cpus=1, resources={"data_node": 1}) for _ in "ab")
