@@ -2,7 +2,8 @@
 sends to every process of a job step, or a terminal's Ctrl-C) ends it quietly: SIGTERM with
 status 143 (-15 here), SIGINT as a KeyboardInterrupt the driver's loop catches, no traceback
 from the actors' death, and the actors and the local cluster's processes (its agents too)
-stopped. Real processes, a real local cluster the driver starts
+stopped. The local cluster's processes are outside the driver's process group, so the
+signal reaches the driver alone. Real processes, a real local cluster the driver starts
 (tests/ray_signal_driver.py), real signals."""
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ def recipe(tmp_path_factory) -> dict:
     }
 
 
-def session_processes(session: int) -> dict[int, str]:
-    out = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True, text=True)
+def session_processes(session: int) -> dict[int, tuple[int, str]]:
+    """pid → (process group, command) of the processes of a session."""
+    out = subprocess.run(["ps", "-eo", "pid=,pgid=,sid=,args="], capture_output=True, text=True)
     found = {}
     for line in out.stdout.splitlines():
-        pid, sid, *args = line.split(None, 2)
+        pid, pgid, sid, *args = line.split(None, 3)
         if int(sid) == session and int(pid) != os.getpid():
-            found[int(pid)] = args[0] if args else ""
+            found[int(pid)] = (int(pgid), args[0] if args else "")
     return found
 
 
@@ -67,6 +69,14 @@ def test_a_signal_to_the_process_group_ends_the_driver_quietly(recipe, sig, stat
         ready = driver.stdout.readline().split() if driver.stdout else []
         assert ready[:1] == ["ready"], driver.communicate(timeout=60)
         actors = [int(pid) for pid in ready[2:]]
+        # Only the driver is in the group the signal goes to: a raylet dying of it would end
+        # the driver (Ray's core worker exits with status 1) before the driver's handler runs.
+        processes = session_processes(driver.pid)
+        assert processes, "the local cluster runs in the driver's session"
+        in_group = {
+            pid: cmd for pid, (group, cmd) in processes.items() if group == driver.pid != pid
+        }
+        assert not in_group, f"the local cluster's processes in the driver's group: {in_group}"
         time.sleep(0.3)  # the actors busy making batches
         os.killpg(driver.pid, sig)
         out, err = driver.communicate(timeout=60)

@@ -18,10 +18,8 @@ step it was asked for: the stream is unchanged. An actor that is not running wit
 `placement_timeout` of its start (no node offers what it asks for) raises a `MixerError`
 naming what it asked for and what the nodes offer. Actors are owned by the driver (not
 detached), so Ray ends them when the driver's process dies; `close()` and an exit hook end
-them sooner. A loader keeps the process's own SIGTERM handling (Ray's would turn the
-signal into `SystemExit(15)` in the middle of a batch); one that starts a local cluster in a
-process with the default handling ends that cluster on SIGTERM (its agents would outlive a
-driver killed outright) and then dies of the signal.
+them sooner. Joining the cluster, and what signals do to a local one, is
+`runtime/ray_cluster.py`.
 
 How many actors run is the loader's (`resize_workers`, autoscaling): the pool starts or
 ends actors to that count whenever the loader (re)starts the lanes on it.
@@ -35,8 +33,6 @@ import atexit
 import copy
 import logging
 import os
-import signal
-import threading
 import time
 import weakref
 from collections import deque
@@ -49,6 +45,7 @@ import numpy as np
 from mixer.core.errors import MixerError, TopologyError
 from mixer.pipeline.batch import Batch, BatchLayout
 from mixer.runtime.lane_dataset import LaneDataset
+from mixer.runtime.ray_cluster import connect
 from mixer.runtime.topology import lanes_served
 from mixer.tokenize.encoding import use_worker_encoding_threads
 
@@ -109,57 +106,6 @@ class RayWorkers:
     def asks(self) -> dict[str, float]:
         """What each actor asks a node for."""
         return {"CPU": self.cpus_per_actor, **(self.resources or {})}
-
-
-def connect(spec: RayWorkers) -> Any:
-    """The `ray` module, joined to a cluster (see `RayWorkers`)."""
-    import sys
-
-    local = spec.address is None and not os.environ.get("RAY_ADDRESS")
-    if local and "ray" not in sys.modules:
-        # A cluster of this machine alone stays on the loopback address: Ray otherwise binds
-        # the machine's outward address (it reads this before `import ray`).
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    import ray
-
-    if not ray.is_initialized():
-        main = threading.current_thread() is threading.main_thread()
-        on_term = signal.getsignal(signal.SIGTERM) if main else None
-        if spec.address is not None:
-            ray.init(address=spec.address)
-        elif os.environ.get("RAY_ADDRESS"):
-            ray.init()
-        else:
-            ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
-            if on_term == signal.SIG_DFL:
-                # The local cluster's agents outlive a driver that the signal kills outright.
-                on_term = _ending_local_cluster(ray)
-        if on_term is not None:
-            # ray.init makes SIGTERM raise SystemExit(15) wherever the driver is: a job
-            # scheduler's SIGTERM then ends in tracebacks instead of exit status 143.
-            signal.signal(signal.SIGTERM, on_term)
-    return ray
-
-
-def _ending_local_cluster(ray: Any) -> Any:
-    """A SIGTERM handler for a driver that started its own cluster: end it (its actors and
-    agents, which would outlive a driver the signal kills outright), then die of the signal
-    as by default (status 143, no traceback); at most `_END_S` seconds."""
-
-    def on_term(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        stuck = threading.Timer(_END_S, os._exit, (128 + signal.SIGTERM,))
-        stuck.daemon = True
-        stuck.start()
-        try:
-            ray.shutdown()
-        finally:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return on_term
-
-
-_END_S = 20.0
 
 
 # -- the actor's side ------------------------------------------------------------------------
@@ -234,7 +180,7 @@ class ActorPool:
     (set_weights, load_state_dict, a resize)."""
 
     def __init__(self, spec: RayWorkers, layout: BatchLayout) -> None:
-        self.ray = connect(spec)
+        self.ray = connect(spec.address)
         self.spec = spec
         self.layout = layout
         self._remote = self.ray.remote(LaneActor)
