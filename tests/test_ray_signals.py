@@ -71,11 +71,9 @@ def test_a_signal_to_the_process_group_ends_the_driver_quietly(recipe, sig, stat
         actors = [int(pid) for pid in ready[2:]]
         # Only the driver is in the group the signal goes to: a raylet dying of it would end
         # the driver (Ray's core worker exits with status 1) before the driver's handler runs.
-        processes = session_processes(driver.pid)
-        assert processes, "the local cluster runs in the driver's session"
-        in_group = {
-            pid: cmd for pid, (group, cmd) in processes.items() if group == driver.pid != pid
-        }
+        cluster = {p: seen for p, seen in session_processes(driver.pid).items() if p != driver.pid}
+        assert cluster, "the local cluster runs in the driver's session"
+        in_group = {pid: cmd for pid, (group, cmd) in cluster.items() if group == driver.pid}
         assert not in_group, f"the local cluster's processes in the driver's group: {in_group}"
         time.sleep(0.3)  # the actors busy making batches
         os.killpg(driver.pid, sig)
