@@ -60,6 +60,12 @@ def tiny_llama():
     return LlamaForCausalLM(config)
 
 
+def say(line: str) -> None:
+    """Print `line` in one write: the lines of several ranks sharing one pipe never interleave
+    (`print` writes the text and the newline apart)."""
+    os.write(1, (line + "\n").encode())
+
+
 class DigestLog:
     """Appends a digest line per batch to `<prefix>.rank<rank>`; with `kill_after=n` the
     process SIGKILLs itself once it has logged its n-th batch (before computing on it)."""
@@ -75,7 +81,7 @@ class DigestLog:
             )
         self.count += 1
         if self.count == self.kill_after:
-            print(f"KILLING rank {self.rank} after {self.count} batches", flush=True)
+            say(f"KILLING rank {self.rank} after {self.count} batches")
             os.kill(os.getpid(), signal.SIGKILL)
 
     def hook(self, module, args, kwargs):  # a forward pre-hook (with_kwargs=True)

@@ -8,6 +8,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from integ_common import say
 from torch.nn.parallel import DistributedDataParallel
 
 import mixer
@@ -30,7 +31,7 @@ def main() -> None:
             optimizer.step()
             optimizer.zero_grad()
     weights = float(model.module.weight.detach().double().sum())
-    print(f"RANK {rank} {''.join(pattern)} {weights:.9f}", flush=True)
+    say(f"RANK {rank} {''.join(pattern)} {weights:.9f}")
     dist.destroy_process_group()
 
 

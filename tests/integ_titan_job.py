@@ -21,7 +21,7 @@ import logging
 import sys
 
 import torch.distributed as dist
-from integ_common import DigestLog, tiny_llama, titan_view
+from integ_common import DigestLog, say, tiny_llama, titan_view
 from torch.nn.parallel import DistributedDataParallel
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.loss import IGNORE_INDEX, cross_entropy_loss
@@ -86,7 +86,7 @@ def train(
         base_folder=out,
     )
     checkpointer.load()  # the latest checkpoint in OUT/ckpt, if any
-    print(f"{name}: rank {rank} of {world} starts after step {state.step}", flush=True)
+    say(f"{name}: rank {rank} of {world} starts after step {state.step}")
     forward = DistributedDataParallel(model) if world > 1 else model
     seen = DigestLog(f"{out}/{name}", rank, kill_after=kill)
     batches = iter(data)
@@ -119,7 +119,7 @@ def main() -> None:
     one = MixerDataLoader(recipe, dp_rank=0, dp_world_size=1)
     first = [titan_view(*batch)["input_ids"].sum().item() for _, batch in zip(range(2), one)]
     # One string, one write: the ranks share stdout, unbuffered under torchrun.
-    print(f"ONE_DP_RANK {rank} {first} {unpack(one.state_dict())['next_global']}", flush=True)
+    say(f"ONE_DP_RANK {rank} {first} {unpack(one.state_dict())['next_global']}")
     dist.destroy_process_group()
     if rank == 0:  # 2 -> 1 DP ranks
         train(recipe, out, steps, "elastic")
