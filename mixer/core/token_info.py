@@ -23,3 +23,6 @@ class TokenizerInfo:
     # The recipe asked for fastokens (`tokenizer_backend: fastokens`): a process where it
     # cannot load refuses. Chosen by `auto`, such a process encodes with `tokenizers` (same ids).
     required: bool = False
+    # A fastokens verification running in the background (`mixer.tokenize.background`: its
+    # key): `tokenizers` encodes until its verdict is in, then fastokens where it is ok.
+    verifying: str | None = None

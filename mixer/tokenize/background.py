@@ -1,0 +1,194 @@
+"""A fastokens verification on a thread of its own, while the stream encodes with `tokenizers`.
+
+`tokenizer_backend: auto` with no verdict kept for the corpus verifies fastokens (about a
+second: the stress text and the sources' samples, encoded by both libraries) off the first
+batch's path: encoders built on a `TokenizerInfo` whose `verifying` names a `Verification`
+encode with `tokenizers` until its verdict is in, then with fastokens from their next call on
+(`Encoder.backend`). Both give the same ids, so the stream is the same wherever the switch
+falls.
+
+Processes forked while it runs (DataLoader workers) learn the verdict through one byte of
+memory mapped before the fork; the verification runs in steps (each a library call: loading
+fastokens, encoding a chunk, reading the samples) and a fork waits for the step under way to
+end (`FORK_WAIT_S` at most: past it the verification is abandoned and the children keep
+`tokenizers`), so no child inherits a lock a verifying thread holds inside a library. A
+verification stops at its next step when it is stopped (`stop`: `Loader.close`) or when the
+interpreter exits; one that raises or is stopped leaves `tokenizers` encoding.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import mmap
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+PENDING, FASTOKENS, TOKENIZERS = 0, 1, 2  # the shared byte: no verdict yet, and the two
+FORK_WAIT_S = 5.0  # a fork waits this long at most for the step under way (then abandons it)
+STOP_WAIT_S = 5.0  # `stop` waits this long at most for the thread to end
+log = logging.getLogger("mixer.tokenizer")
+
+
+class Stopped(Exception):
+    """The verification was stopped (or the interpreter is exiting): it gives up."""
+
+
+class Steps:
+    """The steps of one verification: `with steps:` around each library call. Entering
+    raises `Stopped` once the verification is stopped or the interpreter exits; a fork
+    happens only between steps (see the module docstring)."""
+
+    def __init__(self, stop: threading.Event | None = None) -> None:
+        self.stop = stop if stop is not None else threading.Event()
+        self.lock = threading.Lock()  # held through a step
+
+    def stopped(self) -> bool:
+        return self.stop.is_set() or not threading.main_thread().is_alive()
+
+    def __enter__(self) -> Steps:
+        if self.stopped():
+            raise Stopped
+        self.lock.acquire()
+        if self.stopped():
+            self.lock.release()
+            raise Stopped
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+_keys = itertools.count()
+_by_key: weakref.WeakValueDictionary[str, Verification] = weakref.WeakValueDictionary()
+
+
+class Verification:
+    """`run(steps)` on a thread of its own, once `begin` is called: it returns (ok,
+    verdict); the shared byte then says FASTOKENS or TOKENIZERS (`verified`) and
+    `settle(ok, verdict)` is called, inside a step. An exception out of `run` (or `settle`)
+    leaves TOKENIZERS, with one WARNING; `verdict` stays None and `why` says what happened."""
+
+    def __init__(
+        self,
+        run: Callable[[Steps], tuple[bool, Any]],
+        settle: Callable[[bool, Any], None],
+    ) -> None:
+        self.key = f"{os.getpid()}-{next(_keys)}"
+        self.verdict: Any = None
+        self.why = ""  # where the verification ended without a verdict: why
+        self.steps = Steps()
+        self.go = threading.Event()  # `begin`
+        self._run, self._settle = run, settle
+        self._byte = mmap.mmap(-1, 1)  # (anonymous, shared with the processes forked later)
+        self._owner = os.getpid()
+        _by_key[self.key] = self
+        # Not a daemon: one killed at exit inside a library call aborts the process; it
+        # stops at its next step instead (`Steps.stopped`).
+        self._thread = threading.Thread(target=self._main, name="mixer-verify", daemon=False)
+        self._thread.start()
+
+    @property
+    def state(self) -> int:
+        """PENDING, FASTOKENS or TOKENIZERS, as this process (or the one it was forked from)
+        knows it."""
+        return self._byte[0]
+
+    def begin(self) -> None:
+        """Start verifying (the thread waits for this: the loader's first batch is made)."""
+        self.go.set()
+
+    def _main(self) -> None:
+        try:
+            while not self.go.wait(0.05):
+                if self.steps.stopped():
+                    raise Stopped
+            ok, verdict = self._run(self.steps)
+            with self.steps:
+                self.verdict = verdict
+                self._set(FASTOKENS if ok else TOKENIZERS)
+                self._settle(ok, verdict)
+        except Stopped:
+            self._end("stopped")
+        except BaseException as exc:  # (pyo3's PanicException is no Exception)
+            self._end(f"raised {type(exc).__name__}: {str(exc)[:200]}")
+            log.warning(
+                "tokenizer backend: tokenizers (the fastokens verification %s; the same ids)",
+                self.why,
+            )
+
+    def _set(self, state: int) -> None:
+        if self._byte[0] == PENDING:  # (a verdict never replaces an abandonment)
+            self._byte[0] = state
+
+    def _end(self, why: str) -> None:
+        if self._byte[0] == PENDING:
+            self.why = why
+            self._byte[0] = TOKENIZERS
+
+    def stop(self, wait: float = STOP_WAIT_S) -> None:
+        """Stop the verification at its next step (no verdict: `tokenizers` goes on) and wait
+        for its thread to end, `wait` seconds at most."""
+        self.steps.stop.set()
+        self.go.set()
+        if os.getpid() == self._owner and self._thread.is_alive():
+            self._thread.join(wait)
+            if self._thread.is_alive():
+                log.debug("the fastokens verification is still inside a step after %s s", wait)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the verification to end (`begin` it first); whether it has."""
+        if os.getpid() == self._owner:
+            self._thread.join(timeout)
+        return self.state != PENDING
+
+    def alive(self) -> bool:
+        """Whether its thread still runs (in the process that started it)."""
+        return os.getpid() == self._owner and self._thread.is_alive()
+
+
+def verified(key: str) -> int:
+    """The state of verification `key` in this process: TOKENIZERS where it is unknown here
+    (a spawned process or a Ray actor: it never learns the verdict)."""
+    found = _by_key.get(key)
+    return TOKENIZERS if found is None else found.state
+
+
+# -- forks wait for the step under way --------------------------------------------------------
+_paused: list[Verification] = []
+
+
+def _before_fork() -> None:
+    for job in list(_by_key.values()):
+        if not job.alive():
+            continue
+        if job.steps.lock.acquire(timeout=FORK_WAIT_S):
+            _paused.append(job)
+        else:  # a step that does not end: the children must not touch its library
+            job._end(f"abandoned: a step ran over {FORK_WAIT_S:g} s while processes forked")
+            job.steps.stop.set()
+            log.warning(
+                "tokenizer backend: tokenizers (the fastokens verification %s; the same ids)",
+                job.why,
+            )
+
+
+def _after_fork_in_parent() -> None:
+    while _paused:
+        _paused.pop().steps.lock.release()
+
+
+def _after_fork_in_child() -> None:
+    _paused.clear()
+    for job in list(_by_key.values()):
+        job.steps.lock = threading.Lock()  # (its thread does not run here)
+
+
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)
