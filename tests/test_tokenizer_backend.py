@@ -432,8 +432,8 @@ def test_fastokens_raising_after_verification_leaves_the_stream_as_tokenizers_ma
     monkeypatch.setattr(FastokensBackend, "encode_docs", encode_docs)
     caplog.set_level(logging.WARNING, logger="mixer.tokenizer")
     for name in ("auto", "fastokens"):
-        loader = mixer.build_loader(backend(recipe, name), num_workers=workers)
-        assert loader.tokenizer.backend == "fastokens"
+        loader = settled(mixer.build_loader(backend(recipe, name), num_workers=workers))
+        assert loader.backend.encoding == "fastokens"
         assert take(loader, 40) == reference
     if workers == 0:
         [line] = [r.getMessage() for r in caplog.records if "fastokens raised" in r.getMessage()]
@@ -471,8 +471,8 @@ def test_a_megabyte_of_spaces_that_fastokens_cannot_split_is_encoded_all_the_sam
         "lanes": 1,
         "sources": [{"name": "a", "path": str(tmp_path / "a.jsonl"), "weight": 1, "epochs": 1}],
     }
-    fast = mixer.build_loader(recipe)
-    assert fast.tokenizer.backend == "fastokens"
+    fast = settled(mixer.build_loader(recipe))
+    assert fast.backend.encoding == "fastokens"
     assert take(fast, 10_000) == take(mixer.build_loader(backend(recipe, "hf")), 10_000)
 
 
@@ -620,8 +620,10 @@ def test_padding_and_truncation_in_tokenizer_json_change_no_token(recipe, tmp_pa
     assert json.loads(with_setting.read_text())[setting] is not None
     reference = take(mixer.build_loader(backend({**recipe, "tokenizer": str(plain)}, "hf")), 4)
     for name in ("hf", "auto", "fastokens"):
-        loader = mixer.build_loader(backend({**recipe, "tokenizer": str(with_setting)}, name))
-        assert loader.tokenizer.backend == ("hf" if name == "hf" else "fastokens")
+        loader = settled(
+            mixer.build_loader(backend({**recipe, "tokenizer": str(with_setting)}, name))
+        )
+        assert loader.backend.encoding == ("hf" if name == "hf" else "fastokens")
         assert take(loader, 4) == reference, name
 
 
@@ -703,7 +705,7 @@ loader = mixer.build_loader(sys.argv[1])   # warm: fastokens still loading on it
 
 @pytest.mark.slow
 def test_a_process_that_ends_while_fastokens_loads_exits_cleanly(recipe, tmp_path):
-    mixer.build_loader(recipe)  # the verdict kept (in this test's XDG_CACHE_HOME)
+    settled(mixer.build_loader(recipe))  # the verdict kept (in this test's XDG_CACHE_HOME)
     (tmp_path / "r.json").write_text(json.dumps(recipe))
     # (before the fix, 17 of 18 such runs aborted: SIGABRT, "exception not rethrown")
     out = procs.run(
@@ -933,7 +935,7 @@ def test_workers_fork_once_fastokens_has_loaded_and_building_does_not_wait_for_i
     """With a warm verdict and DataLoader workers, `build_loader` returns while fastokens
     still loads (building overlaps the load); the workers fork after it has loaded, and share
     it."""
-    reference = take(mixer.build_loader(recipe, num_workers=2), 4)  # (the verdict, warm now)
+    reference = take(settled(mixer.build_loader(recipe, num_workers=2)), 4)  # (kept: warm now)
     as_in_a_new_process(monkeypatch)
     real = backends._load_fastokens
     monkeypatch.setattr(

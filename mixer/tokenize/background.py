@@ -2,7 +2,8 @@
 
 `tokenizer_backend: auto` with no verdict kept for the corpus verifies fastokens (about a
 second: the stress text and the sources' samples, encoded by both libraries) off the first
-batch's path: encoders built on a `TokenizerInfo` whose `verifying` names a `Verification`
+batch's path, from the moment the loader has made its first batch (before it, the two would
+share the cores): encoders built on a `TokenizerInfo` whose `verifying` names a `Verification`
 encode with `tokenizers` until its verdict is in, then with fastokens from their next call on
 (`Encoder.backend`). Both give the same ids, so the stream is the same wherever the switch
 falls.
@@ -81,7 +82,6 @@ class Verification:
         self.verdict: Any = None
         self.why = ""  # where the verification ended without a verdict: why
         self.steps = Steps()
-        self.go = threading.Event()  # `begin`
         self._run, self._settle = run, settle
         self._byte = mmap.mmap(-1, 1)  # (anonymous, shared with the processes forked later)
         self._owner = os.getpid()
@@ -89,7 +89,7 @@ class Verification:
         # Not a daemon: one killed at exit inside a library call aborts the process; it
         # stops at its next step instead (`Steps.stopped`).
         self._thread = threading.Thread(target=self._main, name="mixer-verify", daemon=False)
-        self._thread.start()
+        self._started = threading.Lock()
 
     @property
     def state(self) -> int:
@@ -98,14 +98,16 @@ class Verification:
         return self._byte[0]
 
     def begin(self) -> None:
-        """Start verifying (the thread waits for this: the loader's first batch is made)."""
-        self.go.set()
+        """Start the thread (once; the loader does when its first batch is made), unless the
+        verification was stopped first."""
+        if os.getpid() != self._owner or self._thread.ident is not None:
+            return  # (a forked copy has no thread of its own; started already)
+        with self._started:
+            if self._thread.ident is None and self.state == PENDING:
+                self._thread.start()
 
     def _main(self) -> None:
         try:
-            while not self.go.wait(0.05):
-                if self.steps.stopped():
-                    raise Stopped
             ok, verdict = self._run(self.steps)
             with self.steps:
                 self.verdict = verdict
@@ -114,34 +116,43 @@ class Verification:
         except Stopped:
             self._end("stopped")
         except BaseException as exc:  # (pyo3's PanicException is no Exception)
-            self._end(f"raised {type(exc).__name__}: {str(exc)[:200]}")
-            log.warning(
-                "tokenizer backend: tokenizers (the fastokens verification %s; the same ids)",
-                self.why,
-            )
+            if self._end(f"raised {type(exc).__name__}: {str(exc)[:200]}"):
+                log.warning(
+                    "tokenizer backend: tokenizers (the fastokens verification %s; the same ids)",
+                    self.why,
+                )
 
     def _set(self, state: int) -> None:
         if self._byte[0] == PENDING:  # (a verdict never replaces an abandonment)
             self._byte[0] = state
 
-    def _end(self, why: str) -> None:
-        if self._byte[0] == PENDING:
-            self.why = why
-            self._byte[0] = TOKENIZERS
+    def _end(self, why: str) -> bool:
+        """No verdict: `tokenizers` for good (unless a verdict or an end came first)."""
+        if self._byte[0] != PENDING:
+            return False
+        self.why = why
+        self._byte[0] = TOKENIZERS
+        return True
 
-    def stop(self, wait: float = STOP_WAIT_S) -> None:
+    def stop(self, wait: float | None = None) -> None:
         """Stop the verification at its next step (no verdict: `tokenizers` goes on) and wait
-        for its thread to end, `wait` seconds at most."""
+        for its thread to end, `wait` seconds at most (default `STOP_WAIT_S`)."""
+        wait = STOP_WAIT_S if wait is None else wait
+        if os.getpid() != self._owner:
+            return
         self.steps.stop.set()
-        self.go.set()
-        if os.getpid() == self._owner and self._thread.is_alive():
+        with self._started:
+            if self._thread.ident is None:  # never begun: no verdict
+                self._end("stopped")
+                return
+        if self._thread.is_alive():
             self._thread.join(wait)
             if self._thread.is_alive():
                 log.debug("the fastokens verification is still inside a step after %s s", wait)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the verification to end (`begin` it first); whether it has."""
-        if os.getpid() == self._owner:
+        if os.getpid() == self._owner and self._thread.ident is not None:
             self._thread.join(timeout)
         return self.state != PENDING
 
@@ -163,12 +174,12 @@ _paused: list[Verification] = []
 
 def _before_fork() -> None:
     for job in list(_by_key.values()):
-        if not job.alive():
+        if not job.alive() or job.state != PENDING:  # (past its last library call)
             continue
         if job.steps.lock.acquire(timeout=FORK_WAIT_S):
             _paused.append(job)
-        else:  # a step that does not end: the children must not touch its library
-            job._end(f"abandoned: a step ran over {FORK_WAIT_S:g} s while processes forked")
+        elif job._end(f"abandoned: a step ran over {FORK_WAIT_S:g} s while processes forked"):
+            # (a step that does not end: the children must not touch its library)
             job.steps.stop.set()
             log.warning(
                 "tokenizer backend: tokenizers (the fastokens verification %s; the same ids)",
