@@ -85,7 +85,8 @@ def first_batch(
     t0 = time.perf_counter()
     loader = mixer.build_loader(recipe, rank=0, world_size=1, num_workers=workers)
     build = time.perf_counter() - t0
-    next(iter(loader))
+    batches = iter(loader)  # (held: a dropped iterator stops its workers before returning)
+    next(batches)
     first = time.perf_counter() - t0 - build
     if prof is not None:
         import pstats
