@@ -1,7 +1,8 @@
 """The first batch on a fresh corpus, by tokenizer backend and worker count.
 
     python benchmarks/first_batch.py [--files 5000] [--repeat 3] [--workers 0,2]
-                                     [--backends hf,auto-cold,auto-warm] [--profile]
+                                     [--backends hf,auto-cold,auto-warm,fastokens-cold]
+                                     [--profile]
 
 A corpus of `--files` small jsonl files (prose and code of the bundled sample, a few
 documents a file, in two sources), the bundled 32k BPE `data/tokenizer.json`. Every run is a
@@ -11,7 +12,9 @@ earlier run is cached (a fastokens verdict is kept by the files it sampled):
 * hf: `tokenizer_backend: hf` (nothing is verified);
 * auto-cold: `tokenizer_backend: auto`, no verdict kept: fastokens is verified on this corpus;
 * auto-warm: `auto` again on a corpus a first process has already verified (it reads the
-  verdict kept then).
+  verdict kept then);
+* fastokens-cold: `tokenizer_backend: fastokens`, no verdict kept: verified before
+  `build_loader` returns (what the verification costs a start that waits for it).
 
 Each cell is the median of `--repeat` processes (the spread beside it): `build_loader` time,
 the first batch's time after it returns, and their sum. Libraries are imported before the
@@ -134,7 +137,7 @@ def one_run(root: Path, files: int, backend: str, workers: int, run: int) -> dic
     folder = root / f"{backend}-{workers}-{run}"
     cache = folder / "xdg"
     write_corpus(folder / "corpus", files)
-    name = "auto" if backend.startswith("auto") else backend
+    name = backend.removesuffix("-cold").removesuffix("-warm")
     if backend == "auto-warm":
         child(folder / "corpus", cache, name, workers, settle=True)
     try:
@@ -153,7 +156,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=5000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workers", default="0,2")
-    parser.add_argument("--backends", default="hf,auto-cold,auto-warm")
+    parser.add_argument("--backends", default="hf,auto-cold,auto-warm,fastokens-cold")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="mixer-first-batch-"))

@@ -90,6 +90,7 @@ class Verification:
         # stops at its next step instead (`Steps.stopped`).
         self._thread = threading.Thread(target=self._main, name="mixer-verify", daemon=False)
         self._started = threading.Lock()
+        self._transition = threading.Lock()  # (PENDING is left once)
 
     @property
     def state(self) -> int:
@@ -110,9 +111,8 @@ class Verification:
         try:
             ok, verdict = self._run(self.steps)
             with self.steps:
-                self.verdict = verdict
-                self._set(FASTOKENS if ok else TOKENIZERS)
-                self._settle(ok, verdict)
+                if self._settle_on(FASTOKENS if ok else TOKENIZERS, verdict=verdict):
+                    self._settle(ok, verdict)
         except Stopped:
             self._end("stopped")
         except BaseException as exc:  # (pyo3's PanicException is no Exception)
@@ -122,17 +122,19 @@ class Verification:
                     self.why,
                 )
 
-    def _set(self, state: int) -> None:
-        if self._byte[0] == PENDING:  # (a verdict never replaces an abandonment)
+    def _settle_on(self, state: int, *, verdict: Any = None, why: str = "") -> bool:
+        """Leave PENDING for `state` with `verdict` (or, without one, `why`); False where a
+        verdict or an end came first (a fork abandoning the verification meanwhile)."""
+        with self._transition:
+            if self._byte[0] != PENDING:
+                return False
+            self.verdict, self.why = verdict, why
             self._byte[0] = state
+            return True
 
     def _end(self, why: str) -> bool:
         """No verdict: `tokenizers` for good (unless a verdict or an end came first)."""
-        if self._byte[0] != PENDING:
-            return False
-        self.why = why
-        self._byte[0] = TOKENIZERS
-        return True
+        return self._settle_on(TOKENIZERS, why=why)
 
     def stop(self, wait: float | None = None) -> None:
         """Stop the verification at its next step (no verdict: `tokenizers` goes on) and wait
@@ -194,8 +196,8 @@ def _after_fork_in_parent() -> None:
 
 def _after_fork_in_child() -> None:
     _paused.clear()
-    for job in list(_by_key.values()):
-        job.steps.lock = threading.Lock()  # (its thread does not run here)
+    for job in list(_by_key.values()):  # (its thread does not run here)
+        job.steps.lock, job._transition = threading.Lock(), threading.Lock()
 
 
 os.register_at_fork(
