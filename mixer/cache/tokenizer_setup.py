@@ -9,8 +9,8 @@ from typing import Any
 
 from mixer.cache.store import tokenizer_info_dir
 from mixer.core.token_info import TokenizerInfo
+from mixer.tokenize.choice import BackendChoice, resolve_backend
 from mixer.tokenize.tokenizer import resolve_recipe_tokenizer
-from mixer.tokenize.verify import BackendChoice, resolve_backend
 
 
 def recipe_tokenizer(recipe: Any) -> TokenizerInfo:
