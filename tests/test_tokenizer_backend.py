@@ -78,6 +78,15 @@ def fresh_verdicts(monkeypatch, tmp_path):
 take = take_digests
 
 
+def settled(loader: mixer.Loader) -> mixer.Loader:
+    """`loader` once a fastokens verification it runs in the background has its verdict."""
+    job = loader.backend.background if loader.backend is not None else None
+    if job is not None:
+        job.begin()
+        assert job.wait(60)
+    return loader
+
+
 def backend(recipe: dict, name: str) -> dict:
     return {**recipe, "tokenizer_backend": name}
 
@@ -239,8 +248,8 @@ def test_a_word_split_whose_vocabulary_merges_vowel_signs_with_their_letters_is_
 # -- same tokens, same stream ------------------------------------------------------------------
 def test_batches_are_the_same_with_either_backend_at_any_worker_count(recipe):
     reference = take(mixer.build_loader(backend(recipe, "hf")), 10)
-    auto = mixer.build_loader(recipe)
-    assert auto.tokenizer.backend == "fastokens"
+    auto = settled(mixer.build_loader(recipe))
+    assert auto.backend.encoding == "fastokens"
     assert take(auto, 10) == reference
     assert take(mixer.build_loader(backend(recipe, "fastokens"), num_workers=2), 10) == reference
 
@@ -274,8 +283,8 @@ def test_the_token_cache_serves_either_backend(recipe, tmp_path):
     assert fill_cache(hf, tables=list_sources(hf), progress=False)["written"] > 0
     reference = take(mixer.build_loader(hf), 10)
     CACHE_STATS.reset()
-    loader = mixer.build_loader(recipe)
-    assert loader.tokenizer.backend == "fastokens"
+    loader = settled(mixer.build_loader(recipe))
+    assert loader.backend.encoding == "fastokens"
     assert take(loader, 10) == reference
     assert CACHE_STATS.hits > 0 and CACHE_STATS.misses == 0
     assert list((tmp_path / "cache" / "tokenizers" / "backends").glob("backend-*.json"))
@@ -338,8 +347,8 @@ def test_a_tokenizer_fastokens_cannot_load_falls_back_or_is_refused(
 ):
     recipe = {**recipe, "tokenizer": str(trained(tmp_path / f"{kind}.json", kind))}
     caplog.set_level(logging.INFO, logger="mixer.tokenizer")
-    loader = mixer.build_loader(recipe)
-    assert loader.tokenizer.backend == "hf"
+    loader = settled(mixer.build_loader(recipe))
+    assert loader.backend.encoding == "hf"
     assert loader.backend.describe() == f"tokenizers (fastokens: {component} unsupported)"
     lines = [r.getMessage() for r in caplog.records if r.name == "mixer.tokenizer"]
     assert lines == [f"tokenizer backend: tokenizers (fastokens: {component} unsupported)"]
@@ -374,8 +383,8 @@ def _altering(monkeypatch) -> dict:
 def test_a_mismatch_on_a_source_document_falls_back_or_is_refused(recipe, monkeypatch, caplog):
     where = _altering(monkeypatch)
     caplog.set_level(logging.INFO, logger="mixer.tokenizer")
-    loader = mixer.build_loader(recipe)
-    assert loader.tokenizer.backend == "hf"
+    loader = settled(mixer.build_loader(recipe))
+    assert loader.backend.encoding == "hf"
     warned = [r for r in caplog.records if r.name == "mixer.tokenizer"]
     assert len(warned) == 1 and warned[0].levelno == logging.WARNING
     message = warned[0].getMessage()
@@ -396,7 +405,7 @@ def test_fastokens_raising_on_a_document_is_a_mismatch(recipe, monkeypatch):
         return real(self, texts)
 
     monkeypatch.setattr(FastokensBackend, "encode_batch", encode_batch)
-    assert mixer.build_loader(recipe).tokenizer.backend == "hf"
+    assert settled(mixer.build_loader(recipe)).backend.encoding == "hf"
     with pytest.raises(
         mixer.RecipeError,
         match=r"source 'b', document 5 .*fastokens raised "
@@ -423,8 +432,8 @@ def test_fastokens_raising_after_verification_leaves_the_stream_as_tokenizers_ma
     monkeypatch.setattr(FastokensBackend, "encode_docs", encode_docs)
     caplog.set_level(logging.WARNING, logger="mixer.tokenizer")
     for name in ("auto", "fastokens"):
-        loader = mixer.build_loader(backend(recipe, name), num_workers=workers)
-        assert loader.tokenizer.backend == "fastokens"
+        loader = settled(mixer.build_loader(backend(recipe, name), num_workers=workers))
+        assert loader.backend.encoding == "fastokens"
         assert take(loader, 40) == reference
     if workers == 0:
         [line] = [r.getMessage() for r in caplog.records if "fastokens raised" in r.getMessage()]
@@ -462,8 +471,8 @@ def test_a_megabyte_of_spaces_that_fastokens_cannot_split_is_encoded_all_the_sam
         "lanes": 1,
         "sources": [{"name": "a", "path": str(tmp_path / "a.jsonl"), "weight": 1, "epochs": 1}],
     }
-    fast = mixer.build_loader(recipe)
-    assert fast.tokenizer.backend == "fastokens"
+    fast = settled(mixer.build_loader(recipe))
+    assert fast.backend.encoding == "fastokens"
     assert take(fast, 10_000) == take(mixer.build_loader(backend(recipe, "hf")), 10_000)
 
 
@@ -493,8 +502,8 @@ def test_tokenizers_panicking_on_the_stress_text_is_a_refusal_not_a_crash(
     real = verify._load_hf
     monkeypatch.setattr(verify, "_load_hf", lambda *args: Panicking(real(*args)))
     monkeypatch.setattr(verify, "_stress", {})  # (stress verdicts of earlier tests)
-    loader = mixer.build_loader(recipe)
-    assert loader.tokenizer.backend == "hf"
+    loader = settled(mixer.build_loader(recipe))
+    assert loader.backend.encoding == "hf"
     assert (
         "tokenizers raised PanicException: AddedVocabulary bad split" in loader.backend.describe()
     )
@@ -505,7 +514,7 @@ def test_tokenizers_panicking_on_the_stress_text_is_a_refusal_not_a_crash(
     monkeypatch.setattr(verify, "_load_hf", real)
     as_in_a_new_process(monkeypatch)
     monkeypatch.setattr(verify, "_stress", {})
-    assert mixer.build_loader(recipe).tokenizer.backend == "fastokens"
+    assert settled(mixer.build_loader(recipe)).backend.encoding == "fastokens"
 
 
 def test_the_tokenizer_is_set_up_before_another_thread_can_take_it(tmp_path, monkeypatch):
@@ -611,8 +620,10 @@ def test_padding_and_truncation_in_tokenizer_json_change_no_token(recipe, tmp_pa
     assert json.loads(with_setting.read_text())[setting] is not None
     reference = take(mixer.build_loader(backend({**recipe, "tokenizer": str(plain)}, "hf")), 4)
     for name in ("hf", "auto", "fastokens"):
-        loader = mixer.build_loader(backend({**recipe, "tokenizer": str(with_setting)}, name))
-        assert loader.tokenizer.backend == ("hf" if name == "hf" else "fastokens")
+        loader = settled(
+            mixer.build_loader(backend({**recipe, "tokenizer": str(with_setting)}, name))
+        )
+        assert loader.backend.encoding == ("hf" if name == "hf" else "fastokens")
         assert take(loader, 4) == reference, name
 
 
@@ -621,8 +632,8 @@ def test_a_refusal_is_kept_too_so_a_warm_fallback_pays_nothing(recipe, tmp_path,
     real = verify.verify
     monkeypatch.setattr(verify, "verify", lambda *args: calls.append(1) or real(*args))
     recipe = {**recipe, "tokenizer": str(trained(tmp_path / "metaspace.json", "metaspace"))}
-    first = mixer.build_loader(recipe)
-    assert first.tokenizer.backend == "hf" and not first.backend.cached and calls == [1]
+    first = settled(mixer.build_loader(recipe))
+    assert first.backend.encoding == "hf" and not first.backend.cached and calls == [1]
     as_in_a_new_process(monkeypatch)
     parses = []
     real_load = backends._load_fastokens
@@ -655,7 +666,7 @@ def test_a_passing_failure_to_load_fastokens_is_not_kept(recipe, tmp_path, monke
 
     monkeypatch.setattr(backends, "_fast_loaded", {})
     monkeypatch.setattr(backends, "_load_fastokens", failing)
-    assert mixer.build_loader(recipe).tokenizer.backend == "hf"
+    assert settled(mixer.build_loader(recipe)).backend.encoding == "hf"
     assert not list((tmp_path / "xdg").rglob("backend-*.json"))
     assert not list((tmp_path / "xdg").rglob("refused-*.json"))
 
@@ -666,7 +677,7 @@ def test_a_process_where_fastokens_cannot_load_encodes_alike_unless_it_was_requi
     """The backend chosen by `auto` travels to workers on other machines or installs; where
     fastokens does not load there, `tokenizers` gives the same ids. Asked for by name, it is
     a RecipeError."""
-    info = mixer.build_loader(recipe).tokenizer
+    info = settled(mixer.build_loader(recipe)).backend.info_now()
     assert info.backend == "fastokens" and not info.required
     texts = [_text(i, 25) for i in range(20)]
     expected = Encoder(info).encode_raw(texts)
@@ -694,7 +705,7 @@ loader = mixer.build_loader(sys.argv[1])   # warm: fastokens still loading on it
 
 @pytest.mark.slow
 def test_a_process_that_ends_while_fastokens_loads_exits_cleanly(recipe, tmp_path):
-    mixer.build_loader(recipe)  # the verdict kept (in this test's XDG_CACHE_HOME)
+    settled(mixer.build_loader(recipe))  # the verdict kept (in this test's XDG_CACHE_HOME)
     (tmp_path / "r.json").write_text(json.dumps(recipe))
     # (before the fix, 17 of 18 such runs aborted: SIGABRT, "exception not rethrown")
     out = procs.run(
@@ -738,33 +749,34 @@ def test_a_warm_start_does_not_verify_again(recipe, tmp_path, monkeypatch):
             calls.append(time.perf_counter() - start)
 
     monkeypatch.setattr(verify, "verify", counted)
-    first = mixer.build_loader(recipe)
+    first = settled(mixer.build_loader(recipe))
     assert len(calls) == 1 and not first.backend.cached
     [stored] = (tmp_path / "xdg" / "mixer" / "tokenizer-backends").glob("backend-*.json")
     hf_loads = as_in_a_new_process(monkeypatch)
     second = mixer.build_loader(recipe)  # fastokens loads on a thread meanwhile
     assert len(calls) == 1 and second.backend.cached
-    assert second.backend.describe() == first.backend.describe()
+    assert second.backend.verdict == first.backend.verdict_now()
+    assert second.backend.describe() == "fastokens (verified on 170 documents, 24.7 KB)"
     assert second.tokenizer.backend == "fastokens"
     assert take(second, 3) == take(first, 3)
     # the tokenizer's ids were kept too: a warm start loads no `tokenizers` tokenizer
     assert hf_loads == [] and len(backends._fast_loaded) == 1 and not backends._fast_loading
     stored.write_text(stored.read_text().replace('"ok": true', '"ok": false'))  # tampered
     monkeypatch.setattr(verify, "_verdicts", {})
-    assert mixer.build_loader(recipe).backend.cached is False and len(calls) == 2
+    assert settled(mixer.build_loader(recipe)).backend.cached is False and len(calls) == 2
     time.sleep(0.01)  # a sampled split rewritten: its version changes, so it verifies again
     parquet = Path(recipe["sources"][1]["path"])
     parquet.write_bytes(parquet.read_bytes())
     os.utime(parquet, ns=(time.time_ns(), time.time_ns() + 10**9))
     monkeypatch.setattr(verify, "_verdicts", {})
-    assert mixer.build_loader(recipe).backend.cached is False and len(calls) == 3
+    assert settled(mixer.build_loader(recipe)).backend.cached is False and len(calls) == 3
 
 
 def test_fastokens_loaded_ahead_is_dropped_when_tokenizers_is_chosen(recipe, monkeypatch):
     monkeypatch.setattr(backends, "_fast_loaded", {})
     monkeypatch.setattr(
         verify,
-        "_verdict",
+        "_known_verdict",
         lambda *args: (verify.Verdict(False, "differs on a document (test)"), True),
     )  # a cached refusal
     loader = mixer.build_loader(recipe)
@@ -776,8 +788,8 @@ def test_fastokens_loaded_ahead_is_dropped_when_tokenizers_is_chosen(recipe, mon
 def test_an_unwritable_cache_folder_does_not_fail_the_run(recipe, tmp_path, monkeypatch):
     (tmp_path / "blocked").write_text("a file where the folder would be")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocked"))
-    loader = mixer.build_loader(recipe)
-    assert loader.tokenizer.backend == "fastokens" and not loader.backend.cached
+    loader = settled(mixer.build_loader(recipe))
+    assert loader.backend.encoding == "fastokens" and not loader.backend.cached
     assert len(take(loader, 2)) == 2
 
 
@@ -923,7 +935,7 @@ def test_workers_fork_once_fastokens_has_loaded_and_building_does_not_wait_for_i
     """With a warm verdict and DataLoader workers, `build_loader` returns while fastokens
     still loads (building overlaps the load); the workers fork after it has loaded, and share
     it."""
-    reference = take(mixer.build_loader(recipe, num_workers=2), 4)  # (the verdict, warm now)
+    reference = take(settled(mixer.build_loader(recipe, num_workers=2)), 4)  # (kept: warm now)
     as_in_a_new_process(monkeypatch)
     real = backends._load_fastokens
     monkeypatch.setattr(

@@ -9,8 +9,8 @@ from typing import Any
 
 from mixer.cache.store import tokenizer_info_dir
 from mixer.core.token_info import TokenizerInfo
+from mixer.tokenize.choice import BackendChoice, resolve_backend
 from mixer.tokenize.tokenizer import resolve_recipe_tokenizer
-from mixer.tokenize.verify import BackendChoice, resolve_backend
 
 
 def recipe_tokenizer(recipe: Any) -> TokenizerInfo:
@@ -19,9 +19,12 @@ def recipe_tokenizer(recipe: Any) -> TokenizerInfo:
 
 
 def recipe_backend(
-    recipe: Any, tables: Any, tokenizer: TokenizerInfo | None = None
+    recipe: Any, tables: Any, tokenizer: TokenizerInfo | None = None, *, background: bool = False
 ) -> BackendChoice:
     """Which backend encodes the recipe's text, and why; `tables` (the sources' listings, or
-    None where they cannot be listed) give the texts a fastokens verdict is checked on."""
+    None where they cannot be listed) give the texts a fastokens verdict is checked on;
+    `background`: see `resolve_backend`."""
     info = tokenizer if tokenizer is not None else recipe_tokenizer(recipe)
-    return resolve_backend(recipe, info, tables, info_cache=tokenizer_info_dir(recipe))
+    return resolve_backend(
+        recipe, info, tables, info_cache=tokenizer_info_dir(recipe), background=background
+    )

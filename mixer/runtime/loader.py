@@ -498,7 +498,7 @@ class Loader:
         dataset = TorchLaneDataset(
             self.recipe,
             self.tables,
-            self.tokenizer,
+            self._tokenizer_now(),
             dict(self._lane_states),
             self._next_global,
             self.rank,
@@ -553,6 +553,8 @@ class Loader:
                 yield self._handed(data, meta)
                 self._wait.called()
         except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                self._stop_verifying()
             # The traceback's DataLoader frames hold its iterator; clear their locals so the
             # workers stop now, not when the caller drops the exception.
             traceback.clear_frames(exc.__traceback__)
@@ -569,10 +571,21 @@ class Loader:
         batch = as_batch(self.layout, data, meta)
         self._stages.own_transfer += perf_counter() - took
         self._wait.handed()
+        if self.backend is not None and self.backend.background is not None:
+            self.backend.background.begin()  # (after the first batch, off its path)
         return batch
 
+    def _tokenizer_now(self) -> TokenizerInfo:
+        """The tokenizer an iteration (its DataLoader workers, Ray actors) starts with: once a
+        background fastokens verification has its verdict, the backend it chose."""
+        return self.tokenizer if self.backend is None else self.backend.info_now()
+
+    def _stop_verifying(self) -> None:
+        if self.backend is not None and self.backend.background is not None:
+            self.backend.background.stop()
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        self.close()
+        self._end_iteration()
         self._closing = False
         gen = self._generate()
         # A weak reference: a dropped loader and iterator free their workers at once,
@@ -581,9 +594,14 @@ class Loader:
         return gen
 
     def close(self) -> None:
-        """Stop the current iteration and its worker processes. From another thread while
-        the iterating one is inside `next()`: that iteration ends after the batch it is
-        getting (the workers stop then)."""
+        """Stop the current iteration and its worker processes, and a fastokens verification
+        still running in the background (`tokenizers` encodes from then on). From another
+        thread while the iterating one is inside `next()`: that iteration ends after the batch
+        it is getting (the workers stop then)."""
+        self._stop_verifying()
+        self._end_iteration()
+
+    def _end_iteration(self) -> None:
         gen = self._gen() if self._gen is not None else None
         if gen is not None and gen.gi_running:  # inside next() in another thread
             self._closing = True
@@ -633,8 +651,10 @@ def build_loader(
     preload(recipe, tokenizer, tokenizer_info_dir(recipe))  # on a thread, while listing
     lister = lambda: list_sources(recipe)
     tables = dist.list_once(lister) if distributed and world_size > 1 else lister()
-    choice = recipe_backend(recipe, tables, tokenizer)
-    if workers is not None or choice.info.backend != "fastokens":
+    # `auto` with no verdict kept: `tokenizers` encodes the first batches while fastokens is
+    # verified on a thread (DataLoader workers switch too). Ray actors start with the verdict.
+    choice = recipe_backend(recipe, tables, tokenizer, background=workers is None)
+    if choice.background is None and (workers is not None or choice.info.backend != "fastokens"):
         finish_preloads(keep=choice.info.backend == "fastokens")
     # (DataLoader workers: `worker_batches` waits for the load right before they fork, so that
     # building the loader overlaps it)

@@ -2,7 +2,7 @@
 it (`tokenizers` or fastokens, verified to agree), and encoding text with it."""
 
 from mixer.core.token_info import TokenizerInfo
+from mixer.tokenize.choice import BackendChoice, resolve_backend
 from mixer.tokenize.tokenizer import Encoder, resolve_tokenizer
-from mixer.tokenize.verify import BackendChoice, resolve_backend
 
 __all__ = ["BackendChoice", "Encoder", "TokenizerInfo", "resolve_backend", "resolve_tokenizer"]

@@ -3,7 +3,7 @@
 Both implement `Backend`: ids without special tokens added, one list (or, for the encoder's
 hot path, one array with EOS and BOS already in place: uint16 where every id of the call fits,
 else uint32) per text. Which one a loader
-uses is chosen once, by `verify.resolve_backend`, and carried in `TokenizerInfo.backend`, so
+uses is chosen once, by `choice.resolve_backend`, and carried in `TokenizerInfo.backend`, so
 forked and spawned workers use the same one without choosing again.
 """
 

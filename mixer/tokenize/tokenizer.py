@@ -28,6 +28,7 @@ from mixer.tokenize.backends import (
     load_fastokens,
     whole_documents,
 )
+from mixer.tokenize.background import FASTOKENS, PENDING, verified
 from mixer.tokenize.encoding import use_fastokens_encoding_threads
 
 __all__ = ["Encoder", "finish_preloads", "resolve_recipe_tokenizer", "resolve_tokenizer"]
@@ -260,13 +261,16 @@ class Encoder:
     The library (`info.backend`: `tokenizers` or fastokens) and its tokenizer are looked up
     lazily, by file and digest, in the process that encodes: a forked DataLoader worker reuses
     the one its parent loaded (see `_loaded`), a spawned one (or an unpickled encoder) loads
-    its own.
+    its own. With `info.verifying` (a fastokens verification in the background) it encodes
+    with `tokenizers` until the verdict is in, then with fastokens from its next call on where
+    the verdict is ok: a call is encoded by one library, and both give the same ids.
     """
 
     def __init__(self, info: TokenizerInfo) -> None:
         self.info = info
         self._backend: Backend | None = None
         self._pid = -1
+        self._waiting = False  # for the verdict of `info.verifying`
         if info.backend == "fastokens":  # (also in a Ray actor, which verified nothing)
             use_fastokens_encoding_threads()
 
@@ -274,7 +278,31 @@ class Encoder:
         if self._backend is None or self._pid != os.getpid():
             self._backend = load_backend(self.info)
             self._pid = os.getpid()
+            self._waiting = self.info.verifying is not None
+        if self._waiting:  # (one byte read a call)
+            self._switch()
         return self._backend
+
+    def _switch(self) -> None:
+        """Take fastokens once the background verification found it gives the same ids."""
+        assert self.info.verifying is not None
+        state = verified(self.info.verifying)
+        if state == PENDING:
+            return
+        if state == FASTOKENS:
+            try:
+                fast = load_fastokens(self.info.path, self.info.digest)
+            except Unavailable as exc:  # (verified in the parent, failing here: keep hf)
+                log.warning(
+                    "tokenizer backend: tokenizers in process %d (fastokens, verified, "
+                    "cannot load here: %s; the same ids)",
+                    os.getpid(),
+                    exc,
+                )
+            else:
+                use_fastokens_encoding_threads()  # (this process's threads, from now on)
+                self._backend = fast
+        self._waiting = False
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
         bos, eos = self.info.bos_id, self.info.eos_id
@@ -323,4 +351,4 @@ class Encoder:
         return self.backend().decode(ids)
 
     def __getstate__(self) -> dict:
-        return {"info": self.info, "_backend": None, "_pid": -1}
+        return {"info": self.info, "_backend": None, "_pid": -1, "_waiting": False}

@@ -1,4 +1,5 @@
-"""Choosing the recipe's tokenizer backend (`tokenizer_backend: auto | hf | fastokens`) once.
+"""Whether fastokens may encode for a recipe: its verdict, found once and kept (`choice.py`
+turns it into the recipe's backend).
 
 fastokens is used only where it loads the tokenizer and gives the very ids of `tokenizers` on
 the stress text (`stress.py`), the added tokens' ids, and the first documents of every source
@@ -10,11 +11,11 @@ is one, else in the user's cache folder), so a warm start reads one file and enc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,6 @@ from typing import Any
 
 import tokenizers
 
-from mixer.core.errors import RecipeError
 from mixer.core.files import user_cache_dir, write_atomically
 from mixer.core.token_info import TokenizerInfo
 from mixer.sources import SourceTable
@@ -36,10 +36,10 @@ from mixer.tokenize.backends import (
     load_fastokens,
     preload_fastokens,
 )
+from mixer.tokenize.background import Steps
 from mixer.tokenize.encoding import (
     TOKENIZE_BYTES_AHEAD,
     chunk_full,
-    use_fastokens_encoding_threads,
 )
 from mixer.tokenize.stress import STRESS_ID, stress_sections
 from mixer.tokenize.tokenizer import _load as _load_hf
@@ -58,74 +58,6 @@ class Verdict:
     reason: str = ""
     documents: int = 0
     text_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class BackendChoice:
-    """The backend a loader encodes with (`info.backend`), what the recipe asked for, and
-    the verdict behind it (None when the recipe asked for hf)."""
-
-    info: TokenizerInfo
-    requested: str
-    verdict: Verdict | None = None
-    cached: bool = False  # the verdict came from the cache: nothing was encoded
-
-    def describe(self) -> str:
-        """`fastokens (verified on 1,204 documents, 3.1 MB)`, `tokenizers (fastokens:
-        Metaspace pre-tokenizer unsupported)` or `tokenizers (tokenizer_backend: hf)`."""
-        v = self.verdict
-        if v is None:
-            return "tokenizers (tokenizer_backend: hf)"
-        if self.info.backend == "fastokens" and not v.documents:
-            return "fastokens (verified on the stress text; no source text)"
-        if self.info.backend == "fastokens":
-            size = (
-                f"{v.text_bytes / 1e6:.1f} MB"
-                if v.text_bytes >= 100_000
-                else f"{v.text_bytes / 1e3:.1f} KB"
-            )
-            return (
-                f"fastokens (verified on {v.documents:,} "
-                f"document{'' if v.documents == 1 else 's'}, {size})"
-            )
-        return f"tokenizers (fastokens: {v.reason})"
-
-
-def resolve_backend(
-    recipe: Any,
-    info: TokenizerInfo,
-    tables: list[SourceTable] | None,
-    *,
-    info_cache: str | None = None,
-) -> BackendChoice:
-    """The backend for `recipe` (`info` with `backend` set); `tables` None: the sources could
-    not be listed, so only the stress text is checked (and nothing is cached).
-
-    `fastokens` asked for and not verified is a `RecipeError` saying why; `auto` falls back
-    to `tokenizers` with one log line."""
-    wanted = recipe.tokenizer_backend
-    if wanted == "hf":
-        return BackendChoice(dataclasses.replace(info, backend="hf"), wanted)
-    verdict, cached = _verdict(recipe, info, tables, info_cache)
-    if verdict.ok:
-        use_fastokens_encoding_threads()  # (before the first chunk is handed to the pool)
-        choice = BackendChoice(
-            dataclasses.replace(info, backend="fastokens", required=wanted == "fastokens"),
-            wanted,
-            verdict,
-            cached,
-        )
-        log.info("tokenizer backend: %s", choice.describe())
-        return choice
-    if wanted == "fastokens":
-        raise RecipeError(
-            f"tokenizer_backend: fastokens is not usable with {info.path!r}: {verdict.reason}"
-        )
-    choice = BackendChoice(dataclasses.replace(info, backend="hf"), wanted, verdict, cached)
-    # Not loading is expected (a component fastokens lacks, no wheel); differing ids are not.
-    level = logging.WARNING if verdict.reason.startswith("differs") else logging.INFO
-    log.log(level, "tokenizer backend: %s", choice.describe())
-    return choice
 
 
 # -- the verdict, cached -----------------------------------------------------------------------
@@ -221,10 +153,11 @@ def _write(path: Path, key: str, verdict: Verdict, sampled: dict) -> None:
         log.debug("cannot keep the backend verdict in %s (%s)", path, exc)
 
 
-def _verdict(
+def _known_verdict(
     recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None, info_cache: str | None
-) -> tuple[Verdict, bool]:
-    """(verdict, whether it was cached) for fastokens on this tokenizer and these sources."""
+) -> tuple[Verdict, bool] | None:
+    """(verdict, whether it was cached) where no encoding is needed to know it (fastokens
+    missing, a refusal or a verdict kept); None where fastokens must be verified."""
     version = fastokens_version()
     if version is None:
         return Verdict(False, fastokens_missing() or "fastokens not installed"), False
@@ -232,7 +165,7 @@ def _verdict(
     if refused is not None:
         return refused, True
     if tables is None:
-        return verify(recipe, info, None)[0], False
+        return None
     key = _key(recipe, info, version, tables)
     for held in (_verdicts.get(key), None):
         if held is None:
@@ -243,15 +176,31 @@ def _verdict(
         ):
             _verdicts[key] = held
             return held[0], True
-    verdict, sampled = verify(recipe, info, tables)
-    _verdicts[key] = (verdict, sampled)
-    if not verdict.ok and not sampled and _lasting(verdict.reason):
-        key = _tokenizer_key(info, version)  # whatever the sources: `known_refusal`
+    return None
+
+
+def _fresh(
+    recipe: Any,
+    info: TokenizerInfo,
+    tables: list[SourceTable] | None,
+    info_cache: str | None,
+    steps: Steps | None = None,
+) -> Verdict:
+    """Verify fastokens (on `steps`' thread where given) and keep the verdict."""
+    verdict, sampled = verify(recipe, info, tables, steps)
+    if tables is None:
+        return verdict
+    version = fastokens_version() or "unknown"
+    key = _key(recipe, info, version, tables)
+    with steps if steps is not None else contextlib.nullcontext():
         _verdicts[key] = (verdict, sampled)
-        _write(cache_folder(info_cache) / f"refused-{key}.json", key, verdict, sampled)
-    elif verdict.ok or sampled:
-        _write(cache_folder(info_cache) / f"backend-{key}.json", key, verdict, sampled)
-    return verdict, False
+        if not verdict.ok and not sampled and _lasting(verdict.reason):
+            key = _tokenizer_key(info, version)  # whatever the sources: `known_refusal`
+            _verdicts[key] = (verdict, sampled)
+            _write(cache_folder(info_cache) / f"refused-{key}.json", key, verdict, sampled)
+        elif verdict.ok or sampled:
+            _write(cache_folder(info_cache) / f"backend-{key}.json", key, verdict, sampled)
+    return verdict
 
 
 def _lasting(reason: str) -> bool:
@@ -266,43 +215,50 @@ def _lasting(reason: str) -> bool:
 
 # -- verification ------------------------------------------------------------------------------
 def verify(
-    recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None
+    recipe: Any,
+    info: TokenizerInfo,
+    tables: list[SourceTable] | None,
+    steps: Steps | None = None,
 ) -> tuple[Verdict, dict[str, list]]:
     """Encode the stress text and the sources' samples with both backends (no cache); the
     verdict and the splits sampled. On a thread of its own, which takes with it when it exits
-    the words cache fastokens keeps per calling thread (megabytes for a few MB of samples)."""
-    stop = threading.Event()
+    the words cache fastokens keeps per calling thread (megabytes for a few MB of samples):
+    the caller's where `steps` are given (a `background.Verification`'s, which calls this
+    function through this module, so a test can slow it down), else one started here."""
+    if steps is not None:
+        return _verify(recipe, info, tables, steps)
+    steps = Steps()
     once = ThreadPoolExecutor(1, thread_name_prefix="mixer-verify")
     try:
-        return once.submit(_verify, recipe, info, tables, stop).result()
-    except BaseException:  # (an interrupt, here: the thread stops at its next chunk)
-        stop.set()
+        return once.submit(_verify, recipe, info, tables, steps).result()
+    except BaseException:  # (an interrupt, here: the thread stops at its next step)
+        steps.stop.set()
         raise
     finally:
         once.shutdown()
 
 
-class _Stopped(Exception):
-    """The caller of `verify` was interrupted: the verification gives up."""
-
-
 def _verify(
-    recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None, stop: threading.Event
+    recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None, steps: Steps
 ) -> tuple[Verdict, dict[str, list]]:
+    """Each library call is a step (`Steps`: where it may stop, and where a fork may come)."""
     try:
-        fast = load_fastokens(info.path, info.digest)
+        with steps:
+            fast = load_fastokens(info.path, info.digest)
     except Unavailable as exc:
         return Verdict(False, str(exc)), {}
-    hf = HfBackend(_load_hf(info.path, info.digest))
-    why = _check_tokenizer(hf, fast)
+    with steps:
+        hf = HfBackend(_load_hf(info.path, info.digest))
+        why = _check_tokenizer(hf, fast)
     if why is None:
-        why = _stress_mismatch(hf, fast, info)
+        why = _stress_mismatch(hf, fast, info, steps)
     if why is not None:
         return Verdict(False, why), {}
     if tables is None:
         return Verdict(True), {}
-    docs, sampled = sample.sample_sources(recipe, tables, info)
-    found = _first_mismatch(hf, fast, [d.text for d in docs], stop)
+    with steps:
+        docs, sampled = sample.sample_sources(recipe, tables, info)
+    found = _first_mismatch(hf, fast, [d.text for d in docs], steps)
     if found is not None:
         doc = docs[found[0]]
         return Verdict(
@@ -348,60 +304,78 @@ def _pair_partners(hf: HfBackend) -> list[str]:
 _stress: dict[tuple[str, str], str | None] = {}
 
 
-def _stress_mismatch(hf: HfBackend, fast: FastokensBackend, info: TokenizerInfo) -> str | None:
+def _stress_mismatch(
+    hf: HfBackend, fast: FastokensBackend, info: TokenizerInfo, steps: Steps
+) -> str | None:
     if (info.digest, info.path) in _stress:
         return _stress[(info.digest, info.path)]
     sections = stress_sections(_added_tokens(hf), _pair_partners(hf))
     texts = [text for _, text in sections]
-    found = _first_mismatch(hf, fast, texts)
+    found = _first_mismatch(hf, fast, texts, steps)
     why = None
     if found is not None:
         why = f"differs on the stress text (section {sections[found[0]][0]!r}), {found[1]}"
     else:
-        for (name, _), ids in zip(sections, fast.encode_batch(texts)):
-            try:
-                ours = hf.decode(ids)
-            except BaseException as exc:
-                ours, name = None, f"{name}: {_raised(exc, 'tokenizers')}"
-            try:
-                same = ours is not None and ours == fast.decode(ids)
-            except BaseException as exc:
-                same, name = False, f"{name}: {_raised(exc)}"
-            if not same:
-                why = f"decodes the stress text differently (section {name!r})"
-                break
+        with steps:
+            why = _decode_mismatch(hf, fast, sections, texts)
     _stress[(info.digest, info.path)] = why
     return why
 
 
+def _decode_mismatch(
+    hf: HfBackend, fast: FastokensBackend, sections: list[tuple[str, str]], texts: list[str]
+) -> str | None:
+    """The stress sections' ids decode to the same text with both libraries, or why not."""
+    for (name, _), ids in zip(sections, fast.encode_batch(texts)):
+        try:
+            ours = hf.decode(ids)
+        except BaseException as exc:
+            ours, name = None, f"{name}: {_raised(exc, 'tokenizers')}"
+        try:
+            same = ours is not None and ours == fast.decode(ids)
+        except BaseException as exc:
+            same, name = False, f"{name}: {_raised(exc)}"
+        if not same:
+            return f"decodes the stress text differently (section {name!r})"
+    return None
+
+
 def _first_mismatch(
-    hf: HfBackend, fast: FastokensBackend, texts: list[str], stop: threading.Event | None = None
+    hf: HfBackend, fast: FastokensBackend, texts: list[str], steps: Steps
 ) -> tuple[int, str] | None:
     """(text index, `character N: tokenizers [...] vs fastokens [...]`) of the first text the
     backends encode differently. fastokens encodes in the chunks `Encoder` uses; `tokenizers`
     one text at a time (no thread pool in this process: DataLoader workers forked later keep
-    theirs), which also gives the character offsets."""
+    theirs), which also gives the character offsets. Each chunk is a step."""
     at = 0
     while at < len(texts):
-        if stop is not None and stop.is_set():
-            raise _Stopped
         end, size = at, 0
         while end < len(texts) and not chunk_full(end - at, size, TOKENIZE_BYTES_AHEAD):
             size += len(texts[end])
             end += 1
-        try:
-            encoded = fast.encode_batch(texts[at:end])
-        except BaseException as exc:  # (pyo3's PanicException is no Exception)
-            why = _raised(exc)
-            return next((k for k in range(at, end) if _fails(fast, texts[k])), at), why
-        for k, got in enumerate(encoded, start=at):
-            try:
-                ref = hf.tok.encode(texts[k], add_special_tokens=False)
-            except BaseException as exc:  # the reference itself fails on this text
-                return k, _raised(exc, "tokenizers")
-            if ref.ids != got:
-                return k, _describe(ref, got, len(texts[k]))
+        with steps:
+            found = _chunk_mismatch(hf, fast, texts, at, end)
+        if found is not None:
+            return found
         at = end
+    return None
+
+
+def _chunk_mismatch(
+    hf: HfBackend, fast: FastokensBackend, texts: list[str], at: int, end: int
+) -> tuple[int, str] | None:
+    try:
+        encoded = fast.encode_batch(texts[at:end])
+    except BaseException as exc:  # (pyo3's PanicException is no Exception)
+        why = _raised(exc)
+        return next((k for k in range(at, end) if _fails(fast, texts[k])), at), why
+    for k, got in enumerate(encoded, start=at):
+        try:
+            ref = hf.tok.encode(texts[k], add_special_tokens=False)
+        except BaseException as exc:  # the reference itself fails on this text
+            return k, _raised(exc, "tokenizers")
+        if ref.ids != got:
+            return k, _describe(ref, got, len(texts[k]))
     return None
 
 
