@@ -17,7 +17,7 @@ the fits, and the weights stay μ before `start_batches`. A source with fewer th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import Field, model_validator
 
@@ -51,6 +51,18 @@ class AdoParams(Params):
 def _normalized(values: list[float]) -> list[float]:
     total = sum(values)
     return [v / total for v in values]
+
+
+class AdoState(TypedDict):
+    """ADO's state, in source order: updates made, tokens reported, the fitted points
+    ([tokens, mean loss] each), the credit h, the average π̄ and the weights."""
+
+    t: int
+    trained: list[int]
+    points: list[list[list[float]]]
+    h: list[float]
+    pi_bar: list[float]
+    weights: list[float]
 
 
 class Ado:
@@ -106,7 +118,7 @@ class Ado:
         self.weights = pi
         return dict(zip(self.names, pi))
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> AdoState:
         return {
             "t": self.t,
             "trained": list(self.trained),

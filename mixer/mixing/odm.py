@@ -18,7 +18,7 @@ reported tokens keep their estimate R_i.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import Field
 
@@ -36,6 +36,14 @@ def exploration(t: int, k: int) -> float:
     if t <= 0:
         return 1.0 / k
     return min(1.0 / k, math.sqrt(math.log(k) / (k * t)))
+
+
+class OdmState(TypedDict):
+    """ODM's state: updates made, the reward estimates and the weights, in source order."""
+
+    t: int
+    rewards: list[float]
+    weights: list[float]
 
 
 class Odm:
@@ -65,7 +73,7 @@ class Odm:
         self.weights = [(1 - k * eps) * w / total + eps for w in raw]
         return dict(zip(self.names, self.weights))
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> OdmState:
         return {"t": self.t, "rewards": list(self.rewards), "weights": list(self.weights)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ resumed run must compute the same ones. `state_dict()` returns plain JSON data.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,9 +31,13 @@ class Algorithm(Protocol):
         self, losses: dict[str, float], tokens: dict[str, int], step: int
     ) -> dict[str, float]: ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> Mapping[str, Any]:
+        """Plain JSON data (each algorithm's own TypedDict: `OdmState`, `AdoState`)."""
+        ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from what `state_dict()` returned, after a JSON round trip."""
+        ...
 
 
 class Params(BaseModel):

@@ -11,10 +11,24 @@ recomputes the plan.
 from __future__ import annotations
 
 import bisect
+from typing import TYPE_CHECKING, TypedDict, final
 
 from mixer.core.document import Budget, Document, DocumentSource, StreamState
 from mixer.core.errors import StateError
 from mixer.pipeline.packing import BLOCKED, Row, _Blocked, build_row
+
+if TYPE_CHECKING:
+    from mixer.pipeline.packers import PackerState
+
+
+@final
+class BestFitPackerState(TypedDict):
+    """A `best_fit` packer's state: the stream at the window's start, the rows of the
+    window already emitted, and whether the source has run out (0 or 1)."""
+
+    stream: StreamState
+    emitted: int
+    exhausted: int
 
 
 def plan_rows(
@@ -84,7 +98,7 @@ class BestFitPacker:
         # documents that start in the window's first k rows (k = 0..rows).
         self._span: tuple[float, float, list[int]] | None = None
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> BestFitPackerState:
         if self.exhausted:  # the stream at its end (done), not the last window's start: a
             # resumed lane's progress and final state are those of an uninterrupted run
             return {"stream": self.stream.state_dict(), "emitted": 0, "exhausted": 1}
@@ -103,13 +117,16 @@ class BestFitPacker:
             return after
         return before + (after - before) * starts[self._emitted] / starts[-1]
 
-    def load_state_dict(self, state: dict | None) -> None:
+    def load_state_dict(self, state: PackerState | None) -> None:
         self._rows = None
         self._span = None
         if state is None:
             self.stream.load_state_dict(None)
             self._start, self._emitted, self.exhausted = self.stream.state_dict(), 0, False
             return
+        if "emitted" not in state:  # (a concat or pad packer's state)
+            name = self.stream.name
+            raise StateError(f"best_fit packer state of source {name!r} lacks 'emitted'")
         try:
             self.stream.load_state_dict(state["stream"])
             self._start, self._emitted = state["stream"], state["emitted"]

@@ -7,12 +7,14 @@ many ranks and workers share the lanes out (see docs/architecture.md).
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from mixer.cache.store import open_cache
 from mixer.config.recipe import Recipe
 from mixer.core.errors import StateError
 from mixer.pipeline.batch import Batch, BatchLayout
 from mixer.pipeline.mix import TARGET_SCALE, choose_by_share, grow_by_share, shares
-from mixer.pipeline.packers import make_packer
+from mixer.pipeline.packers import PackerState, RowPacker, make_packer
 from mixer.pipeline.packing import BLOCKED, Row
 from mixer.pipeline.schedule import WeightPlan
 from mixer.pipeline.settings import StreamSettings
@@ -21,6 +23,40 @@ from mixer.sources import SourceTable
 from mixer.tokenize import Encoder
 
 LANE_STATE_VERSION = 2
+
+
+class _SourceCounters(TypedDict):
+    tokens: int
+    mix: int
+    deficit: int  # target - mix, milli-tokens
+    documents: int
+    packer: PackerState | None  # None: from the source's start
+
+
+class LaneSourceState(_SourceCounters, total=False):
+    """One source's entry in a lane's state: the mixing counters of the regime in force,
+    the packer's state, and what the metrics resume from (`Lane.state_dict` writes all of
+    them but `reasons` and `oversize`; `fresh_state` only the counters)."""
+
+    skipped: int  # informational: the stream's own state counts them
+    epochs: float  # passes over the lane's slice (metrics), 4 decimals
+    reasons: dict[str, int]  # skipped records per reason, when any
+    oversize: int  # image and audio recipes: oversize documents seen
+
+
+class _LaneCounters(TypedDict):
+    v: int
+    lane: int
+    batches: int
+    regime: str
+    sources: dict[str, LaneSourceState]
+
+
+class LaneState(_LaneCounters, total=False):
+    """A lane's state (`LANE_STATE_VERSION`): batches made, the regime whose counters the
+    sources' entries hold, and one entry per source by name."""
+
+    exhausted: int  # informational (derived on load): 0 or 1; absent from `fresh_state`
 
 
 class Lane:
@@ -32,7 +68,7 @@ class Lane:
         recipe: Recipe,
         tables: list[SourceTable],
         encoder: Encoder,
-        state: dict | None = None,
+        state: LaneState | None = None,
         *,
         block_size: int = 8 << 20,
         layout: BatchLayout | None = None,
@@ -49,7 +85,7 @@ class Lane:
                 "(mixer.images.select.layout_for)"
             )
         self.layout = layout or BatchLayout(seq_len=recipe.seq_len, pad_id=encoder.info.pad_id)
-        self.packers = []
+        self.packers: list[RowPacker] = []
         self.streams: list[SourceStream] = []
         cache = open_cache(recipe, encoder.info)
         for src, table in zip(recipe.sources, tables):
@@ -85,7 +121,7 @@ class Lane:
         """The global index of the batch this lane makes next."""
         return self.batches * self.recipe.lanes + self.lane
 
-    def fresh_state(self) -> dict:
+    def fresh_state(self) -> LaneState:
         return {
             "v": LANE_STATE_VERSION,
             "lane": self.lane,
@@ -97,7 +133,7 @@ class Lane:
             },
         }
 
-    def load_state_dict(self, state: dict | None) -> None:
+    def load_state_dict(self, state: LaneState | None) -> None:
         fresh = self.fresh_state()
         state = state or fresh
         if state.get("v") != LANE_STATE_VERSION or state.get("lane") != self.lane:
@@ -110,7 +146,7 @@ class Lane:
         # produces here (its weights were edited, or a source was added) restarts them.
         self.regime = state["regime"]
         self.tokens, self.mix, self.target, self.documents = [], [], [], []
-        for name, packer in zip(self.names, self.packers):
+        for name, packer, stream in zip(self.names, self.packers, self.streams):
             entry = state["sources"].get(name)
             if entry is None:
                 entry = fresh["sources"][name]
@@ -122,15 +158,12 @@ class Lane:
             self.documents.append(entry["documents"])
             packer.load_state_dict(entry["packer"])
             if "epochs" in entry and "skipped" in entry:
-                packer.stream.resume_metrics(
-                    entry["epochs"], entry["skipped"], entry.get("reasons", {})
-                )
+                stream.resume_metrics(entry["epochs"], entry["skipped"], entry.get("reasons", {}))
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> LaneState:
         """Plain data; `exhausted` and `skipped` are informational (derived on load)."""
-        sources = {}
-        for i, (name, packer) in enumerate(zip(self.names, self.packers)):
-            stream = packer.stream
+        sources: dict[str, LaneSourceState] = {}
+        for i, (name, packer, stream) in enumerate(zip(self.names, self.packers, self.streams)):
             sources[name] = {
                 "tokens": self.tokens[i],
                 "mix": self.mix[i],

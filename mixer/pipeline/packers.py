@@ -13,8 +13,11 @@ from typing import Protocol
 
 from mixer.core.document import Budget, DocumentSource
 from mixer.core.registry import PACKERS
-from mixer.pipeline.best_fit import BestFitPacker
-from mixer.pipeline.packing import Packer, Row
+from mixer.pipeline.best_fit import BestFitPacker, BestFitPackerState
+from mixer.pipeline.packing import ConcatPackerState, Packer, Row
+
+PackerState = ConcatPackerState | BestFitPackerState
+"""A packer's state; its shape follows the recipe's `packing` (`best_fit` or the others)."""
 
 
 class RowPacker(Protocol):
@@ -29,9 +32,9 @@ class RowPacker(Protocol):
         """Passes over the lane's slice that the rows handed out hold (metrics' `epochs`)."""
         ...
 
-    def state_dict(self) -> dict: ...
+    def state_dict(self) -> PackerState: ...
 
-    def load_state_dict(self, state: dict | None) -> None: ...
+    def load_state_dict(self, state: PackerState | None) -> None: ...
 
 
 # (source, seq_len, pad_id, mask_document_boundaries, window, per-batch image caps) -> packer

@@ -10,12 +10,15 @@ inside it: resuming re-reads that document's window and re-tokenizes it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict, final
 
 import numpy as np
 
 from mixer.core.document import Budget, Document, DocumentSource, StreamState
 from mixer.core.errors import StateError
+
+if TYPE_CHECKING:
+    from mixer.pipeline.packers import PackerState
 
 IGNORE_INDEX = -100
 
@@ -23,6 +26,16 @@ IGNORE_INDEX = -100
 class _Blocked:
     def __repr__(self) -> str:
         return "BLOCKED"
+
+
+@final
+class ConcatPackerState(TypedDict):
+    """A `concat` or `pad` packer's state: the stream before the pending document, the
+    tokens of it already packed, and whether the source has run out (0 or 1)."""
+
+    stream: StreamState
+    offset: int
+    exhausted: int
 
 
 BLOCKED = _Blocked()
@@ -214,18 +227,20 @@ class Packer:
         progress = getattr(self.stream, "progress", None)
         return progress() if progress is not None else 0.0
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> ConcatPackerState:
         if self._pending is not None:
             _, offset, before, cut = self._pending
             return {"stream": before, "offset": cut + offset, "exhausted": 0}
         return {"stream": self.stream.state_dict(), "offset": 0, "exhausted": int(self.exhausted)}
 
-    def load_state_dict(self, state: dict | None) -> None:
+    def load_state_dict(self, state: PackerState | None) -> None:
         self._pending = None
         self.exhausted = False
         if state is None:
             self.stream.load_state_dict(None)
             return
+        if "offset" not in state:  # (a best_fit packer's state)
+            raise StateError(f"packer state of source {self.stream.name!r} lacks 'offset'")
         try:
             self.stream.load_state_dict(state["stream"])
             offset = state["offset"]

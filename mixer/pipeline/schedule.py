@@ -18,9 +18,22 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Literal, TypedDict
 
 from mixer.config.recipe import Recipe, normalize
 from mixer.core.errors import RecipeError, StateError
+
+# The `override` entry of a loader state: the global batch of the `set_weights` call in force
+# and its normalized weights by source name ("global" is a keyword: the functional form).
+OverrideState = TypedDict("OverrideState", {"global": int, "weights": dict[str, float]})
+
+
+class ScheduleState(TypedDict):
+    """The `schedule` entry of a loader state: the schedule's `interpolate` and a digest of
+    each of its points at or before the state's position."""
+
+    interpolate: Literal["step", "linear"]
+    points: list[str]
 
 
 @dataclass(frozen=True)
@@ -30,11 +43,11 @@ class Override:
     at_global: int
     weights: tuple[float, ...]  # normalized, in the recipe's source order
 
-    def to_dict(self, names: list[str]) -> dict:
+    def to_dict(self, names: list[str]) -> OverrideState:
         return {"global": self.at_global, "weights": {n: w for n, w in zip(names, self.weights)}}
 
     @classmethod
-    def from_dict(cls, data: dict, names: list[str]) -> Override:
+    def from_dict(cls, data: OverrideState, names: list[str]) -> Override:
         weights = data["weights"]
         unknown = sorted(set(weights) - set(names))
         if unknown:
@@ -126,7 +139,7 @@ def _point_digest(point: list) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def schedule_snapshot(recipe: Recipe, tokens: int) -> dict | None:
+def schedule_snapshot(recipe: Recipe, tokens: int) -> ScheduleState | None:
     """Digests of the schedule's points at or before `tokens` (what a resume must find
     unchanged)."""
     if recipe.schedule is None:
@@ -139,7 +152,7 @@ def schedule_snapshot(recipe: Recipe, tokens: int) -> dict | None:
     return {"interpolate": recipe.schedule.interpolate, "points": points}
 
 
-def check_schedule(saved: dict | None, recipe: Recipe, tokens: int) -> None:
+def check_schedule(saved: ScheduleState | None, recipe: Recipe, tokens: int) -> None:
     """Refuse a recipe whose schedule changed at or before the checkpoint's position."""
     now = schedule_snapshot(recipe, tokens)
     if saved is None or now is None:

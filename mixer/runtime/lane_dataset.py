@@ -15,7 +15,7 @@ from mixer.core.stages import CLOCK, PACK, TRANSFER, since, timed
 from mixer.core.token_info import TokenizerInfo
 from mixer.images.select import layout_for
 from mixer.pipeline.batch import Batch, BatchLayout, Wire
-from mixer.pipeline.lanes import Lane
+from mixer.pipeline.lanes import Lane, LaneState
 from mixer.pipeline.schedule import WeightPlan
 from mixer.runtime.topology import global_batch, lane_of
 from mixer.sources import IO_STATS, SourceTable
@@ -36,7 +36,7 @@ class LaneDataset:
         recipe: Recipe,
         tables: list[SourceTable],
         tokenizer: TokenizerInfo,
-        lane_states: dict[int, dict | None],
+        lane_states: dict[int, LaneState | None],
         start: int,
         rank: int,
         world_size: int,

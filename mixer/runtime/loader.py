@@ -24,6 +24,7 @@ from mixer.config.recipe import Recipe, load_recipe
 from mixer.core.errors import DataError, MixerError, RecipeError, StateError, TopologyError
 from mixer.images.select import layout_for
 from mixer.pipeline.batch import TEXT_KEYS
+from mixer.pipeline.lanes import LaneState
 from mixer.pipeline.schedule import (
     Override,
     WeightPlan,
@@ -47,7 +48,14 @@ from mixer.runtime.profile import (
 )
 from mixer.runtime.ray_workers import ActorPool, RayWorkers
 from mixer.runtime.ring import BatchRing, InRing
-from mixer.runtime.state import check_fingerprint, fingerprint, merge_payloads, pack, unpack
+from mixer.runtime.state import (
+    LoaderPayload,
+    check_fingerprint,
+    fingerprint,
+    merge_payloads,
+    pack,
+    unpack,
+)
 from mixer.runtime.topology import (
     check_topology,
     check_workers,
@@ -100,7 +108,7 @@ class Loader:
         self._fingerprint = fingerprint(recipe, tokenizer, tables)
         self.layout = layout_for(recipe, tokenizer)
         self._next_global = 0  # first global batch of the next step
-        self._lane_states: dict[int, dict | None] = {}
+        self._lane_states: dict[int, LaneState | None] = {}
         self._io: dict[int, dict[str, int]] = {}  # latest remote-read counters per worker
         self._gen: weakref.ref | None = None
         self._closing = False  # set by `close` from another thread while iterating
@@ -137,10 +145,10 @@ class Loader:
         return self._plan.tokens_at(self.next_global_batch)
 
     # -- state -------------------------------------------------------------------------------
-    def _rank_payload(self) -> dict:
+    def _rank_payload(self) -> LoaderPayload:
         tokens = self._plan.tokens_at(self._next_global)
         override = self._plan.override
-        payload = {
+        payload: LoaderPayload = {
             "kind": "global" if self.world_size == 1 else "rank",
             "fingerprint": self._fingerprint,
             "next_global": self._next_global,
@@ -407,7 +415,7 @@ class Loader:
         )
 
     # -- iteration ---------------------------------------------------------------------------
-    def _lanes_done(self, pending: dict[int, dict]) -> bool:
+    def _lanes_done(self, pending: dict[int, LaneState]) -> bool:
         for lane in self.own_lanes():
             state = pending.get(lane, self._lane_states.get(lane))
             if not state or not state.get("exhausted"):
@@ -428,7 +436,7 @@ class Loader:
         self._io[meta["worker"]] = meta["io"]
         self._next_global += self.world_size
 
-    def _finish(self, pending: dict[int, dict]) -> None:
+    def _finish(self, pending: dict[int, LaneState]) -> None:
         """The stream has ended: keep the final states of lanes whose trailing padding batches
         were held back, so their skipped records count in `metrics()` and the state."""
         self._lane_states.update(pending)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mixer.config.recipe import Recipe
+
+if TYPE_CHECKING:
+    from mixer.pipeline.lanes import LaneState
 
 log = logging.getLogger("mixer.loader")
 
@@ -24,7 +27,7 @@ class MetricsSnapshot:
     """What a loader hands `loader_metrics`: plain data, read at the call."""
 
     names: list[str]  # the recipe's sources, in order
-    lane_states: dict[int, dict | None]  # this rank's lanes: state as of the batches out
+    lane_states: dict[int, LaneState | None]  # this rank's lanes: state as of the batches out
     listing_skipped: dict[str, int]  # files the listing skipped, per source
     target_share: list[float]  # at the next global batch
     global_tokens: int  # tokens of the global stream before it

@@ -8,7 +8,7 @@ checkpoint and `merge_states`, are the same numbers, and so are the weights comp
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from mixer.config.recipe import Recipe
 from mixer.core.errors import StateError
@@ -19,6 +19,21 @@ FIXED_POINT = 1 << 32  # loss sums are counted in units of 2^-32
 
 def to_fixed(value: float) -> int:
     return round(value * FIXED_POINT)
+
+
+class MixingState(TypedDict):
+    """The `mixing` entry of a loader state: the algorithm (by name) and its own state, the
+    sources it was made for, the update point due next and the updates made, the mean loss per
+    source at the last update, and the sums reported since: source → [loss sum (fixed
+    point), tokens]."""
+
+    algorithm: str
+    names: list[str]
+    next_update: int
+    updates: int
+    state: dict[str, Any]  # the algorithm's (`OdmState`, `AdoState`, ...)
+    losses: dict[str, float]
+    pending: dict[str, list[int]]
 
 
 class MixingLoop:
@@ -64,18 +79,18 @@ class MixingLoop:
         return weights
 
     # -- state -------------------------------------------------------------------------------
-    def payload(self) -> dict[str, Any]:
+    def payload(self) -> MixingState:
         return {
             "algorithm": self.algorithm_name,
             "names": self.names,
             "next_update": self.next_update,
             "updates": self.updates,
-            "state": self.algorithm.state_dict(),
+            "state": dict(self.algorithm.state_dict()),
             "losses": dict(self.losses),
             "pending": {n: list(p) for n, p in zip(self.names, self.pending)},
         }
 
-    def load(self, saved: dict[str, Any] | None, *, keep_pending: bool) -> None:
+    def load(self, saved: MixingState | None, *, keep_pending: bool) -> None:
         """Resume from a payload's `mixing` entry. `keep_pending`: this rank takes the saved
         pending sums (its own, or a merged state's on rank 0); the other ranks start from 0."""
         if saved is None:
@@ -107,7 +122,7 @@ class MixingLoop:
             raise StateError(f"loader state is damaged at ['mixing']: {exc!r}") from None
 
 
-def merge_mixing(entries: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+def merge_mixing(entries: list[MixingState | None]) -> MixingState | None:
     """One `mixing` entry of all ranks' entries of one step: the algorithm's state is the same
     on every rank; the pending sums are added up."""
     first = entries[0]
@@ -126,4 +141,4 @@ def merge_mixing(entries: list[dict[str, Any] | None]) -> dict[str, Any] | None:
         for name, (loss, tokens) in entry["pending"].items():
             pending[name][0] += int(loss)
             pending[name][1] += int(tokens)
-    return {**rest, "pending": pending}
+    return {**first, "pending": pending}  # (the rest is the same on every rank)

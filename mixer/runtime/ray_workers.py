@@ -44,6 +44,7 @@ import numpy as np
 
 from mixer.core.errors import MixerError, TopologyError
 from mixer.pipeline.batch import Batch, BatchLayout
+from mixer.pipeline.lanes import LaneState
 from mixer.runtime.lane_dataset import LaneDataset
 from mixer.runtime.ray_cluster import connect
 from mixer.runtime.topology import lanes_served
@@ -301,7 +302,7 @@ class ActorPool:
         exc: Exception,
         dataset: LaneDataset,
         step: int,
-        states: dict[int, dict | None],
+        states: dict[int, LaneState | None],
         stalled_s: float | None = None,
     ) -> None:
         """Actor `w` died (or stalled `stalled_s` seconds) before making `step`: a new one

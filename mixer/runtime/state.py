@@ -12,13 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, TypedDict, cast
 
 from mixer.config.images import ImageSettings
 from mixer.config.recipe import Recipe
 from mixer.core.errors import StateError
 from mixer.core.token_info import TokenizerInfo
-from mixer.runtime.mixing_state import merge_mixing
+from mixer.pipeline.lanes import LaneState
+from mixer.pipeline.schedule import OverrideState, ScheduleState
+from mixer.runtime.mixing_state import MixingState, merge_mixing
 from mixer.runtime.state_codec import decode_lanes, encodable, encode_lanes
 from mixer.runtime.state_schema import check_payload
 from mixer.sources import SourceTable
@@ -40,7 +42,35 @@ _STREAM_FIELDS = (
 )
 
 
-def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTable]) -> dict:
+class Fingerprint(TypedDict):
+    """What defines the stream: the recipe's stream fields (`_STREAM_FIELDS`, the
+    tokenizer's digest and eos id, the `images` and `audio` blocks), and per source its
+    settings and digests of its files, splits and their content versions."""
+
+    stream: dict[str, Any]
+    sources: dict[str, dict[str, Any]]
+
+
+class _PayloadFields(TypedDict):
+    kind: Literal["global", "rank"]  # global: every lane (any topology); rank: its own lanes
+    fingerprint: Fingerprint
+    next_global: int
+    world_size: int
+    rank: int
+    lanes: dict[str, LaneState | None]  # lane index (a decimal string) → its state
+    listing_skipped: dict[str, int]  # source → files the listing skipped
+    global_tokens: int  # position of global batch `next_global`
+    schedule: ScheduleState | None  # points at or before it
+    override: OverrideState | None  # the set_weights call in force
+
+
+class LoaderPayload(_PayloadFields, total=False):
+    """The JSON inside a loader state (`pack`, `unpack`; `state_schema` checks its shape)."""
+
+    mixing: MixingState  # online mixing; absent for the recipes without it
+
+
+def fingerprint(recipe: Recipe, tokenizer: TokenizerInfo, tables: list[SourceTable]) -> Fingerprint:
     """What must not change for a state to resume (weights and batch size may change)."""
     stream = {name: getattr(recipe, name) for name in _STREAM_FIELDS}
     stream["tokenizer"] = tokenizer.digest
@@ -98,7 +128,7 @@ def _changes(was: dict, now: dict, prefix: str = "") -> list[tuple[str, Any, Any
     return out
 
 
-def check_fingerprint(saved: dict, current: dict) -> None:
+def check_fingerprint(saved: Fingerprint, current: Fingerprint) -> None:
     """Refuse a state written for a different stream, naming what changed (each field of a
     block such as `images` by its own path)."""
     changed = _changes(saved["stream"], current["stream"])
@@ -141,18 +171,21 @@ def check_fingerprint(saved: dict, current: dict) -> None:
             raise StateError(f"cannot resume: source {name!r} changed {what} since the checkpoint")
 
 
-def pack(payload: dict) -> dict[str, Any]:
-    """The fixed-shape state of a payload (its lanes encoded column by column)."""
+def pack(payload: LoaderPayload) -> dict[str, Any]:
+    """The fixed-shape state of a payload (its lanes encoded column by column):
+    `{"format": STATE_FORMAT, "version": STATE_VERSION, "json": the payload}`. A plain dict,
+    as `torch.distributed.checkpoint`'s `Stateful` has it."""
+    data: Any = payload  # (a test may pack a damaged payload, even one that is no dict)
     if isinstance(payload, dict) and encodable(payload.get("lanes")):
-        payload = {**payload, "lanes": encode_lanes(payload["lanes"])}
+        data = {**payload, "lanes": encode_lanes(payload["lanes"])}
     return {
         "format": STATE_FORMAT,
         "version": STATE_VERSION,
-        "json": json.dumps(payload, separators=(",", ":"), sort_keys=True),
+        "json": json.dumps(data, separators=(",", ":"), sort_keys=True),
     }
 
 
-def unpack(state: dict[str, Any], *, lanes: Iterable[int] | None = None) -> dict:
+def unpack(state: dict[str, Any], *, lanes: Iterable[int] | None = None) -> LoaderPayload:
     """The payload of a state, its shape checked (`StateError` otherwise).
 
     `lanes`: decode and check only these lanes' states (a loader needs its own; the others
@@ -173,7 +206,7 @@ def unpack(state: dict[str, Any], *, lanes: Iterable[int] | None = None) -> dict
         keep = None if lanes is None else {str(i) for i in lanes}
         payload["lanes"] = decode_lanes(payload["lanes"], keep)
     check_payload(payload, lanes=lanes)
-    return payload
+    return cast(LoaderPayload, payload)  # (the shape just checked)
 
 
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -187,7 +220,7 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     return pack(merge_payloads([unpack(s) for s in states]))
 
 
-def merge_payloads(payloads: list[dict]) -> dict:
+def merge_payloads(payloads: list[LoaderPayload]) -> LoaderPayload:
     """The global payload of all ranks' payloads (checked shapes, one per rank, same step).
 
     Linear in the lanes: the fingerprints are compared, the lane dicts joined.
@@ -203,7 +236,7 @@ def merge_payloads(payloads: list[dict]) -> dict:
         raise StateError(
             f"merge_states needs exactly one state per rank 0..{world - 1}, got ranks {ranks}"
         )
-    lanes: dict[str, Any] = {}
+    lanes: dict[str, LaneState | None] = {}
     skipped: dict[str, int] = {}
     for p in payloads:
         if p["fingerprint"] != first["fingerprint"]:
@@ -224,7 +257,7 @@ def merge_payloads(payloads: list[dict]) -> dict:
         skipped = p["listing_skipped"]
     if len(lanes) != first["fingerprint"]["stream"]["lanes"]:
         raise StateError("the ranks' states do not cover every lane")
-    merged = {
+    merged: LoaderPayload = {
         "kind": "global",
         "fingerprint": first["fingerprint"],
         "next_global": first["next_global"],

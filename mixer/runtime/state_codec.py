@@ -13,7 +13,7 @@ freely. Decoding gives back exactly the dicts that were encoded (`true` stays `t
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,7 +50,9 @@ def _from_digits(width: int, digits: str, count: int) -> list[int] | None:
     return (values.reshape(count, width).astype(np.uint64) << shifts).sum(axis=1).tolist()
 
 
-def _leaves(value: dict, prefix: tuple[str, ...], out: list[tuple[tuple[str, ...], Any]]) -> None:
+def _leaves(
+    value: Mapping[str, Any], prefix: tuple[str, ...], out: list[tuple[tuple[str, ...], Any]]
+) -> None:
     for key in sorted(value):
         item = value[key]
         if isinstance(item, dict) and item:
@@ -82,7 +84,7 @@ def encodable(lanes: Any) -> bool:
     )
 
 
-def encode_lanes(lanes: dict[str, dict | None]) -> dict[str, Any]:
+def encode_lanes(lanes: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
     """`{"codec": "columns", "empty": [lane keys of None], "groups": [...]}`."""
     groups: dict[tuple, tuple[list[str], list[list[Any]]]] = {}
     empty = []
