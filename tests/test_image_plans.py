@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import mixer
 from mixer.cache.store import tokenizer_info_dir
-from mixer.images.layouts import image_layout
+from mixer.images.select import layout_for
 from mixer.tokenize import Encoder
 from mixer.tokenize.tokenizer import resolve_recipe_tokenizer
 
@@ -26,7 +26,7 @@ def _builder():
     data["tokenizer_backend"] = "hf"
     recipe = mixer.load_recipe(data)
     info = resolve_recipe_tokenizer(recipe, tokenizer_info_dir(recipe))
-    return image_layout(recipe, info).document_builder(Encoder(info), "pictures")
+    return layout_for(recipe, info).document_builder(Encoder(info), "pictures")
 
 
 BUILDER = _builder()

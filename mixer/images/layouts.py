@@ -282,13 +282,3 @@ class LlavaLayout(_ImageLayout):
 
 
 LAYOUTS = {"qwen2_vl": Qwen2VLLayout, "qwen2_5_vl": Qwen2_5VLLayout, "llava": LlavaLayout}
-
-
-def image_layout(recipe: Recipe, tokenizer: TokenizerInfo) -> _ImageLayout:
-    """The layout the recipe's `images.layout` names (its tokens checked in the tokenizer)."""
-    assert recipe.images is not None
-    if recipe.images.layout == "qwen3_vl":
-        from mixer.images.qwen3_vl import Qwen3VLLayout  # (it builds on this module's)
-
-        return Qwen3VLLayout(recipe, tokenizer)
-    return LAYOUTS[recipe.images.layout](recipe, tokenizer)

@@ -26,6 +26,10 @@ def layout_for(recipe: Recipe, tokenizer: TokenizerInfo) -> BatchLayout:
             pad_id=tokenizer.pad_id,
             flatten=getattr(recipe, "flatten", False),
         )
-    from mixer.images.layouts import image_layout  # (imports PIL only when needed)
+    if images.layout == "qwen3_vl":
+        from mixer.images.qwen3_vl import Qwen3VLLayout  # (imports PIL only when needed)
 
-    return image_layout(recipe, tokenizer)
+        return Qwen3VLLayout(recipe, tokenizer)
+    from mixer.images.layouts import LAYOUTS
+
+    return LAYOUTS[images.layout](recipe, tokenizer)

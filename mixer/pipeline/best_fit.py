@@ -11,24 +11,11 @@ recomputes the plan.
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, TypedDict, final
 
 from mixer.core.document import Budget, Document, DocumentSource, StreamState
 from mixer.core.errors import StateError
+from mixer.pipeline.packer_state import BestFitPackerState, PackerState
 from mixer.pipeline.packing import BLOCKED, Row, _Blocked, build_row
-
-if TYPE_CHECKING:
-    from mixer.pipeline.packers import PackerState
-
-
-@final
-class BestFitPackerState(TypedDict):
-    """A `best_fit` packer's state: the stream at the window's start, the rows of the
-    window already emitted, and whether the source has run out (0 or 1)."""
-
-    stream: StreamState
-    emitted: int
-    exhausted: int
 
 
 def plan_rows(

@@ -14,7 +14,8 @@ from mixer.config.recipe import Recipe
 from mixer.core.errors import StateError
 from mixer.pipeline.batch import Batch, BatchLayout
 from mixer.pipeline.mix import TARGET_SCALE, choose_by_share, grow_by_share, shares
-from mixer.pipeline.packers import PackerState, RowPacker, make_packer
+from mixer.pipeline.packer_state import PackerState
+from mixer.pipeline.packers import RowPacker, make_packer
 from mixer.pipeline.packing import BLOCKED, Row
 from mixer.pipeline.schedule import WeightPlan
 from mixer.pipeline.settings import StreamSettings

@@ -13,11 +13,9 @@ from typing import Protocol
 
 from mixer.core.document import Budget, DocumentSource
 from mixer.core.registry import PACKERS
-from mixer.pipeline.best_fit import BestFitPacker, BestFitPackerState
-from mixer.pipeline.packing import ConcatPackerState, Packer, Row
-
-PackerState = ConcatPackerState | BestFitPackerState
-"""A packer's state; its shape follows the recipe's `packing` (`best_fit` or the others)."""
+from mixer.pipeline.best_fit import BestFitPacker
+from mixer.pipeline.packer_state import PackerState
+from mixer.pipeline.packing import Packer, Row
 
 
 class RowPacker(Protocol):

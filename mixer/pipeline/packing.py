@@ -10,15 +10,13 @@ inside it: resuming re-reads that document's window and re-tokenizes it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict, final
+from typing import Literal, NamedTuple
 
 import numpy as np
 
 from mixer.core.document import Budget, Document, DocumentSource, StreamState
 from mixer.core.errors import StateError
-
-if TYPE_CHECKING:
-    from mixer.pipeline.packers import PackerState
+from mixer.pipeline.packer_state import ConcatPackerState, PackerState
 
 IGNORE_INDEX = -100
 
@@ -26,16 +24,6 @@ IGNORE_INDEX = -100
 class _Blocked:
     def __repr__(self) -> str:
         return "BLOCKED"
-
-
-@final
-class ConcatPackerState(TypedDict):
-    """A `concat` or `pad` packer's state: the stream before the pending document, the
-    tokens of it already packed, and whether the source has run out (0 or 1)."""
-
-    stream: StreamState
-    offset: int
-    exhausted: int
 
 
 BLOCKED = _Blocked()

@@ -169,8 +169,7 @@ def check_schedule(saved: ScheduleState | None, recipe: Recipe, tokens: int) -> 
             f"cannot resume: schedule.interpolate changed from "
             f"{saved['interpolate']!r} to {now['interpolate']!r}"
         )
-    # (states written before the digests held the points themselves)
-    was = [p if isinstance(p, str) else _point_digest(p) for p in saved["points"]]
+    was = saved["points"]
     points = recipe.schedule.points if recipe.schedule is not None else []
     for i in range(max(len(was), len(now["points"]))):
         old = was[i] if i < len(was) else None
