@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast lint docs docs-build bench clean
+.PHONY: setup demo test test-fast fuzz lint docs docs-build bench clean
 
 setup: $(VENV)/.installed
 
@@ -79,11 +79,17 @@ docs: setup
 docs-build: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d out/site
 
-# two test processes (xdist), a file each at a time: module fixtures are built once
-# (tests/conftest.py gives each one OpenMP thread). A crashed test process ends the run:
-# xdist 3.8 replacing it under --dist loadfile can wait for ever (pytest-xdist#1323).
+# three test processes (xdist) on two cores, since many tests wait on the subprocesses they
+# start; a file each at a time, so module fixtures are built once (tests/conftest.py gives
+# each one OpenMP thread). A crashed test process ends the run: xdist 3.8 replacing it under
+# --dist loadfile can wait for ever (pytest-xdist#1323).
 test: setup lint docs-build
-	$(PY) -m pytest -n 2 --dist loadfile --max-worker-restart=0
+	$(PY) -m pytest -n 3 --dist loadfile --max-worker-restart=0
+
+# the fuzzers with many more examples than the suite runs, new ones each time
+fuzz: setup
+	MIXER_FUZZ_EXAMPLES=500 MIXER_FUZZ_RANDOM=1 $(PY) -m pytest -n 2 --dist loadfile \
+		tests/test_fuzz_readers.py tests/test_bad_values.py tests/test_token_cache_hostile.py
 
 # unit tests: no torchrun jobs, Ray clusters, S3 servers or slow cases
 test-fast: setup

@@ -39,7 +39,7 @@ from mixer.tokenize import resolve_tokenizer
 pytestmark = [pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "50"))
+EXAMPLES = int(os.environ.get("MIXER_FUZZ_EXAMPLES", "15"))
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,

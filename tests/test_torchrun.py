@@ -114,7 +114,8 @@ def test_a_torchrun_job_logs_the_global_stream(job):
     assert crashed == {g: reference[g] for g in crashed}
 
 
-@pytest.mark.parametrize("nproc,workers", [(2, 0), (1, 2), (4, 1)])
+# a job of 2 ranks resumed on fewer ranks with workers, and on more ranks
+@pytest.mark.parametrize("nproc,workers", [(1, 2), (4, 0)])
 def test_resume_after_sigkill_continues_the_global_stream(job, nproc, workers, tmp_path):
     root, _, reference = job
     ckpt = tmp_path / "ckpt"
