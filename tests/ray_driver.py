@@ -16,5 +16,5 @@ loader = mixer.build_loader(json.loads(sys.argv[2]), workers=mixer.RayWorkers(ac
 batches = iter(loader)
 next(batches)
 next(batches)  # one from each actor: both are alive
-print(json.dumps([actor._actor_id.hex() for actor in loader._pool.actors]), flush=True)
+print(json.dumps([actor._actor_id.hex() for actor in loader._tier.pool.actors]), flush=True)
 time.sleep(600)

@@ -18,8 +18,8 @@ try:
     for _batch in loader:
         n += 1
         if n == 4:
-            assert loader._pool is not None
-            pids = [loader._pool.ray.get(a.pid.remote()) for a in loader._pool.actors]
+            assert loader._tier.pool is not None
+            pids = [loader._tier.pool.ray.get(a.pid.remote()) for a in loader._tier.pool.actors]
             print("ready", os.getpid(), *pids, flush=True)
 except KeyboardInterrupt:
     print("interrupted", flush=True)

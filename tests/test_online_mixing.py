@@ -269,7 +269,7 @@ def test_a_plugin_registered_by_name_drives_the_loader(base):
     try:
         loader = mixer.build_loader(with_mixing(base, algorithm="favourite"))
         _, mixes = train(loader, EVERY + 1)
-        assert isinstance(loader._mixing.algorithm, mixer.mixing.Algorithm)
+        assert isinstance(loader._mixture.mixing.algorithm, mixer.mixing.Algorithm)
         assert mixes[-1]["weights"] == {"easy": 1.0, "mid": 0.0, "hard": 0.0}
         assert json.loads(loader.state_dict()["json"])["mixing"]["state"] == {"calls": 1}
     finally:
@@ -346,8 +346,8 @@ def test_a_global_state_gives_its_pending_sums_to_rank_0_only(base):
     ranks = [mixer.build_loader(base, rank=r, world_size=2) for r in range(2)]
     for r in ranks:
         r.load_state_dict(state)
-    assert ranks[0]._mixing.pending == loader._mixing.pending != [[0, 0]] * 3
-    assert ranks[1]._mixing.pending == [[0, 0]] * 3
+    assert ranks[0]._mixture.mixing.pending == loader._mixture.mixing.pending != [[0, 0]] * 3
+    assert ranks[1]._mixture.mixing.pending == [[0, 0]] * 3
 
 
 def test_a_source_without_reported_tokens_keeps_its_estimate(base):
@@ -358,16 +358,16 @@ def test_a_source_without_reported_tokens_keeps_its_estimate(base):
     train(loader, EVERY, it)
     batch = next(it)  # the first update
     first = loader.metrics()["mixing"]["losses"]
-    rewards = list(loader._mixing.algorithm.rewards)
+    rewards = list(loader._mixture.mixing.algorithm.rewards)
     for _ in range(EVERY):
         hidden = {**batch, "labels": batch["labels"].masked_fill(batch["source_ids"] == 1, -100)}
         loader.report_loss(fake_loss(batch), hidden)
         batch = next(it)
     second = loader.metrics()["mixing"]
     assert second["updates"] == 2 and second["losses"]["mid"] == first["mid"]
-    assert loader._mixing.algorithm.rewards[1] == rewards[1]
-    assert loader._mixing.algorithm.rewards[0] != rewards[0]
-    assert loader._mixing.algorithm.rewards[2] != rewards[2]
+    assert loader._mixture.mixing.algorithm.rewards[1] == rewards[1]
+    assert loader._mixture.mixing.algorithm.rewards[0] != rewards[0]
+    assert loader._mixture.mixing.algorithm.rewards[2] != rewards[2]
 
 
 def test_metrics_report_the_mixing(base, reference_run):

@@ -138,8 +138,8 @@ def test_torchtitan_mixing_loss_reports_what_its_own_loss_adds_up(recipe):
             own_total += float(loss)  # (sum reduction without global_valid_tokens)
             batch = next(ref)
             reference.report_loss(causal_token_loss(logits, batch["labels"]), batch)
-    pending = data.loader._mixing.pending
-    assert pending == reference._mixing.pending
+    pending = data.loader._mixture.mixing.pending
+    assert pending == reference._mixture.mixing.pending
     assert math.isclose(sum(p[0] for p in pending) / FIXED_POINT, own_total, rel_tol=1e-5)
     with pytest.raises(RuntimeError, match="no batch fetched"):
         loss_fn(logits, labels)

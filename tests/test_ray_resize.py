@@ -67,10 +67,10 @@ def test_resizes_mid_stream_keep_the_stream(cluster, recipe, caplog):
         assert loader.metrics()["workers"] == {"kind": "ray", "count": 2, "resizes": 0}
         loader.resize_workers(4)
         got += [batch_digest(next(batches)) for _ in range(9)]
-        assert len(loader._pool.actors) == 4
+        assert len(loader._tier.pool.actors) == 4
         loader.resize_workers(1)
         got += [batch_digest(next(batches)) for _ in range(8)]
-        assert len(loader._pool.actors) == 1
+        assert len(loader._tier.pool.actors) == 1
         assert loader.metrics()["workers"] == {"kind": "ray", "count": 1, "resizes": 2}
         state = loader.state_dict()
     assert got == want[:24]

@@ -59,7 +59,7 @@ def test_a_stopped_actor_is_replaced_after_stall_timeout(cluster, recipe, caplog
     loader = mixer.build_loader(recipe, workers=spec)
     batches = iter(loader)
     got = [batch_digest(next(batches)) for _ in range(6)]
-    pid = ray.get(loader._pool.actors[1].pid.remote())
+    pid = ray.get(loader._tier.pool.actors[1].pid.remote())
     os.kill(pid, signal.SIGSTOP)
     try:
         began = time.monotonic()
@@ -68,7 +68,7 @@ def test_a_stopped_actor_is_replaced_after_stall_timeout(cluster, recipe, caplog
     finally:
         os.kill(pid, signal.SIGKILL)  # (stopped processes ignore all else)
     assert got == want
-    assert loader._pool.restarts == [0, 1]
+    assert loader._tier.pool.restarts == [0, 1]
     assert 2.0 <= waited < 30
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(
@@ -107,14 +107,14 @@ def test_a_lost_data_node_moves_its_actor_or_raises_within_placement_timeout(clu
     loader = mixer.build_loader(recipe, workers=spec)
     batches = iter(loader)
     got = [batch_digest(next(batches)) for _ in range(4)]
-    first = node_of(loader._pool.actors[0])
+    first = node_of(loader._tier.pool.actors[0])
     cluster.remove_node(data.pop(first))
     began = time.monotonic()
     got += [batch_digest(next(batches)) for _ in range(20)]
     assert time.monotonic() - began < 20
-    assert got == want and loader._pool.restarts == [1]
+    assert got == want and loader._tier.pool.restarts == [1]
     (second,) = data
-    assert node_of(loader._pool.actors[0]) == second
+    assert node_of(loader._tier.pool.actors[0]) == second
     cluster.remove_node(data.pop(second))
     began = time.monotonic()
     with pytest.raises(

@@ -80,7 +80,7 @@ def actor_states(ids: list[str]) -> list[str]:
 
 def actor_nodes(loader: mixer.Loader) -> list[str]:
     table = ray._private.state.state.actor_table(None)
-    return [table[actor._actor_id.hex()]["Address"]["NodeID"] for actor in loader._pool.actors]
+    return [table[actor._actor_id.hex()]["Address"]["NodeID"] for actor in loader._tier.pool.actors]
 
 
 @pytest.mark.slow
@@ -100,7 +100,9 @@ def test_resources_place_the_actors_on_the_data_node(cluster, three_sources):
         assert [digest(next(batches)) for _ in range(12)] == reference
         assert actor_nodes(loader) == [cluster[1]] * 2
         assert not any(
-            ray.get([actor.__ray_call__.remote(imports_torch) for actor in loader._pool.actors])
+            ray.get(
+                [actor.__ray_call__.remote(imports_torch) for actor in loader._tier.pool.actors]
+            )
         )
 
 
@@ -112,7 +114,7 @@ def test_text_stream_is_the_local_stream_and_close_ends_the_actors(cluster, thre
     loader = ray_loader(recipe)
     batches = iter(loader)
     assert [digest(next(batches)) for _ in range(30)] == reference
-    ids = [actor._actor_id.hex() for actor in loader._pool.actors]
+    ids = [actor._actor_id.hex() for actor in loader._tier.pool.actors]
     assert actor_states(ids) == ["ALIVE", "ALIVE"]
     loader.close()
     deadline = time.monotonic() + 10
@@ -171,13 +173,13 @@ def test_dead_actors_are_replaced_and_the_stream_is_unchanged(cluster, three_sou
     loader = ray_loader(recipe, in_flight=4)  # groups of 2
     batches = iter(loader)
     got = [digest(next(batches)) for _ in range(5)]
-    ray.kill(loader._pool.actors[0])
+    ray.kill(loader._tier.pool.actors[0])
     got += [digest(next(batches)) for _ in range(13)]
-    pid = ray.get(loader._pool.actors[1].pid.remote())
+    pid = ray.get(loader._tier.pool.actors[1].pid.remote())
     os.kill(pid, signal.SIGKILL)
     got += [digest(next(batches)) for _ in range(18)]
     assert got == reference
-    assert loader._pool.restarts == [1, 1]
+    assert loader._tier.pool.restarts == [1, 1]
     loader.close()
 
 
@@ -186,7 +188,7 @@ def test_more_deaths_than_max_restarts_name_the_lanes(cluster, three_sources):
     loader = ray_loader(three_sources[0], max_restarts=1)
     batches = iter(loader)
     next(batches)
-    ray.kill(loader._pool.actors[0])
+    ray.kill(loader._tier.pool.actors[0])
     killed = 1
     # A death shows when the driver asks for a batch the actor had not made yet (up to
     # in_flight of its batches may be done already).
@@ -197,8 +199,8 @@ def test_more_deaths_than_max_restarts_name_the_lanes(cluster, three_sources):
     ):
         for _ in range(60):
             next(batches)
-            if loader._pool.restarts[0] == killed == 1:
-                ray.kill(loader._pool.actors[0])  # the replacement
+            if loader._tier.pool.restarts[0] == killed == 1:
+                ray.kill(loader._tier.pool.actors[0])  # the replacement
                 killed = 2
     loader.close()
 
@@ -299,7 +301,7 @@ def test_schedule_and_token_cache_as_local(cluster, three_sources, tmp_path):
             batches = iter(loader)
             assert [digest(next(batches)) for _ in range(30)] == reference
             assert delivered_metrics(loader.metrics()) == expected
-            runs.append([cache_stats(actor) for actor in loader._pool.actors])
+            runs.append([cache_stats(actor) for actor in loader._tier.pool.actors])
     cold, warm = ({k: sum(s[k] for s in run) for k in ("hits", "misses", "writes")} for run in runs)
     assert cold["writes"] > 0 and cold["hits"] == 0
     assert warm["hits"] >= cold["writes"] and warm["writes"] == 0

@@ -104,7 +104,7 @@ class LateReports:
     def fetched(self) -> None:
         """After each fetch: a resumed run gets back the sums its state left out."""
         if self.give_back is not None:
-            mixing = self.loader._mixing  # (the loader's pending sums: no public setter)
+            mixing = self.loader._mixture.mixing  # (the pending sums: no public setter)
             if mixing is not None:
                 mixing.add([(loss, tokens) for loss, tokens in self.give_back])
             self.give_back = None

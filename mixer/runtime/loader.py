@@ -21,23 +21,15 @@ import torch
 from mixer.cache.store import tokenizer_info_dir
 from mixer.cache.tokenizer_setup import recipe_backend, recipe_tokenizer
 from mixer.config.recipe import Recipe, load_recipe
-from mixer.core.errors import DataError, MixerError, RecipeError, StateError, TopologyError
+from mixer.core.errors import DataError, StateError
 from mixer.images.select import layout_for
 from mixer.pipeline.batch import TEXT_KEYS
 from mixer.pipeline.lanes import LaneState
-from mixer.pipeline.schedule import (
-    Override,
-    WeightPlan,
-    check_schedule,
-    override_weights,
-    schedule_snapshot,
-)
 from mixer.runtime import dist
-from mixer.runtime.autoscale import Autoscaler, Change
+from mixer.runtime.data_tier import DataTier
 from mixer.runtime.lane_dataset import as_batch
-from mixer.runtime.loss_sums import source_sums
 from mixer.runtime.metrics import MetricsSnapshot, loader_metrics, sum_metrics, warn_left_over
-from mixer.runtime.mixing_state import MixingLoop, to_fixed
+from mixer.runtime.mixture import Mixture
 from mixer.runtime.pixel_slots import receive_pixels
 from mixer.runtime.profile import (
     StageTotals,
@@ -46,7 +38,7 @@ from mixer.runtime.profile import (
     profile_raw,
     sum_profiles,
 )
-from mixer.runtime.ray_workers import ActorPool, RayWorkers
+from mixer.runtime.ray_workers import RayWorkers
 from mixer.runtime.ring import BatchRing, InRing
 from mixer.runtime.state import (
     LoaderPayload,
@@ -56,13 +48,7 @@ from mixer.runtime.state import (
     pack,
     unpack,
 )
-from mixer.runtime.topology import (
-    check_topology,
-    check_workers,
-    global_batch,
-    lanes_served,
-    valid_workers,
-)
+from mixer.runtime.topology import check_workers, global_batch, lanes_served
 from mixer.runtime.torch_dataset import TorchLaneDataset, worker_batches
 from mixer.sources import SourceTable
 from mixer.sources.manifest import list_sources
@@ -95,9 +81,7 @@ class Loader:
     ) -> None:
         check_workers(recipe.lanes, rank, world_size, num_workers, workers)
         self.workers = workers
-        self._pool: ActorPool | None = None
-        self._actors = workers.actors if workers is not None else 0  # Ray actors to run
-        self._resizes = 0
+        self._tier = DataTier(workers, recipe.lanes, world_size, num_workers)
         self.recipe = recipe
         self.tables = tables
         self.tokenizer = tokenizer
@@ -112,19 +96,13 @@ class Loader:
         self._io: dict[int, dict[str, int]] = {}  # latest remote-read counters per worker
         self._gen: weakref.ref | None = None
         self._closing = False  # set by `close` from another thread while iterating
-        self._plan = WeightPlan(recipe)
-        # Bumped by set_weights, load_state_dict and resize_workers: a running iteration
-        # restarts from the handed-out (or loaded) lane states.
+        self._mixture = Mixture(recipe, world_size, distributed)
+        # Bumped by set_weights, online mixing, load_state_dict and resizes: a running
+        # iteration restarts from the handed-out (or loaded) lane states.
         self._plan_version = 0
         self.backend: BackendChoice | None = None  # which encodes, and why (build_loader)
         self._stages = StageTotals()  # this iteration's profile (metrics()["stages"], ...)
         self._wait = WaitClock()
-        self._mixing = MixingLoop(recipe) if recipe.online_mixing is not None else None
-        if self._mixing is not None and self._mixing.every % world_size:
-            raise TopologyError(
-                f"online_mixing.every ({self._mixing.every}) must be a multiple of the world "
-                f"size ({world_size}): every rank updates the weights at the same step"
-            )
 
     # -- ownership ---------------------------------------------------------------------------
     def own_lanes(self) -> list[int]:
@@ -142,12 +120,11 @@ class Loader:
     @property
     def global_tokens(self) -> int:
         """Global tokens before the batch this rank receives next (its schedule position)."""
-        return self._plan.tokens_at(self.next_global_batch)
+        return self._mixture.plan.tokens_at(self.next_global_batch)
 
     # -- state -------------------------------------------------------------------------------
     def _rank_payload(self) -> LoaderPayload:
-        tokens = self._plan.tokens_at(self._next_global)
-        override = self._plan.override
+        schedule, override = self._mixture.payload(self._next_global)
         payload: LoaderPayload = {
             "kind": "global" if self.world_size == 1 else "rank",
             "fingerprint": self._fingerprint,
@@ -156,12 +133,13 @@ class Loader:
             "rank": self.rank,
             "lanes": {str(i): self._lane_states.get(i) for i in self.own_lanes()},
             "listing_skipped": {t.name: len(t.skipped) for t in self.tables},
-            "global_tokens": tokens,
-            "schedule": schedule_snapshot(self.recipe, tokens),
-            "override": override.to_dict(self._plan.names) if override else None,
+            "global_tokens": self._mixture.plan.tokens_at(self._next_global),
+            "schedule": schedule,
+            "override": override,
         }
-        if self._mixing is not None:  # (absent otherwise: the states of other recipes keep
-            payload["mixing"] = self._mixing.payload()  # their shape)
+        mixing = self._mixture.mixing_payload()
+        if mixing is not None:  # (absent otherwise: other recipes' states keep their shape)
+            payload["mixing"] = mixing
         return payload
 
     def state_dict(self) -> dict[str, Any]:
@@ -207,16 +185,16 @@ class Loader:
         if missing:
             raise StateError(f"the state lacks lanes {missing} that rank {self.rank} needs")
         lanes = {i: payload["lanes"][str(i)] for i in needed}
-        tokens = payload.get("global_tokens", 0)
-        check_schedule(payload.get("schedule"), self.recipe, tokens)
-        saved = payload.get("override")
-        override = Override.from_dict(saved, self.recipe.names) if saved else None
-        if self._mixing is not None:
-            own = payload["kind"] == "rank" or self.rank == 0  # a merged state's sums: rank 0
-            self._mixing.load(payload.get("mixing"), keep_pending=own)
+        self._mixture.load(
+            payload["next_global"],
+            payload.get("global_tokens", 0),
+            payload.get("schedule"),
+            payload.get("override"),
+            payload.get("mixing"),
+            keep_pending=payload["kind"] == "rank" or self.rank == 0,  # a merged state's: rank 0
+        )
         self._next_global = payload["next_global"]
         self._lane_states = lanes
-        self._plan = WeightPlan(self.recipe, payload["next_global"], tokens, override)
         self._plan_version += 1  # a running iteration restarts from here
 
     # -- mixture -----------------------------------------------------------------------------
@@ -233,31 +211,7 @@ class Loader:
         recipe raises `DataError`, and a finite one ends (as a schedule's point would) with a
         warning naming the sources whose documents are left undelivered.
         """
-        if self._mixing is not None:
-            raise RecipeError(
-                "set_weights: the recipe's online_mixing sets the weights; remove "
-                "online_mixing to set them by hand"
-            )
-        normalized = override_weights(weights, self.recipe.names)
-        if self._distributed and self.world_size > 1:
-            mine = (self._next_global, normalized)
-            gathered = dist.all_gather_objects(mine)
-            if any(g != mine for g in gathered):
-                detail = "; ".join(
-                    f"rank {r}: step {g[0] // self.world_size}, weights "
-                    f"{[round(w, 6) for w in g[1]]}"
-                    for r, g in enumerate(gathered)
-                )
-                raise StateError(
-                    "set_weights is a collective: every rank must call it at "
-                    f"the same step with the same weights, got {detail}"
-                )
-        self._plan = WeightPlan(
-            self.recipe,
-            self._next_global,
-            self._plan.tokens_at(self._next_global),
-            Override(self._next_global, normalized),
-        )
+        self._mixture.set_weights(weights, self._next_global)
         self._plan_version += 1
 
     # -- the data tier -----------------------------------------------------------------------
@@ -266,65 +220,8 @@ class Loader:
         iteration). The batches are unchanged, and so is the state: the lanes restart on
         the new actors from the states of the batches handed out. A count the lanes rule
         refuses raises `TopologyError` listing the valid ones."""
-        if self.workers is None:
-            raise MixerError(
-                "resize_workers needs a loader built with workers=mixer.RayWorkers(...): "
-                f"DataLoader workers (num_workers={self.num_workers}) are fixed for an "
-                "iteration; to change their count, build a loader with another num_workers "
-                "and load this one's state_dict() into it"
-            )
-        if isinstance(actors, bool) or not isinstance(actors, int) or actors < 1:
-            raise TopologyError(
-                f"resize_workers: actors must be an integer >= 1, got {actors!r}; valid "
-                f"actors for world_size {self.world_size}: "
-                f"{valid_workers(self.recipe.lanes, self.world_size)}"
-            )
-        check_topology(self.recipe.lanes, self.world_size, actors, what="actors")
-        self._resize(actors, "resize_workers")
-
-    def _resize(self, actors: int, why: str) -> None:
-        if actors == self._actors:
-            return
-        log.info("Ray actors %d → %d (%s)", self._actors, actors, why)
-        self._actors = actors
-        self._resizes += 1
-        if self._pool is not None:  # iterating: the lanes restart on the new count
+        if self._tier.resize(self._tier.check_resize(actors), "resize_workers"):
             self._plan_version += 1
-
-    def _autoscaler(self) -> Autoscaler | None:
-        spec = self.workers
-        if spec is None or spec.max_actors is None or spec.max_actors <= spec.actors:
-            return None
-        counts = valid_workers(self.recipe.lanes, self.world_size)
-        return Autoscaler(
-            [c for c in counts if spec.actors <= c <= spec.max_actors], spec.in_flight, self._wait
-        )
-
-    def _scaled(
-        self, batches: Generator[dict[str, torch.Tensor], None, bool], scaler: Autoscaler
-    ) -> Generator[dict[str, torch.Tensor], None, bool]:
-        """`batches`, with the actors resized by `scaler` between batches (from the waits
-        the profile's clock measured); returns what `batches` returns."""
-        try:
-            while True:
-                try:
-                    batch = next(batches)
-                except StopIteration as end:
-                    return end.value
-                assert self._pool is not None
-                change = scaler.decide(self._actors, self._pool.busy_s)
-                if change is not None:
-                    self._resize(change.to, _why(change))
-                yield batch
-        finally:
-            batches.close()
-
-    def _workers_metrics(self) -> dict[str, Any]:
-        if self.workers is not None:
-            return {"kind": "ray", "count": self._actors, "resizes": self._resizes}
-        if self.num_workers:
-            return {"kind": "dataloader", "count": self.num_workers, "resizes": 0}
-        return {"kind": "none", "count": 0, "resizes": 0}
 
     # -- online mixing -----------------------------------------------------------------------
     def report_loss(self, token_loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
@@ -334,34 +231,13 @@ class Loader:
         with `labels` or `[batch_size, seq_len - 1]` shifted (the loss of predicting
         `labels[:, 1:]`); positions labelled -100 are ignored. Call it once per batch, on
         every rank, before the `next()` that follows (docs/online-mixing.md)."""
-        if self._mixing is None:
-            raise RecipeError("report_loss: the recipe has no online_mixing block")
-        sums = source_sums(token_loss, batch, len(self.recipe.names))
-        self._mixing.add([(to_fixed(loss), tokens) for loss, tokens in sums])
+        self._mixture.report_loss(token_loss, batch)
 
     def _mix(self) -> bool:
-        """At an update point: the new weights from all ranks' sums (a collective inside a
-        torch.distributed job), in force from this step on. True when it updated."""
-        mixing = self._mixing
-        if mixing is None or not mixing.due(self._next_global):
+        """At an update point, the new weights (a collective under torch.distributed): True
+        when they changed, and the running iteration restarts."""
+        if not self._mixture.update(self._next_global):
             return False
-        combined = mixing.pending
-        if self._distributed and self.world_size > 1:
-            gathered = dist.all_gather_objects((self._next_global, mixing.pending))
-            if any(g[0] != self._next_global for g in gathered):
-                steps = [g[0] // self.world_size for g in gathered]
-                raise StateError(f"online mixing update out of step: ranks at steps {steps}")
-            combined = [
-                [sum(g[1][i][0] for g in gathered), sum(g[1][i][1] for g in gathered)]
-                for i in range(len(mixing.names))
-            ]
-        weights = mixing.update(combined, self._next_global)
-        self._plan = WeightPlan(
-            self.recipe,
-            self._next_global,
-            self._plan.tokens_at(self._next_global),
-            Override(self._next_global, override_weights(weights, self.recipe.names)),
-        )
         self._plan_version += 1
         return True
 
@@ -377,7 +253,7 @@ class Loader:
         `all_ranks=True` inside a torch.distributed job is a collective that sums the ranks'
         figures (every rank must call it)."""
         snapshot = self._metrics_snapshot()
-        mine = {**loader_metrics(snapshot), "workers": self._workers_metrics()}
+        mine = {**loader_metrics(snapshot), "workers": self._tier.metrics()}
         profile = profile_raw(self._stages, self._wait)
         if all_ranks and self._distributed and self.world_size > 1:
             gathered = dist.all_gather_objects((mine, profile))
@@ -391,24 +267,20 @@ class Loader:
             mine = {**summed, **profile_metrics(sum_profiles([p for _, p in gathered]))}
         else:
             mine = {**mine, **profile_metrics(profile)}
-        if self._mixing is not None:  # the same on every rank
-            mine["mixing"] = {
-                "algorithm": self._mixing.algorithm_name,
-                "updates": self._mixing.updates,
-                "weights": dict(zip(self.recipe.names, snapshot.target_share)),
-                "losses": dict(self._mixing.losses),
-            }
+        mixing = self._mixture.mixing_metrics(snapshot.target_share)
+        if mixing is not None:
+            mine["mixing"] = mixing
         return mine
 
     def _metrics_snapshot(self) -> MetricsSnapshot:
         next_global = self.next_global_batch
-        _, target = self._plan.at(next_global)
+        _, target = self._mixture.plan.at(next_global)
         return MetricsSnapshot(
             names=list(self.recipe.names),
             lane_states={lane: self._lane_states.get(lane) for lane in self.own_lanes()},
             listing_skipped={t.name: len(t.skipped) for t in self.tables},
             target_share=list(target),
-            global_tokens=self._plan.tokens_at(next_global),
+            global_tokens=self._mixture.plan.tokens_at(next_global),
             io=list(self._io.values()),
             next_global_batch=next_global,
             next_global=self._next_global,
@@ -443,7 +315,7 @@ class Loader:
         if self.recipe.finite:
             warn_left_over(self.recipe, self.metrics()["epochs"], self.rank)
             return
-        _, weights = self._plan.at(self.next_global_batch)
+        _, weights = self._mixture.plan.at(self.next_global_batch)
         if not any(w > 0 and src.epochs is None for w, src in zip(weights, self.recipe.sources)):
             drawn = [n for n, w in zip(self.recipe.names, weights) if w > 0]
             raise DataError(
@@ -465,29 +337,27 @@ class Loader:
         # prefetched and starts them again from the handed-out (or loaded) lane states.
         self._stages, self._wait = StageTotals(), WaitClock()  # counters of this iteration
         self._wait.called()
-        scaler = None
-        if self.workers is not None:  # Ray actors live as long as the iteration
-            self._pool = ActorPool(self.workers, self.layout)
-            scaler = self._autoscaler()
+        scaler = self._tier.start(self.layout, self._wait)
         try:
             while True:
                 self._mix()
                 if scaler is None:
                     more = yield from self._run()
                 else:
-                    scaler.restart(self._actors)  # the lanes' restart is not the steady wait
-                    more = yield from self._scaled(self._run(), scaler)
+                    scaler.restart(self._tier.actors)  # the lanes' restart is not the steady wait
+                    more = yield from self._tier.scaled(self._run(), scaler, self._restart)
                 if not more:
                     break
         finally:
-            if self._pool is not None:
-                self._pool.close()
-                self._pool = None
+            self._tier.stop()
+
+    def _restart(self) -> None:
+        self._plan_version += 1
 
     def _open(self, dataset: TorchLaneDataset) -> Any:
         """What yields (batch, meta): the dataset itself, DataLoader workers, or Ray actors."""
-        if self._pool is not None:
-            return self._pool.stream(dataset, self._actors)
+        if self._tier.pool is not None:
+            return self._tier.stream(dataset)
         if self.num_workers == 0:
             return iter(dataset)
         return worker_batches(dataset, self.layout, self.num_workers)
@@ -511,7 +381,7 @@ class Loader:
             self._next_global,
             self.rank,
             self.world_size,
-            self._plan,
+            self._mixture.plan,
         )
         source = self._open(dataset)
         held: list[tuple[dict, dict]] = []
@@ -629,13 +499,6 @@ class Loader:
             self.close()
         except Exception:
             pass
-
-
-def _why(change: Change) -> str:
-    return (
-        f"the consumer waited {change.wait_share:.1%} of the last {change.window_s:.1f} s, "
-        f"the actors idled {change.idle_share:.0%}"
-    )
 
 
 def build_loader(
