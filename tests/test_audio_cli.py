@@ -7,11 +7,14 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from mixer.tools.cli import main
 
 RECIPE = str(Path(__file__).resolve().parent.parent / "recipes" / "audio_demo.yaml")
 
 
+@pytest.mark.slow
 def test_inspect_counts_clips_and_audio_tokens(capsys):
     assert main(["inspect", RECIPE, "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["sources"]}

@@ -27,6 +27,7 @@ def recipe(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow
 def test_bench_prints_the_stage_table_and_the_verdict(recipe, capsys):
     # A step of 0.25 s leaves the loader (a few ms a batch) slack even on a loaded machine.
     args = ["bench", recipe, "--batches", "8", "--no-progress", "--step-time", "0.25"]
@@ -40,6 +41,7 @@ def test_bench_prints_the_stage_table_and_the_verdict(recipe, capsys):
     assert "the loader keeps up" in verdicts[0]
 
 
+@pytest.mark.slow
 def test_bench_json_has_the_profile_and_the_size_of_the_data_tier(recipe, capsys):
     args = ["bench", recipe, "--batches", "8", "--json", "--step-time", "0.25"]
     assert main(args) == 0

@@ -223,6 +223,7 @@ def test_recipe_refuses_an_unknown_resize_naming_the_field(value):
         assert mixer.load_recipe(recipe).images.resize == good
 
 
+@pytest.mark.slow
 def test_mixer_does_not_import_torchvision(tmp_path):
     data = FILES[-1][1]
     (tmp_path / "image.jpg").write_bytes(data)
@@ -278,6 +279,7 @@ def test_loader_pixels_equal_the_torchvision_processor(corpus, layout):  # noqa:
     assert compared == sum(len(s.sizes) for s in samples)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["qwen2_vl", "qwen2_5_vl", "llava"])
 def test_torchvision_resize_resumes_exactly_and_elastically(corpus, layout):  # noqa: F811
     recipe = recipe_of(corpus, layout=layout, resize="torchvision")

@@ -381,6 +381,7 @@ def _cases(folder: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> dict[str, dict]:
+    """Every case measured in its own child process (about 15 s): its tests are slow."""
     return measure_in_children(_cases(tmp_path_factory.mktemp("big")))
 
 
@@ -409,6 +410,7 @@ def test_an_over_long_document_is_a_named_too_long_skip(measured, fmt):
     assert got["documents"] == (0 if fmt == "text" else 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", STREAMED + ["parquet"])
 def test_an_over_long_document_raises_naming_source_file_and_offset(measured, fmt):
     error = measured[f"{fmt}-raise"]["error"]
@@ -418,6 +420,7 @@ def test_an_over_long_document_raises_naming_source_file_and_offset(measured, fm
     assert "max_document_bytes" in error["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", STREAMED)
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
 def test_memory_stays_far_below_the_document_where_the_format_streams(measured, fmt, on_error):
@@ -427,25 +430,30 @@ def test_memory_stays_far_below_the_document_where_the_format_streams(measured, 
     assert got["growth"] < 40 * MB, got
 
 
+@pytest.mark.slow
 def test_the_bound_at_the_default_limit_is_under_the_document(measured):
     # At the default limit: readline keeps up to the limit, and its join a copy of that
     assert measured["jsonl-default-limit"]["growth"] < 0.75 * BIG
 
 
+@pytest.mark.slow
 def test_an_over_long_jsonl_line_is_held_once_at_most(measured):
     assert measured["jsonl-default-limit"]["growth"] < 1.5 * 64 * MB
 
 
+@pytest.mark.slow
 def test_parquet_holds_the_value_as_pyarrow_decodes_it_and_no_more_copies(measured):
     # Parquet needs the value in memory (its page and its decoded array), never as Python
     # text: the lengths are checked before anything is converted.
     assert measured["parquet-skip"]["growth"] < 5.5 * 32 * MB
 
 
+@pytest.mark.slow
 def test_parquet_makes_no_copy_of_a_too_long_value_beyond_pyarrows_decoding(measured):
     assert measured["parquet-skip"]["growth"] < 3.6 * 32 * MB
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["text-within-limit", "wds-within-limit"])
 def test_a_document_within_the_limit_is_held_once_not_with_its_bytes(measured, case):
     # Text files and webdataset members are read whole (no record to stream): once decoded,
@@ -455,6 +463,7 @@ def test_a_document_within_the_limit_is_held_once_not_with_its_bytes(measured, c
     assert got["held"] < 1.4 * got["chars"], got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["zst-as-shipped", "bomb-as-shipped"])
 def test_zstd_jsonl_holds_little_however_well_it_compresses(measured, case):
     assert measured[case]["growth"] < 40 * MB, measured[case]
@@ -463,6 +472,7 @@ def test_zstd_jsonl_holds_little_however_well_it_compresses(measured, case):
 # -- a zstd bomb ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_zstd_bomb_costs_the_time_of_decompressing_it_not_more(measured):
     # Gigabytes of one character with no newline: drained at decompression speed in bounded
     # memory (above), then the next line is read. Stopping the file there would lose it.
@@ -547,6 +557,7 @@ def test_an_image_over_max_source_pixels_is_refused_before_decoding(tmp_path, vl
     assert loader.metrics()["skipped_by_reason"]["src"] == {"bad_image": 1}
 
 
+@pytest.mark.slow
 def test_an_elongated_image_under_the_limit_costs_its_crop_not_its_resized_size(measured):
     # llava's shortest-edge resize of a one-pixel-wide strip would take gigabytes; only the
     # crop is resampled.
@@ -555,6 +566,7 @@ def test_an_elongated_image_under_the_limit_costs_its_crop_not_its_resized_size(
     assert got["growth"] < 64 * MB, got
 
 
+@pytest.mark.slow
 def test_qwen2_vl_refuses_an_elongated_image_by_its_aspect_ratio(measured):
     got = measured["qwen-long"]
     assert got["reasons"] == {"bad_image": 1} and got["documents"] == 1

@@ -272,6 +272,7 @@ def _expected(processor, doc: Doc) -> dict[str, torch.Tensor]:
     return processor(text=[text], return_tensors="pt", **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cap", [False, True])
 def test_batches_equal_the_qwen3_vl_processor(corpus, cap):
     """One document per row (packing pad): input_ids (timestamps included), pixel_values,
@@ -311,6 +312,7 @@ def test_batches_equal_the_qwen3_vl_processor(corpus, cap):
 # -- training and resume ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_packed_rows_train_like_their_documents_alone(corpus):
     """The loader's packed rows through a tiny random Qwen3-VL: each document's logits equal
     its logits alone, and its M-RoPE rows equal Qwen3VLModel.get_rope_index of it alone."""
@@ -407,6 +409,7 @@ def test_images_without_a_video_block(corpus):
     assert delivered == sum(not d.videos for d in DOCS)
 
 
+@pytest.mark.slow
 def test_bundled_qwen3_vl_demo_previews_and_inspects(capsys):
     """recipes/qwen3_vl_demo.yaml on the bundled clips: preview shows timestamps before
     each video's first temporal patch and <video F×W×H @2 fps → N tokens> as its grid."""

@@ -259,6 +259,7 @@ def _digest(batch: dict) -> str:
     return batch_digest(batch)
 
 
+@pytest.mark.slow
 def test_a_ring_the_system_will_not_map_leaves_batches_to_the_pipe(monkeypatch, caplog):
     import mixer
     from mixer.runtime import ring

@@ -189,6 +189,7 @@ def test_editing_points_before_the_checkpoint_is_refused_later_ones_are_allowed(
         mixer.build_loader(recipe(data)).load_state_dict(state)  # schedule removed
 
 
+@pytest.mark.slow
 def test_set_weights_applies_to_the_next_batch_and_resume_reproduces_it(data):
     r = recipe(data)
     loader = mixer.build_loader(r, num_workers=2)

@@ -39,6 +39,7 @@ def exact(value) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(lanes_dicts)
 @example({"0": {"a": 0.0}, "1": {"a": -0.0}, "2": {"a": True}, "3": {"a": 1}})

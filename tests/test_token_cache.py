@@ -437,6 +437,7 @@ def test_an_entry_is_a_megatron_indexed_dataset(data, tmp_path):
     assert found == 50  # every document of source b, each once
 
 
+@pytest.mark.slow
 def test_s3_cache_url(data, tmp_path, s3_endpoint):
     import boto3
 

@@ -158,6 +158,7 @@ def test_finite_recipe_delivers_every_sample_and_video_once_within_the_caps(corp
     assert videos == sum(len(s.clips) for s in samples) == tokens[ids["<|vision_start|>"]]
 
 
+@pytest.mark.slow
 def test_long_video_documents_lose_pixels_then_frames_then_text_else_oversize(tmp_path):
     tokenizer = make_vlm_tokenizer(tmp_path / "tokenizer.json", (VIDEO_TOKEN,))
     clip = Clip(width=112, height=112, frames=40, rate=10)
@@ -276,6 +277,7 @@ def test_loader_video_batches_train_like_their_documents_alone(corpus, layout):
     assert seen["units_with_videos"] > 0 and seen["packed_rows"] > 0, seen
 
 
+@pytest.mark.slow
 def test_bundled_video_demo_previews_inspects_and_benches_videos(capsys):
     """`make demo`'s video recipe: inspect counts videos and sampled frames from headers,
     preview shows each video as <video F×W×H @R fps → N tokens> with as many placeholders
@@ -313,6 +315,7 @@ def test_a_state_resumes_only_under_the_same_video_settings(corpus):
     mixer.build_loader(recipe_of(corpus)).load_state_dict(state)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["qwen2_vl", "qwen2_5_vl"])
 def test_flattened_video_batches_keep_their_videos(corpus, layout):
     """`flatten: true` with videos: the collator's keys over the rows end to end, the video
