@@ -60,7 +60,7 @@ def run(recipe: dict, workers: int) -> dict:
     """One pass over the corpus: tokens per second from the first batch on."""
     import mixer
 
-    tokens = 0
+    tokens = batches = 0
     with mixer.build_loader(recipe, num_workers=workers) as loader:
         start = None
         for batch in loader:
@@ -68,10 +68,51 @@ def run(recipe: dict, workers: int) -> dict:
                 start = time.perf_counter()
                 continue
             tokens += int((batch["source_ids"] >= 0).sum())
+            batches += 1
         seconds = time.perf_counter() - (start or time.perf_counter())
         stages = loader.metrics()["stages"]
         busy = sum(s["busy_s"] for name, s in stages.items() if name != "transfer")
-    return {"rate": tokens / seconds, "busy_s": busy}
+    return {"rate": tokens / seconds, "busy_s": busy, "batches": batches + 1}
+
+
+def count_blocks(recipe: dict) -> str:
+    """The profile's own work, counted at num_workers 0: `timed` blocks and snapshots per
+    batch, and what one of each costs on this machine."""
+    from mixer.core import stages
+
+    counts = {"blocks": 0, "snapshots": 0}
+    enter, snapshot = stages.StageClock.enter, stages.StageClock.snapshot
+
+    def counted_enter(self, stage):
+        counts["blocks"] += 1
+        return enter(self, stage)
+
+    def counted_snapshot(self):
+        counts["snapshots"] += 1
+        return snapshot(self)
+
+    stages.StageClock.enter = counted_enter  # type: ignore[method-assign]
+    stages.StageClock.snapshot = counted_snapshot  # type: ignore[method-assign]
+    try:
+        batches = run(recipe, 0)["batches"]
+    finally:
+        stages.StageClock.enter, stages.StageClock.snapshot = enter, snapshot  # type: ignore[method-assign]
+    clock, n = stages.StageClock(), 100_000
+    start = time.perf_counter()
+    for _ in range(n):
+        clock.leave(clock.enter(stages.ENCODE))
+    block_us = (time.perf_counter() - start) / n * 1e6
+    start = time.perf_counter()
+    for _ in range(n):
+        stages.CLOCK.snapshot()
+    snapshot_us = (time.perf_counter() - start) / n * 1e6
+    per_batch = counts["blocks"] / batches * block_us + counts["snapshots"] / batches * snapshot_us
+    return (
+        f"counted at num_workers 0: {counts['blocks'] / batches:.1f} blocks and "
+        f"{counts['snapshots'] / batches:.1f} snapshots a batch; {block_us:.2f} µs a block, "
+        f"{snapshot_us:.2f} µs a snapshot ({len(stages.CLOCK._threads)} thread records): "
+        f"{per_batch:.1f} µs a batch"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,8 +153,12 @@ def main(argv: list[str] | None = None) -> None:
                     "busy_s measured (on, without transfer)": f"{busy:.1f}",
                 }
             )
+            if workers == 0:
+                counted = count_blocks(recipe)
     print(f"corpus: {size / 1e6:.1f} MB of jsonl; {cpu_count()} CPU(s); {args.repeat} runs each")
     print(table(rows, list(rows[0])))
+    if 0 in args.workers:
+        print(counted)
 
 
 if __name__ == "__main__":

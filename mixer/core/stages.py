@@ -16,6 +16,7 @@ The seconds of every thread of the process add up in `CLOCK`; a worker attaches
 
 from __future__ import annotations
 
+import os
 import threading
 from time import perf_counter
 
@@ -28,30 +29,45 @@ _NONE = -1
 class _Thread:
     """One thread's stage and its busy seconds (only that thread writes them)."""
 
-    __slots__ = ("busy", "stage", "since")
+    __slots__ = ("busy", "stage", "since", "owner")
 
-    def __init__(self) -> None:
+    def __init__(self, owner: threading.Thread | None = None) -> None:
         self.busy = [0.0] * (len(STAGES) + 1)
         self.stage = _NONE
         self.since = 0.0
+        self.owner = owner
 
 
 class StageClock:
-    """Busy seconds per stage of this process, summed over its threads."""
+    """Busy seconds per stage of this process, summed over its threads.
+
+    A thread that has ended adds no more: its seconds move into one total when a new thread
+    first enters a stage, so pools that replace their threads (core/rotating.py) grow neither
+    the records kept nor the cost of a snapshot."""
 
     def __init__(self) -> None:
         self._local = threading.local()
         self._threads: list[_Thread] = []
+        self._ended = [0.0] * len(STAGES)  # the seconds of threads that have ended
         self._lock = threading.Lock()
 
     def _mine(self) -> _Thread:
         try:
             return self._local.t
         except AttributeError:
-            t = self._local.t = _Thread()
+            t = self._local.t = _Thread(threading.current_thread())
             with self._lock:
+                self._retire_ended()
                 self._threads.append(t)
             return t
+
+    def _retire_ended(self) -> None:
+        ended = [t for t in self._threads if t.owner is not None and not t.owner.is_alive()]
+        if ended:
+            self._ended = [sum(column) for column in zip(self._ended, *(t.busy for t in ended))]
+            for t in ended:
+                t.owner = None  # (nor is its Thread object kept)
+            self._threads = [t for t in self._threads if t.owner is not None]
 
     def enter(self, stage: int) -> tuple[_Thread, int]:
         """Start charging `stage` (the stage this thread was in pauses); give the result to
@@ -74,16 +90,17 @@ class StageClock:
     def snapshot(self) -> list[float]:
         """Busy seconds per stage (`STAGES` order) of all threads, finished blocks only."""
         with self._lock:
-            threads = list(self._threads)
-        total = [0.0] * len(STAGES)
-        for t in threads:
-            busy = t.busy
-            for i in range(len(STAGES)):
-                total[i] += busy[i]
-        return total
+            ended, threads = self._ended, self._threads
+        # (zip stops at the stages: a thread's idle seconds are left out)
+        return [sum(column) for column in zip(ended, *(t.busy for t in threads))]
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()  # (another thread may have held it at the fork)
+        self._retire_ended()  # the parent's other threads do not exist here
 
 
 CLOCK = StageClock()
+os.register_at_fork(after_in_child=CLOCK.after_fork_in_child)
 _UNSTARTED = (_Thread(), _NONE)  # a `timed` not entered yet
 
 
