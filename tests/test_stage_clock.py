@@ -97,3 +97,59 @@ def test_a_forked_child_can_time_and_snapshot_while_a_parent_thread_held_the_loc
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     raise AssertionError("the forked child hung on the stage clock's lock")
+
+
+def _in_child(check) -> int:
+    """Fork, run `check` in the child; the child's exit status (0: it passed)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if check() else 3)
+        except BaseException:
+            os._exit(4)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return -9
+
+
+def test_a_thread_python_did_not_start_is_timed_in_the_parent_and_after_a_fork():
+    """Threads of C libraries (pyarrow's readers) call into Python as threading's stand-ins,
+    which raise from `is_alive` in a forked child: the clock must work there all the same."""
+    import _thread
+
+    from mixer.core.stages import CLOCK
+
+    entered = threading.Event()
+
+    def foreign() -> None:
+        with timed(DECODE):
+            pass
+        entered.set()
+        time.sleep(0.5)
+
+    _thread.start_new_thread(foreign, ())
+    assert entered.wait(5)
+
+    def check() -> bool:
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                with timed(ENCODE):
+                    pass
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join(5)
+        CLOCK.snapshot()
+        return not errors and not thread.is_alive()
+
+    assert _in_child(check) == 0

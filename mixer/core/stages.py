@@ -62,7 +62,10 @@ class StageClock:
             return t
 
     def _retire_ended(self) -> None:
-        ended = [t for t in self._threads if t.owner is not None and not t.owner.is_alive()]
+        # (threading.enumerate, not is_alive: a foreign thread's stand-in, after a fork, raises
+        # from is_alive)
+        alive = {id(thread) for thread in threading.enumerate()}
+        ended = [t for t in self._threads if t.owner is not None and id(t.owner) not in alive]
         if ended:
             self._ended = [sum(column) for column in zip(self._ended, *(t.busy for t in ended))]
             for t in ended:
