@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,6 +169,17 @@ def test_large_photos_are_the_bottleneck(photos, workers):
     check_shapes(metrics, batches=6)
     assert metrics["bottleneck"] == "media"
     assert metrics["stages"]["media"]["share"] > 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_audio_clips_features_are_media_time(workers):
+    """Decoding clips and computing their log-mel features is `media`, not `pack` (where the
+    layout gathers them into the batch)."""
+    recipe = str(Path(__file__).resolve().parent.parent / "recipes" / "audio_demo.yaml")
+    metrics = drain(mixer.build_loader(recipe, num_workers=workers), batches=6)
+    assert metrics["bottleneck"] == "media"
+    assert metrics["stages"]["media"]["busy_s"] > metrics["stages"]["pack"]["busy_s"]
 
 
 @pytest.mark.slow

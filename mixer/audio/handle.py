@@ -107,7 +107,7 @@ class LazyAudio(LazyImage):
         self.clip_plan = plan
         self.audio = processing
 
-    def _compute(self) -> np.ndarray:
+    def _make(self) -> np.ndarray:  # (timed as `media` by LazyImage._compute)
         plan, processing = self.clip_plan, self.audio
         samples, _ = processing.samples(self.encoded, self.source, self.file)
         if len(samples) != plan.samples:

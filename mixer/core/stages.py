@@ -1,7 +1,7 @@
 """Where a process's loader time goes: busy seconds per stage, timed per chunk of work.
 
 Six fixed stages: `read` (waiting on storage), `decode` (decompression, record parsing),
-`encode` (the tokenizer), `pack` (packing, batch assembly), `media` (image and video
+`encode` (the tokenizer), `pack` (packing, batch assembly), `media` (image, video and audio
 decoding and processing) and `transfer` (handing batches across a process boundary).
 
 A `with timed(stage):` block around a chunk (a window of records, a tokenizer call, an image,
