@@ -118,6 +118,20 @@ def held_verification(monkeypatch, order: list[str]) -> threading.Event:
     return release
 
 
+def digests_after_the_verdict(loader) -> list[str]:
+    """BATCHES batch digests, the background verification awaited after the first; then the
+    loader is closed."""
+    got = []
+    for batch in loader:
+        got.append(batch_digest(batch))
+        if len(got) == 1:
+            assert loader.backend.background.wait(30)
+        if len(got) == BATCHES:
+            break
+    loader.close()
+    return got
+
+
 def threads_verifying() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("mixer-verify")]
 
@@ -173,14 +187,7 @@ def test_a_refusal_found_in_the_background_keeps_tokenizers_and_warns(
     used = fastokens_calls(monkeypatch, tmp_path)
     caplog.set_level(logging.INFO, logger="mixer.tokenizer")
     loader = mixer.build_loader(recipe, num_workers=2)
-    got = []
-    for batch in loader:
-        got.append(batch_digest(batch))
-        if len(got) == 1:
-            assert loader.backend.background.wait(30)
-        if len(got) == BATCHES:
-            break
-    loader.close()
+    got = digests_after_the_verdict(loader)
     assert got == reference and not used()
     lines = [r for r in caplog.records if r.name == "mixer.tokenizer" and r.levelno >= logging.INFO]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING
@@ -197,14 +204,7 @@ def test_a_verification_that_raises_leaves_tokenizers(recipe, reference, monkeyp
     monkeypatch.setattr(verify, "verify", raising)
     caplog.set_level(logging.WARNING, logger="mixer.tokenizer")
     loader = mixer.build_loader(recipe)
-    got = []
-    for batch in loader:
-        got.append(batch_digest(batch))
-        if len(got) == 1:
-            assert loader.backend.background.wait(30)
-        if len(got) == BATCHES:
-            break
-    loader.close()
+    got = digests_after_the_verdict(loader)
     assert got == reference
     why = "the fastokens verification raised RuntimeError: no verdict today"
     assert loader.backend.describe() == f"tokenizers ({why})"

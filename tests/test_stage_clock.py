@@ -75,28 +75,19 @@ def test_a_forked_child_can_time_and_snapshot_while_a_parent_thread_held_the_loc
     holder = threading.Thread(target=hold)
     holder.start()
     holder_in.wait()
-    pid = os.fork()
-    if pid == 0:  # the child: the lock was held by a thread that does not exist here
-        try:
-            child_thread = threading.Thread(target=_busy, args=(CLOCK, DECODE, 0.001))
-            child_thread.start()
-            child_thread.join(5)
-            CLOCK.snapshot()
-            os._exit(0 if not child_thread.is_alive() else 3)
-        except BaseException:
-            os._exit(4)
-    release.set()
-    holder.join()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0
-            return
-        time.sleep(0.01)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    raise AssertionError("the forked child hung on the stage clock's lock")
+
+    def check() -> bool:  # the lock was held by a thread that does not exist here
+        child_thread = threading.Thread(target=_busy, args=(CLOCK, DECODE, 0.001))
+        child_thread.start()
+        child_thread.join(5)
+        CLOCK.snapshot()
+        return not child_thread.is_alive()
+
+    try:
+        assert _in_child(check) == 0, "the forked child hung on the stage clock's lock"
+    finally:
+        release.set()
+        holder.join()
 
 
 def _in_child(check) -> int:

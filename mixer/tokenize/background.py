@@ -117,10 +117,7 @@ class Verification:
             self._end("stopped")
         except BaseException as exc:  # (pyo3's PanicException is no Exception)
             if self._end(f"raised {type(exc).__name__}: {str(exc)[:200]}"):
-                log.warning(
-                    "tokenizer backend: tokenizers (the fastokens verification %s; the same ids)",
-                    self.why,
-                )
+                self._warn_ended()
 
     def _settle_on(self, state: int, *, verdict: Any = None, why: str = "") -> bool:
         """Leave PENDING for `state` with `verdict` (or, without one, `why`); False where a
@@ -135,6 +132,12 @@ class Verification:
     def _end(self, why: str) -> bool:
         """No verdict: `tokenizers` for good (unless a verdict or an end came first)."""
         return self._settle_on(TOKENIZERS, why=why)
+
+    def _warn_ended(self) -> None:
+        log.warning(
+            "tokenizer backend: tokenizers (the fastokens verification %s; the same ids)",
+            self.why,
+        )
 
     def stop(self, wait: float | None = None) -> None:
         """Stop the verification at its next step (no verdict: `tokenizers` goes on) and wait
@@ -183,10 +186,7 @@ def _before_fork() -> None:
         elif job._end(f"abandoned: a step ran over {FORK_WAIT_S:g} s while processes forked"):
             # (a step that does not end: the children must not touch its library)
             job.steps.stop.set()
-            log.warning(
-                "tokenizer backend: tokenizers (the fastokens verification %s; the same ids)",
-                job.why,
-            )
+            job._warn_ended()
 
 
 def _after_fork_in_parent() -> None:
