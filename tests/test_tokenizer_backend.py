@@ -776,7 +776,7 @@ def test_fastokens_loaded_ahead_is_dropped_when_tokenizers_is_chosen(recipe, mon
     monkeypatch.setattr(backends, "_fast_loaded", {})
     monkeypatch.setattr(
         verify,
-        "_known_verdict",
+        "known_verdict",
         lambda *args: (verify.Verdict(False, "differs on a document (test)"), True),
     )  # a cached refusal
     loader = mixer.build_loader(recipe)

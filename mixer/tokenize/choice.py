@@ -101,11 +101,11 @@ def resolve_backend(
     wanted = recipe.tokenizer_backend
     if wanted == "hf":
         return BackendChoice(dataclasses.replace(info, backend="hf"), wanted)
-    known = verify._known_verdict(recipe, info, tables, info_cache)
+    known = verify.known_verdict(recipe, info, tables, info_cache)
     if known is None and background and wanted == "auto" and tables is not None:
         return _in_background(recipe, info, tables, info_cache)
     if known is None:
-        known = verify._fresh(recipe, info, tables, info_cache), False
+        known = verify.fresh_verdict(recipe, info, tables, info_cache), False
     verdict, cached = known
     if verdict.ok:
         use_fastokens_encoding_threads()  # (before the first chunk is handed to the pool)
@@ -140,7 +140,7 @@ def _in_background(
     held: list[BackendChoice] = []
 
     def run(steps: Steps) -> tuple[bool, Verdict]:
-        verdict = verify._fresh(recipe, info, tables, info_cache, steps)
+        verdict = verify.fresh_verdict(recipe, info, tables, info_cache, steps)
         return verdict.ok, verdict
 
     def settle(ok: bool, verdict: Verdict) -> None:

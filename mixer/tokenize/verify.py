@@ -153,7 +153,7 @@ def _write(path: Path, key: str, verdict: Verdict, sampled: dict) -> None:
         log.debug("cannot keep the backend verdict in %s (%s)", path, exc)
 
 
-def _known_verdict(
+def known_verdict(
     recipe: Any, info: TokenizerInfo, tables: list[SourceTable] | None, info_cache: str | None
 ) -> tuple[Verdict, bool] | None:
     """(verdict, whether it was cached) where no encoding is needed to know it (fastokens
@@ -179,7 +179,7 @@ def _known_verdict(
     return None
 
 
-def _fresh(
+def fresh_verdict(
     recipe: Any,
     info: TokenizerInfo,
     tables: list[SourceTable] | None,
